@@ -1,0 +1,4 @@
+//! talos-upgrade-controller: upgrades Talos Linux clusters described by vitistack `KubernetesCluster`
+//! objects, driven by `upgrade.vitistack.io/*` annotations.
+
+pub mod proto;
