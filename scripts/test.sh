@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs every test: unit, integration and end-to-end, against a real kube-apiserver + etcd.
+# Builds the control plane binaries first (cached outside the repo; the first build takes ~10 minutes).
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test control_plane`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bin_dir=$(bash scripts/build-k8s-bins.sh | tail -n 1)
+export TUC_K8S_BIN_DIR="$bin_dir"
+echo "test control plane: $("$bin_dir/kube-apiserver" --version), etcd $("$bin_dir/etcd" --version | awk 'NR==1 {print $3}'), kubectl $("$bin_dir/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\([^"]*\)".*/\1/p' | head -n1)"
+
+exec cargo test --workspace --locked "$@"
