@@ -9,4 +9,15 @@ bin_dir=$(bash scripts/build-k8s-bins.sh | tail -n 1)
 export TUC_K8S_BIN_DIR="$bin_dir"
 echo "test control plane: $("$bin_dir/kube-apiserver" --version), etcd $("$bin_dir/etcd" --version | awk 'NR==1 {print $3}'), kubectl $("$bin_dir/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\([^"]*\)".*/\1/p' | head -n1)"
 
-exec cargo test --workspace --locked "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --locked "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+
+# One closing line for the whole run: cargo prints a result line per test binary, the last of which is
+# often an empty doc-test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "\ntests: %d passed, %d failed\n", p, f; if (p == 0) { print "no test ran" > "/dev/stderr"; exit 1 } }' "$log" || status=1
+exit "$status"
