@@ -2,3 +2,5 @@
 //! objects, driven by `upgrade.vitistack.io/*` annotations.
 
 pub mod proto;
+pub mod sim;
+pub mod talos;
