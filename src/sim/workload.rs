@@ -1,0 +1,364 @@
+//! The simulated nodes' workload Kubernetes cluster: what kubelet and Talos would write into it.
+//!
+//! A real Talos node registers itself as a Kubernetes `Node`, runs the control-plane components as static
+//! pods (which appear as mirror `Pod`s in `kube-system`), goes `NotReady` while it reboots, and is cordoned
+//! by Talos during an upgrade. The controller watches exactly these objects, so the simulator reproduces
+//! them in a real API server: a [`WorkloadMirror`] turns each [`WorkloadNode`] view into Node and Pod
+//! objects, and [`WorkloadMirror::run_kubelet`] plays the kubelet's part for ordinary pods bound to
+//! simulated nodes (running them, and finishing their deletion when they are evicted).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// Field manager of everything the simulator writes, so its fields never collide with the controller's.
+pub const FIELD_MANAGER: &str = "talos-sim";
+/// Talos marks nodes it cordoned itself with this annotation, and uncordons only those after boot.
+pub const TALOS_CORDONED_ANNOTATION: &str = "talos.dev/cordoned";
+/// Static pods carry the revision of the Talos config resource they were rendered from.
+pub const CONFIG_VERSION_ANNOTATION: &str = "talos.dev/config-version";
+const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+const STATIC_POD_NAMESPACE: &str = "kube-system";
+
+/// What the workload cluster should show for one simulated node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadNode {
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub control_plane: bool,
+    /// Talos version without a leading `v`, e.g. `1.11.6`.
+    pub talos_version: String,
+    /// kubelet version without a leading `v`, e.g. `1.34.1`.
+    pub kubelet_version: String,
+    pub boot_id: String,
+    /// kubelet is running and posting node status (false while the node is down or booting).
+    pub kubelet_posting: bool,
+    /// The node reports Ready (kubelet posting and the node healthy).
+    pub ready: bool,
+    /// Talos cordons a node while it upgrades, shuts down or resets.
+    pub talos_cordoned: bool,
+    /// Control-plane static pods; empty on workers.
+    pub static_pods: Vec<StaticPod>,
+}
+
+/// A control-plane component running as a static pod on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticPod {
+    /// `kube-apiserver`, `kube-controller-manager` or `kube-scheduler`.
+    pub component: String,
+    pub image: String,
+    /// `metadata.version` of the Talos config resource the pod was rendered from.
+    pub config_version: String,
+    pub ready: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("workload cluster: {action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> WorkloadError {
+    let action = action.into();
+    move |source| WorkloadError::Kube { action, source }
+}
+
+/// Writes simulated nodes into the workload cluster.
+#[derive(Clone)]
+pub struct WorkloadMirror {
+    client: Client,
+}
+
+impl WorkloadMirror {
+    pub fn new(client: Client) -> Self {
+        WorkloadMirror { client }
+    }
+
+    /// Brings the Node and its static pods in line with `node`. Idempotent.
+    pub async fn sync(&self, node: &WorkloadNode) -> Result<(), WorkloadError> {
+        self.apply_node(node).await?;
+        self.apply_node_status(node).await?;
+        for pod in &node.static_pods {
+            self.sync_static_pod(node, pod).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_node(&self, node: &WorkloadNode) -> Result<(), WorkloadError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut labels = BTreeMap::from([
+            ("kubernetes.io/hostname".to_string(), node.name.clone()),
+            ("kubernetes.io/os".to_string(), "linux".to_string()),
+            ("kubernetes.io/arch".to_string(), "amd64".to_string()),
+        ]);
+        let mut taints = Vec::new();
+        if node.control_plane {
+            labels.insert(CONTROL_PLANE_LABEL.to_string(), String::new());
+            taints.push(json!({"key": CONTROL_PLANE_LABEL, "effect": "NoSchedule"}));
+        }
+        // Only while Talos holds its own cordon does the simulator own `unschedulable` and the annotation;
+        // leaving them out of the next apply releases them (Talos's uncordon after boot). A cordon put there
+        // by someone else (the controller, an operator) is never touched: those fields are not ours.
+        let mut metadata = json!({"name": node.name, "labels": labels});
+        let mut spec = json!({"taints": taints});
+        if node.talos_cordoned {
+            metadata["annotations"] = json!({TALOS_CORDONED_ANNOTATION: "true"});
+            spec["unschedulable"] = json!(true);
+        }
+        let body = json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata, "spec": spec});
+        nodes
+            .patch(
+                &node.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(body),
+            )
+            .await
+            .map_err(kube_error(format!("applying Node {}", node.name)))?;
+        Ok(())
+    }
+
+    async fn apply_node_status(&self, node: &WorkloadNode) -> Result<(), WorkloadError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let current = nodes
+            .get_status(&node.name)
+            .await
+            .map_err(kube_error(format!("reading Node {}", node.name)))?;
+        let (status, reason, message) = match (node.kubelet_posting, node.ready) {
+            (true, true) => ("True", "KubeletReady", "kubelet is posting ready status"),
+            (true, false) => ("False", "KubeletNotReady", "node is booting"),
+            // What the node lifecycle controller writes when kubelet goes silent (the node rebooted).
+            (false, _) => (
+                "Unknown",
+                "NodeStatusUnknown",
+                "Kubelet stopped posting node status.",
+            ),
+        };
+        let now = Time(jiff::Timestamp::now());
+        let previous = current
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"));
+        let transition = match previous {
+            Some(condition) if condition.status == status => condition
+                .last_transition_time
+                .clone()
+                .unwrap_or_else(|| now.clone()),
+            _ => now.clone(),
+        };
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node.name},
+            "status": {
+                "addresses": [
+                    {"type": "InternalIP", "address": node.address.to_string()},
+                    {"type": "Hostname", "address": node.name},
+                ],
+                "conditions": [{
+                    "type": "Ready",
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": transition,
+                }],
+                "nodeInfo": {
+                    "machineID": node.name,
+                    "systemUUID": node.name,
+                    "bootID": node.boot_id,
+                    "kernelVersion": "6.12.0-talos",
+                    "osImage": format!("Talos (v{})", node.talos_version),
+                    "containerRuntimeVersion": "containerd://2.1.0",
+                    "kubeletVersion": format!("v{}", node.kubelet_version),
+                    "kubeProxyVersion": "",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
+            },
+        });
+        nodes
+            .patch_status(
+                &node.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(body),
+            )
+            .await
+            .map_err(kube_error(format!("updating Node {} status", node.name)))?;
+        Ok(())
+    }
+
+    async fn sync_static_pod(
+        &self,
+        node: &WorkloadNode,
+        pod: &StaticPod,
+    ) -> Result<(), WorkloadError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), STATIC_POD_NAMESPACE);
+        let name = format!("{}-{}", pod.component, node.name);
+        let existing = pods
+            .get_opt(&name)
+            .await
+            .map_err(kube_error(format!("reading Pod {name}")))?;
+        let rendered_from = existing.as_ref().and_then(|p| {
+            p.annotations()
+                .get(CONFIG_VERSION_ANNOTATION)
+                .map(|v| (v.clone(), first_image(p)))
+        });
+        let up_to_date = rendered_from.as_ref().is_some_and(|(version, image)| {
+            *version == pod.config_version && image.as_deref() == Some(&pod.image)
+        });
+        if !up_to_date {
+            // kubelet replaces a static pod whose manifest changed: the mirror pod is deleted and created
+            // again (a new UID), which is what `talosctl upgrade-k8s` waits for.
+            if existing.is_some() {
+                pods.delete(&name, &DeleteParams::default().grace_period(0))
+                    .await
+                    .map_err(kube_error(format!("replacing Pod {name}")))?;
+            }
+            let mirror: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": STATIC_POD_NAMESPACE,
+                    "labels": {"k8s-app": pod.component, "tier": "control-plane"},
+                    "annotations": {
+                        CONFIG_VERSION_ANNOTATION: pod.config_version,
+                        "kubernetes.io/config.source": "file",
+                        "kubernetes.io/config.mirror": pod.config_version,
+                    },
+                },
+                "spec": {
+                    "nodeName": node.name,
+                    "hostNetwork": true,
+                    "priorityClassName": "system-cluster-critical",
+                    "containers": [{"name": pod.component, "image": pod.image}],
+                },
+            }))
+            .expect("a static pod manifest is a valid Pod");
+            pods.create(&PostParams::default(), &mirror)
+                .await
+                .map_err(kube_error(format!("creating Pod {name}")))?;
+        }
+        let ready = if pod.ready && node.kubelet_posting {
+            "True"
+        } else {
+            "False"
+        };
+        let status = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": STATIC_POD_NAMESPACE},
+            "status": {
+                "phase": "Running",
+                "hostIP": node.address.to_string(),
+                "podIP": node.address.to_string(),
+                "conditions": [{"type": "Ready", "status": ready}],
+                "containerStatuses": [{
+                    "name": pod.component,
+                    "image": pod.image,
+                    "imageID": "",
+                    "ready": ready == "True",
+                    "restartCount": 0,
+                    "started": node.kubelet_posting,
+                }],
+            },
+        });
+        pods.patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(status),
+        )
+        .await
+        .map_err(kube_error(format!("updating Pod {name} status")))?;
+        Ok(())
+    }
+
+    /// Plays kubelet for ordinary pods bound to the simulated nodes until the stream of pod changes ends:
+    /// a pod scheduled there is reported Running and Ready, and a pod being deleted (an eviction during a
+    /// drain) is finished off, as kubelet does once its containers stop. Without this, evicted pods would
+    /// stay `Terminating` for ever on a cluster with no kubelet.
+    pub async fn run_kubelet(&self, node_names: BTreeSet<String>) -> Result<(), WorkloadError> {
+        let all_pods: Api<Pod> = Api::all(self.client.clone());
+        let mut changes = watcher::watcher(all_pods, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        loop {
+            let pod = match changes.try_next().await {
+                Ok(Some(pod)) => pod,
+                Ok(None) => return Ok(()),
+                // The watcher re-lists by itself after errors; log and carry on as kubelet would.
+                Err(error) => {
+                    tracing::warn!(%error, "workload pod watch");
+                    continue;
+                }
+            };
+            let Some(node_name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            if !node_names.contains(&node_name) || is_mirror_pod(&pod) {
+                continue;
+            }
+            let namespace = pod.namespace().unwrap_or_default();
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+            let name = pod.name_any();
+            let result = if pod.metadata.deletion_timestamp.is_some() {
+                pods.delete(&name, &DeleteParams::default().grace_period(0))
+                    .await
+                    .map(|_| ())
+            } else if !is_running(&pod) {
+                let status = json!({
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+                });
+                pods.patch_status(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(status),
+                )
+                .await
+                .map(|_| ())
+            } else {
+                Ok(())
+            };
+            match result {
+                // Gone already: someone else finished the deletion.
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => tracing::warn!(%error, pod = %name, "kubelet emulation"),
+                Ok(()) => {}
+            }
+        }
+    }
+}
+
+fn first_image(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.containers.first())
+        .and_then(|container| container.image.clone())
+}
+
+fn is_mirror_pod(pod: &Pod) -> bool {
+    pod.annotations()
+        .contains_key("kubernetes.io/config.mirror")
+}
+
+fn is_running(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|phase| phase == "Running")
+}
