@@ -1,0 +1,936 @@
+//! [`TalosClient`]: one mTLS gRPC channel to apid and the calls an upgrade needs.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+use super::config::TalosCredentials;
+use super::cosi::{self, CosiResource, CosiWatchStream, resources};
+use super::error::{Result, TalosError};
+use super::events::{self, EventStream, EventsOptions};
+use super::tls;
+use super::types::{
+    ApplyMode, ApplyOutcome, ContainerdNamespace, EtcdMember, EtcdMemberStatus,
+    LegacyUpgradeOptions, LifecycleUpgradeOutcome, MachineConfigBytes, MachineType, RebootMode,
+    ServiceInfo, VersionInfo,
+};
+use crate::proto::common;
+use crate::proto::cosi::resource as cosi_pb;
+use crate::proto::cosi::resource::state_client::StateClient;
+use crate::proto::machine;
+use crate::proto::machine::image_service_client::ImageServiceClient;
+use crate::proto::machine::lifecycle_service_client::LifecycleServiceClient;
+use crate::proto::machine::machine_service_client::MachineServiceClient;
+use crate::proto::resource::config as config_pb;
+use crate::proto::talos::resource::definitions::{k8s as k8s_pb, runtime as runtime_pb};
+
+/// apid's port.
+pub const DEFAULT_PORT: u16 = 50000;
+
+/// Talos's gRPC message size limit (`GRPCMaxMessageSize`); tonic's default of 4 MiB is too small for
+/// large machine configs and manifest lists.
+pub const MAX_MESSAGE_SIZE: usize = 32 * 1024 * 1024;
+
+/// The path Talos exposes the kernel boot id at; it changes on every boot, so comparing it before and
+/// after proves a reboot happened.
+const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// Which machine the client talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Dial the node itself at `https://<ip>:<port>`; its certificate is verified for that IP (apid
+    /// certificates carry every node address as an IP SAN).
+    Node(IpAddr),
+    /// Dial an apid endpoint and talk to that machine: an IP, `host`, `host:port`, `[v6]:port` or an
+    /// `https://` URL as written in a talosconfig. The certificate is verified for that host.
+    Endpoint(String),
+    /// Dial `endpoint` (a control-plane node) and let its apid proxy every call to `node` (an IP or
+    /// host name without port) via the gRPC metadata header `node`. Only the endpoint's certificate is
+    /// verified by us; apid authenticates the hop to the node.
+    ViaEndpoint { endpoint: String, node: String },
+}
+
+/// Connection settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Port used when the target does not name one.
+    pub port: u16,
+    /// Bound for the TCP connect and, separately, the TLS handshake.
+    pub connect_timeout: Duration,
+    /// Bound for each unary call (and for short bounded streams: boot id, COSI list, opening a
+    /// watch or event stream). Long-lived streams themselves are not bounded.
+    pub request_timeout: Duration,
+    /// Bound for calls that pull images or run the installer (legacy `Upgrade` pulls the installer
+    /// before it answers, `ImagePull`, `ImageService.Pull`, `LifecycleService.Upgrade`).
+    pub long_request_timeout: Duration,
+    /// HTTP/2 keepalive ping interval while a call or stream is open; detects a node that vanished
+    /// without closing the connection (power loss, network cut).
+    pub keepalive_interval: Duration,
+    /// How long to wait for a keepalive ping answer before declaring the connection dead.
+    pub keepalive_timeout: Duration,
+    /// Verify the server certificate for this name (DNS or IP) instead of the dialled host. For
+    /// endpoints behind NAT, a VIP or a load balancer whose address is not in the certificate.
+    pub server_name: Option<String>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            port: DEFAULT_PORT,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            long_request_timeout: Duration::from_secs(15 * 60),
+            // talosctl's values (10 s / 5 s).
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+            server_name: None,
+        }
+    }
+}
+
+/// A client for one Talos machine's API.
+///
+/// Cheap to clone (clones share the connection). The connection re-establishes itself on the next
+/// call after it broke, so one client can be kept across a node reboot: calls fail with
+/// [`TalosError::Unreachable`] while the node is down and succeed once it is back.
+///
+/// Every unary call is bounded by [`ConnectOptions::request_timeout`] and fails with
+/// [`TalosError::Timeout`] when it fires.
+#[derive(Clone)]
+pub struct TalosClient {
+    channel: Channel,
+    /// Human-readable target for errors and logs, e.g. `10.0.0.5:50000`.
+    endpoint: Arc<str>,
+    /// Value of the `node` header for [`Target::ViaEndpoint`].
+    node: Option<AsciiMetadataValue>,
+    request_timeout: Duration,
+    long_request_timeout: Duration,
+}
+
+impl std::fmt::Debug for TalosClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TalosClient")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything needed to open the channel, computed before any I/O.
+struct Prepared {
+    endpoint: Endpoint,
+    label: Arc<str>,
+    node: Option<AsciiMetadataValue>,
+}
+
+impl TalosClient {
+    /// Connect now: TCP, TLS handshake (the server certificate is verified against the talosconfig CA
+    /// here, so a wrong CA or name fails with [`TalosError::Tls`]) and HTTP/2 setup. An unreachable
+    /// node fails with [`TalosError::Unreachable`].
+    ///
+    /// With TLS 1.3 the server checks our client certificate after the client considers the handshake
+    /// done, so a client certificate the server rejects surfaces on the first call, as
+    /// [`TalosError::Tls`].
+    pub async fn connect(
+        credentials: &TalosCredentials,
+        target: Target,
+        options: &ConnectOptions,
+    ) -> Result<TalosClient> {
+        let prepared = prepare(credentials, &target, options)?;
+        // TCP connect and TLS handshake each have their own timeout; this bounds the sum, in case
+        // anything else (HTTP/2 setup) stalls.
+        let budget = options.connect_timeout.saturating_mul(2);
+        tracing::debug!(endpoint = %prepared.label, "connecting to Talos apid");
+        let channel = match tokio::time::timeout(budget, prepared.endpoint.connect()).await {
+            Err(_) => {
+                return Err(TalosError::Unreachable {
+                    endpoint: prepared.label.to_string(),
+                    reason: format!("connection not established within {budget:?}"),
+                });
+            }
+            Ok(Err(e)) => return Err(TalosError::from_transport(&prepared.label, &e)),
+            Ok(Ok(channel)) => channel,
+        };
+        Ok(Self::from_parts(channel, prepared, options))
+    }
+
+    /// Build a client without connecting; the first call connects. Fails only on invalid arguments or
+    /// unusable credentials. Must be called inside a tokio runtime.
+    pub fn lazy(
+        credentials: &TalosCredentials,
+        target: Target,
+        options: &ConnectOptions,
+    ) -> Result<TalosClient> {
+        let prepared = prepare(credentials, &target, options)?;
+        let channel = prepared.endpoint.connect_lazy();
+        Ok(Self::from_parts(channel, prepared, options))
+    }
+
+    fn from_parts(channel: Channel, prepared: Prepared, options: &ConnectOptions) -> TalosClient {
+        TalosClient {
+            channel,
+            endpoint: prepared.label,
+            node: prepared.node,
+            request_timeout: options.request_timeout,
+            long_request_timeout: options.long_request_timeout,
+        }
+    }
+
+    /// The target as shown in errors, e.g. `10.0.0.5:50000` or `node 10.0.0.5 via 10.0.0.2:50000`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    // ----- MachineService -----
+
+    /// Talos version, platform and features of the node.
+    pub async fn version(&self) -> Result<VersionInfo> {
+        let resp = self
+            .unary("Version", self.machine().version(self.request(())))
+            .await?;
+        Ok(self.single("Version", resp.messages)?.into())
+    }
+
+    /// Talos services and their state.
+    pub async fn service_list(&self) -> Result<Vec<ServiceInfo>> {
+        let resp = self
+            .unary("ServiceList", self.machine().service_list(self.request(())))
+            .await?;
+        let list = self.single("ServiceList", resp.messages)?;
+        Ok(list.services.into_iter().map(ServiceInfo::from).collect())
+    }
+
+    /// Status of this node's etcd member. Workers answer [`TalosError::Unimplemented`].
+    pub async fn etcd_status(&self) -> Result<EtcdMemberStatus> {
+        let resp = self
+            .unary("EtcdStatus", self.machine().etcd_status(self.request(())))
+            .await?;
+        let status = self.single("EtcdStatus", resp.messages)?;
+        status
+            .member_status
+            .map(EtcdMemberStatus::from)
+            .ok_or_else(|| self.decode_error("EtcdStatus: reply without member_status"))
+    }
+
+    /// Members of the etcd cluster, as this control-plane node's etcd reports them.
+    pub async fn etcd_member_list(&self) -> Result<Vec<EtcdMember>> {
+        let req = machine::EtcdMemberListRequest { query_local: false };
+        let resp = self
+            .unary(
+                "EtcdMemberList",
+                self.machine().etcd_member_list(self.request(req)),
+            )
+            .await?;
+        let members = self.single("EtcdMemberList", resp.messages)?;
+        Ok(members.members.into_iter().map(EtcdMember::from).collect())
+    }
+
+    /// Move etcd leadership away from this node. Returns the new leader's name, or an empty string if
+    /// this node was not the leader.
+    pub async fn etcd_forfeit_leadership(&self) -> Result<String> {
+        let req = machine::EtcdForfeitLeadershipRequest {};
+        let resp = self
+            .unary(
+                "EtcdForfeitLeadership",
+                self.machine().etcd_forfeit_leadership(self.request(req)),
+            )
+            .await?;
+        Ok(self.single("EtcdForfeitLeadership", resp.messages)?.member)
+    }
+
+    /// Legacy in-place upgrade (`MachineService.Upgrade`, all Talos 1.x; deprecated in 1.13). The node
+    /// pulls and validates `image` before answering (bounded by the long request timeout), then runs
+    /// the upgrade sequence asynchronously. Returns the sequence's actor id, which its events carry.
+    pub async fn upgrade_legacy(
+        &self,
+        image: &str,
+        options: &LegacyUpgradeOptions,
+    ) -> Result<String> {
+        let req = machine::UpgradeRequest {
+            image: image.to_owned(),
+            preserve: options.preserve,
+            stage: options.stage,
+            force: options.force,
+            reboot_mode: options.reboot_mode as i32,
+        };
+        let mut machine = self.machine();
+        let fut = machine.upgrade(self.long_request(req));
+        let resp = self
+            .bounded("Upgrade", self.long_request_timeout, fut)
+            .await?;
+        Ok(self.single("Upgrade", resp.messages)?.actor_id)
+    }
+
+    /// Reboot the node. Returns the reboot sequence's actor id.
+    pub async fn reboot(&self, mode: RebootMode) -> Result<String> {
+        let req = machine::RebootRequest { mode: mode as i32 };
+        let resp = self
+            .unary("Reboot", self.machine().reboot(self.request(req)))
+            .await?;
+        Ok(self.single("Reboot", resp.messages)?.actor_id)
+    }
+
+    /// Boot the previous A/B slot; the node reboots (no actor id).
+    pub async fn rollback(&self) -> Result<()> {
+        let req = machine::RollbackRequest {};
+        let resp = self
+            .unary("Rollback", self.machine().rollback(self.request(req)))
+            .await?;
+        // The reply carries nothing but metadata; an empty list is fine too.
+        if let Some(first) = resp.messages.first() {
+            self.check_metadata(first.metadata.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// The kernel boot id (changes on every boot), read via `MachineService.Read`. Needs `os:admin`.
+    pub async fn boot_id(&self) -> Result<String> {
+        let req = machine::ReadRequest {
+            path: BOOT_ID_PATH.to_owned(),
+        };
+        let read = async {
+            let mut stream = self.open(self.machine().read(self.request(req))).await?;
+            let mut bytes = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|st| TalosError::from_status(&self.endpoint, &st))?;
+                self.check_metadata(chunk.metadata.as_ref())?;
+                bytes.extend_from_slice(&chunk.bytes);
+            }
+            Ok(bytes)
+        };
+        let bytes = self.within("Read", self.request_timeout, read).await?;
+        let text =
+            String::from_utf8(bytes).map_err(|_| self.decode_error("boot id is not UTF-8 text"))?;
+        let id = text.trim();
+        if id.is_empty() {
+            return Err(self.decode_error("boot id is empty"));
+        }
+        Ok(id.to_owned())
+    }
+
+    /// Apply a full machine config (all YAML documents). `Auto` lets the node decide between a live
+    /// apply and a reboot; `NoReboot` fails with [`TalosError::InvalidArgument`] if a reboot is needed.
+    pub async fn apply_configuration(
+        &self,
+        data: Vec<u8>,
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<ApplyOutcome> {
+        let req = machine::ApplyConfigurationRequest {
+            data,
+            mode: mode as i32,
+            dry_run,
+            try_mode_timeout: None,
+        };
+        let resp = self
+            .unary(
+                "ApplyConfiguration",
+                self.machine().apply_configuration(self.request(req)),
+            )
+            .await?;
+        let applied = self.single("ApplyConfiguration", resp.messages)?;
+        let mode = ApplyMode::try_from(applied.mode).map_err(|_| {
+            self.decode_error(&format!(
+                "ApplyConfiguration: unknown mode {}",
+                applied.mode
+            ))
+        })?;
+        Ok(ApplyOutcome {
+            mode,
+            warnings: applied.warnings,
+            mode_details: applied.mode_details,
+        })
+    }
+
+    /// Legacy unary image pull (`MachineService.ImagePull`, what `upgrade-k8s` uses to pre-pull
+    /// Kubernetes images). Blocks until the image is pulled; bounded by the long request timeout.
+    /// Very old nodes answer [`TalosError::Unimplemented`]. A missing image is [`TalosError::NotFound`].
+    pub async fn image_pull_legacy(
+        &self,
+        reference: &str,
+        namespace: ContainerdNamespace,
+    ) -> Result<()> {
+        let req = machine::ImagePullRequest {
+            namespace: namespace as i32,
+            reference: reference.to_owned(),
+        };
+        let mut machine = self.machine();
+        let fut = machine.image_pull(self.long_request(req));
+        let resp = self
+            .bounded("ImagePull", self.long_request_timeout, fut)
+            .await?;
+        if let Some(first) = resp.messages.first() {
+            self.check_metadata(first.metadata.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// Open the node's runtime event stream. The "hello" event the server sends first is consumed
+    /// here, so the stream yields only real events. Opening is bounded by the request timeout; the
+    /// stream itself is not.
+    ///
+    /// To observe an upgrade or reboot, open the stream before acting (talosctl does), so no event is
+    /// missed.
+    pub async fn events(&self, options: EventsOptions) -> Result<EventStream> {
+        let req = machine::EventsRequest {
+            tail_events: options.tail_events,
+            tail_id: options.tail_id.unwrap_or_default(),
+            tail_seconds: 0,
+            with_actor_id: options.actor_id.unwrap_or_default(),
+        };
+        let open = async {
+            let mut stream = self
+                .open(self.machine().events(self.stream_request(req)))
+                .await?;
+            let first = match stream.next().await {
+                None => None,
+                Some(Err(st)) => return Err(TalosError::from_stream_status(&self.endpoint, &st)),
+                Some(Ok(raw)) => {
+                    self.check_metadata(raw.metadata.as_ref())?;
+                    // Normally the payload-less hello (decodes to None). Should a server skip it, keep
+                    // the event instead of losing it.
+                    events::decode_event(raw)
+                        .map_err(|e| self.decode_error(&format!("event: {e}")))?
+                }
+            };
+            Ok((stream, first))
+        };
+        let (stream, first) = self.within("Events", self.request_timeout, open).await?;
+        Ok(EventStream::new(stream, self.endpoint.clone(), first))
+    }
+
+    // ----- ImageService / LifecycleService (Talos 1.13+) -----
+
+    /// Pull `image` into containerd's system namespace with the CRI driver, as talosctl does for the
+    /// installer before `LifecycleService.Upgrade`. Consumes the progress stream and returns the
+    /// resolved image name. Bounded by the long request timeout.
+    pub async fn image_pull(&self, image: &str) -> Result<String> {
+        let req = machine::ImageServicePullRequest {
+            containerd: Some(system_containerd()),
+            image_ref: image.to_owned(),
+        };
+        let pull = async {
+            let mut stream = self
+                .open(self.images().pull(self.long_request(req)))
+                .await?;
+            let mut name = None;
+            while let Some(msg) = stream.next().await {
+                let msg = msg.map_err(|st| TalosError::from_status(&self.endpoint, &st))?;
+                match msg.response {
+                    Some(machine::image_service_pull_response::Response::Name(n)) => name = Some(n),
+                    Some(machine::image_service_pull_response::Response::PullProgress(p)) => {
+                        tracing::trace!(endpoint = %self.endpoint, layer = %p.layer_id, "image pull progress");
+                    }
+                    None => {}
+                }
+            }
+            name.ok_or_else(|| self.decode_error("image pull ended without the image name"))
+        };
+        self.within("ImageService.Pull", self.long_request_timeout, pull)
+            .await
+    }
+
+    /// Run the installer for `image` on the live system (`LifecycleService.Upgrade`, Talos 1.13+). This
+    /// installs into the inactive boot slot; it does not drain or reboot; the caller does both.
+    /// Pull the image first with [`TalosClient::image_pull`]. Bounded by the long request timeout.
+    ///
+    /// A non-zero installer exit code is returned as [`TalosError::UpgradeFailed`] with the last lines
+    /// of installer output.
+    pub async fn lifecycle_upgrade(&self, image: &str) -> Result<LifecycleUpgradeOutcome> {
+        let req = machine::LifecycleServiceUpgradeRequest {
+            containerd: Some(system_containerd()),
+            source: Some(machine::InstallArtifactsSource {
+                image_name: image.to_owned(),
+            }),
+        };
+        let run = async {
+            let mut stream = self
+                .open(self.lifecycle().upgrade(self.long_request(req)))
+                .await?;
+            let mut messages = Vec::new();
+            let mut exit_code = None;
+            while let Some(msg) = stream.next().await {
+                let msg = msg.map_err(|st| TalosError::from_status(&self.endpoint, &st))?;
+                use machine::lifecycle_service_install_progress::Response;
+                match msg.progress.and_then(|p| p.response) {
+                    Some(Response::Message(line)) => messages.push(line),
+                    Some(Response::ExitCode(code)) => exit_code = Some(code),
+                    None => {}
+                }
+            }
+            let exit_code = exit_code
+                .ok_or_else(|| self.decode_error("installer output ended without an exit code"))?;
+            if exit_code != 0 {
+                let tail_start = messages.len().saturating_sub(5);
+                return Err(TalosError::UpgradeFailed {
+                    endpoint: self.endpoint.to_string(),
+                    exit_code,
+                    output_tail: messages[tail_start..].join(" | "),
+                });
+            }
+            Ok(LifecycleUpgradeOutcome {
+                exit_code,
+                messages,
+            })
+        };
+        self.within("LifecycleService.Upgrade", self.long_request_timeout, run)
+            .await
+    }
+
+    // ----- COSI -----
+
+    /// Get one resource, its spec decoded as `S`. `Ok(None)` if it does not exist.
+    pub async fn cosi_get<S: prost::Message + Default>(
+        &self,
+        namespace: &str,
+        resource_type: &str,
+        id: &str,
+    ) -> Result<Option<CosiResource<S>>> {
+        let req = cosi_pb::GetRequest {
+            namespace: namespace.to_owned(),
+            r#type: resource_type.to_owned(),
+            id: id.to_owned(),
+            options: Some(cosi_pb::GetOptions {}),
+        };
+        let resp = match self
+            .unary("COSI Get", self.cosi().get(self.request(req)))
+            .await
+        {
+            Ok(resp) => resp,
+            Err(TalosError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let resource = resp
+            .resource
+            .ok_or_else(|| self.decode_error("COSI Get: reply without resource"))?;
+        cosi::decode_resource(resource)
+            .map(Some)
+            .map_err(|m| self.decode_error(&m))
+    }
+
+    /// List all resources of a type in a namespace. Bounded by the request timeout.
+    pub async fn cosi_list<S: prost::Message + Default>(
+        &self,
+        namespace: &str,
+        resource_type: &str,
+    ) -> Result<Vec<CosiResource<S>>> {
+        let req = cosi_pb::ListRequest {
+            namespace: namespace.to_owned(),
+            r#type: resource_type.to_owned(),
+            options: Some(cosi_pb::ListOptions::default()),
+        };
+        let list = async {
+            let mut stream = self.open(self.cosi().list(self.request(req))).await?;
+            let mut out = Vec::new();
+            while let Some(msg) = stream.next().await {
+                let msg = msg.map_err(|st| TalosError::from_status(&self.endpoint, &st))?;
+                if let Some(resource) = msg.resource {
+                    out.push(cosi::decode_resource(resource).map_err(|m| self.decode_error(&m))?);
+                }
+            }
+            Ok(out)
+        };
+        self.within("COSI List", self.request_timeout, list).await
+    }
+
+    /// Watch one resource (`id: Some`) or a whole type (`id: None`).
+    ///
+    /// A single-resource watch first yields the current state (`Created`, or `Destroyed` with a
+    /// tombstone if it does not exist), then changes. A type watch with `bootstrap = true` first
+    /// yields `Created` for every existing resource and then one `Bootstrapped`. `bootstrap` is
+    /// invalid with an id. The "watch established" message is consumed here; opening is bounded by the
+    /// request timeout, the stream is not.
+    pub async fn cosi_watch<S: prost::Message + Default>(
+        &self,
+        namespace: &str,
+        resource_type: &str,
+        id: Option<&str>,
+        bootstrap: bool,
+    ) -> Result<CosiWatchStream<S>> {
+        if id.is_some() && bootstrap {
+            return Err(TalosError::InvalidArgument {
+                endpoint: self.endpoint.to_string(),
+                message: "bootstrap contents are only available for a watch of a whole type".into(),
+            });
+        }
+        let req = cosi_pb::WatchRequest {
+            namespace: namespace.to_owned(),
+            r#type: resource_type.to_owned(),
+            id: id.map(str::to_owned),
+            options: Some(cosi_pb::WatchOptions {
+                bootstrap_contents: bootstrap,
+                ..Default::default()
+            }),
+            // 1: the server sends BOOTSTRAPPED and ERRORED events (the Go client sends 1 too).
+            api_version: 1,
+        };
+        let open = async {
+            let mut stream = self
+                .open(self.cosi().watch(self.stream_request(req)))
+                .await?;
+            // The server's first response has no events and only confirms the watch; if one does
+            // carry events, keep them.
+            let first = match stream.next().await {
+                None => VecDeque::new(),
+                Some(Err(st)) => return Err(TalosError::from_stream_status(&self.endpoint, &st)),
+                Some(Ok(resp)) => resp.event.into(),
+            };
+            Ok((stream, first))
+        };
+        let (stream, first) = self
+            .within("COSI Watch", self.request_timeout, open)
+            .await?;
+        Ok(CosiWatchStream::new(stream, self.endpoint.clone(), first))
+    }
+
+    /// The node's machine status (stage and readiness).
+    pub async fn machine_status(&self) -> Result<runtime_pb::MachineStatusSpec> {
+        use resources::machine_status as r;
+        Ok(self
+            .cosi_get_required(r::NAMESPACE, r::TYPE, r::ID)
+            .await?
+            .spec)
+    }
+
+    /// The Talos version from the `Versions.runtime.talos.dev` resource (Talos 1.10+). `Ok(None)` on
+    /// nodes that do not have it (older Talos answers PermissionDenied "resource type ... is not
+    /// supported"); use [`TalosClient::version`] there.
+    pub async fn talos_version_resource(&self) -> Result<Option<String>> {
+        use resources::version as r;
+        match self
+            .cosi_get::<runtime_pb::VersionSpec>(r::NAMESPACE, r::TYPE, r::ID)
+            .await
+        {
+            Ok(found) => Ok(found.map(|res| res.spec.version)),
+            Err(TalosError::PermissionDenied { message, .. })
+                if message.contains("not supported") =>
+            {
+                Ok(None)
+            }
+            Err(TalosError::Unimplemented { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The active machine config (all YAML documents, byte-exact). Needs `os:admin`.
+    pub async fn machine_config(&self) -> Result<MachineConfigBytes> {
+        use resources::machine_config as r;
+        let res = self
+            .cosi_get_required::<config_pb::MachineConfigSpec>(r::NAMESPACE, r::TYPE, r::ID_ACTIVE)
+            .await?;
+        Ok(MachineConfigBytes::new(res.spec.yaml_marshalled))
+    }
+
+    /// The machine's role.
+    pub async fn machine_type(&self) -> Result<MachineType> {
+        use resources::machine_type as r;
+        let res = self
+            .cosi_get_required::<config_pb::MachineTypeSpec>(r::NAMESPACE, r::TYPE, r::ID)
+            .await?;
+        Ok(res.spec.machine_type())
+    }
+
+    /// The node's Kubernetes node name.
+    pub async fn nodename(&self) -> Result<String> {
+        use resources::nodename as r;
+        let res = self
+            .cosi_get_required::<k8s_pb::NodenameSpec>(r::NAMESPACE, r::TYPE, r::ID)
+            .await?;
+        Ok(res.spec.nodename)
+    }
+
+    async fn cosi_get_required<S: prost::Message + Default>(
+        &self,
+        namespace: &str,
+        resource_type: &str,
+        id: &str,
+    ) -> Result<CosiResource<S>> {
+        self.cosi_get(namespace, resource_type, id)
+            .await?
+            .ok_or_else(|| TalosError::NotFound {
+                endpoint: self.endpoint.to_string(),
+                message: format!("resource {namespace}/{resource_type}/{id} does not exist"),
+            })
+    }
+
+    // ----- plumbing -----
+
+    fn machine(&self) -> MachineServiceClient<Channel> {
+        MachineServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    fn images(&self) -> ImageServiceClient<Channel> {
+        ImageServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    fn lifecycle(&self) -> LifecycleServiceClient<Channel> {
+        LifecycleServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    fn cosi(&self) -> StateClient<Channel> {
+        StateClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    /// A request with the `node` header (when proxying) and the request timeout as `grpc-timeout`, so
+    /// the server gives up when we do.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        self.request_with_timeout(message, Some(self.request_timeout))
+    }
+
+    fn long_request<T>(&self, message: T) -> tonic::Request<T> {
+        self.request_with_timeout(message, Some(self.long_request_timeout))
+    }
+
+    /// For long-lived streams (events, watches): no `grpc-timeout`, because the server applies it to
+    /// the whole stream and would cut it off.
+    fn stream_request<T>(&self, message: T) -> tonic::Request<T> {
+        self.request_with_timeout(message, None)
+    }
+
+    fn request_with_timeout<T>(&self, message: T, timeout: Option<Duration>) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(message);
+        if let Some(node) = &self.node {
+            req.metadata_mut().insert("node", node.clone());
+        }
+        if let Some(timeout) = timeout {
+            req.set_timeout(timeout);
+        }
+        req
+    }
+
+    /// A unary call bounded by the request timeout.
+    async fn unary<R>(
+        &self,
+        op: &str,
+        call: impl Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+    ) -> Result<R> {
+        self.bounded(op, self.request_timeout, call).await
+    }
+
+    async fn bounded<R>(
+        &self,
+        op: &str,
+        timeout: Duration,
+        call: impl Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+    ) -> Result<R> {
+        let call = async {
+            call.await
+                .map(tonic::Response::into_inner)
+                .map_err(|st| TalosError::from_status(&self.endpoint, &st))
+        };
+        self.within(op, timeout, call).await
+    }
+
+    /// Run `fut` bounded by `timeout`; on expiry the call is dropped (which cancels it on the wire).
+    async fn within<R>(
+        &self,
+        op: &str,
+        timeout: Duration,
+        fut: impl Future<Output = Result<R>>,
+    ) -> Result<R> {
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(TalosError::Timeout {
+                endpoint: self.endpoint.to_string(),
+                message: format!("{op} did not complete within {timeout:?}"),
+            }),
+        }
+    }
+
+    /// Await the start of a server stream (response headers).
+    async fn open<R>(
+        &self,
+        call: impl Future<
+            Output = std::result::Result<tonic::Response<tonic::Streaming<R>>, tonic::Status>,
+        >,
+    ) -> Result<tonic::Streaming<R>> {
+        call.await
+            .map(tonic::Response::into_inner)
+            .map_err(|st| TalosError::from_stream_status(&self.endpoint, &st))
+    }
+
+    /// The first message of a unary envelope (`messages[0]`), after checking its `metadata.error`.
+    fn single<M: Reply>(&self, op: &str, messages: Vec<M>) -> Result<M> {
+        let count = messages.len();
+        let first = messages
+            .into_iter()
+            .next()
+            .ok_or_else(|| self.decode_error(&format!("{op}: reply has no messages")))?;
+        if count > 1 {
+            // Only one-to-many proxying (header `nodes`) produces more; we never ask for it.
+            tracing::debug!(endpoint = %self.endpoint, op, count, "ignoring extra reply messages");
+        }
+        self.check_metadata(first.metadata())?;
+        Ok(first)
+    }
+
+    fn check_metadata(&self, metadata: Option<&common::Metadata>) -> Result<()> {
+        match events::metadata_error(&self.endpoint, metadata) {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    fn decode_error(&self, message: &str) -> TalosError {
+        TalosError::Decode {
+            endpoint: self.endpoint.to_string(),
+            message: message.to_owned(),
+        }
+    }
+}
+
+/// An inner reply message: field 1 is always `common.Metadata`.
+trait Reply {
+    fn metadata(&self) -> Option<&common::Metadata>;
+}
+
+macro_rules! replies {
+    ($($ty:ty),* $(,)?) => {
+        $(impl Reply for $ty {
+            fn metadata(&self) -> Option<&common::Metadata> {
+                self.metadata.as_ref()
+            }
+        })*
+    };
+}
+
+replies!(
+    machine::Version,
+    machine::ServiceList,
+    machine::EtcdStatus,
+    machine::EtcdMembers,
+    machine::EtcdForfeitLeadership,
+    machine::Upgrade,
+    machine::Reboot,
+    machine::ApplyConfiguration,
+);
+
+/// containerd instance talosctl uses for the installer: CRI driver, `system` namespace.
+fn system_containerd() -> common::ContainerdInstance {
+    common::ContainerdInstance {
+        driver: common::ContainerDriver::Cri as i32,
+        namespace: common::ContainerdNamespace::NsSystem as i32,
+    }
+}
+
+/// Resolve the target into an endpoint with TLS, a label for messages and the `node` header.
+fn prepare(
+    credentials: &TalosCredentials,
+    target: &Target,
+    options: &ConnectOptions,
+) -> Result<Prepared> {
+    let (authority, label, node) = match target {
+        Target::Node(ip) => {
+            let addr = SocketAddr::new(*ip, options.port).to_string();
+            (addr.clone(), addr, None)
+        }
+        Target::Endpoint(endpoint) => {
+            let authority = endpoint_authority(endpoint, options.port)?;
+            (authority.clone(), authority, None)
+        }
+        Target::ViaEndpoint { endpoint, node } => {
+            let authority = endpoint_authority(endpoint, options.port)?;
+            let label = format!("node {node} via {authority}");
+            let value = node_header(node).map_err(|message| TalosError::InvalidArgument {
+                endpoint: label.clone(),
+                message,
+            })?;
+            (authority, label, Some(value))
+        }
+    };
+    let tls = tls::client_tls_config(
+        credentials,
+        options.server_name.as_deref(),
+        options.connect_timeout,
+        &label,
+    )?;
+    let invalid = |what: &str| TalosError::Config(format!("Talos endpoint {label}: {what}"));
+    // https is essential: with http tonic silently skips TLS even when a TLS config is set.
+    let endpoint = Endpoint::from_shared(format!("https://{authority}"))
+        .map_err(|_| invalid("not a valid address"))?
+        .tls_config(tls)
+        .map_err(|_| invalid("TLS configuration rejected"))?
+        .connect_timeout(options.connect_timeout)
+        .http2_keep_alive_interval(options.keepalive_interval)
+        .keep_alive_timeout(options.keepalive_timeout)
+        // Pings only while calls or streams are open: apid (grpc-go) sends GOAWAY to clients that
+        // ping an idle connection too often.
+        .keep_alive_while_idle(false)
+        .tcp_nodelay(true);
+    Ok(Prepared {
+        endpoint,
+        label: label.into(),
+        node,
+    })
+}
+
+fn node_header(node: &str) -> std::result::Result<AsciiMetadataValue, String> {
+    let node = node.trim();
+    if node.is_empty() {
+        return Err("node name is empty".into());
+    }
+    AsciiMetadataValue::try_from(node)
+        .map_err(|_| format!("node {node:?} is not a valid header value"))
+}
+
+/// `host:port` for an endpoint written as in a talosconfig: `10.0.0.2`, `10.0.0.2:50001`, `host`,
+/// `host:port`, `fd00::1`, `[fd00::1]`, `[fd00::1]:50001` or `https://host[:port][/]`.
+fn endpoint_authority(raw: &str, default_port: u16) -> Result<String> {
+    let invalid = |why: &str| TalosError::Config(format!("Talos endpoint {raw:?}: {why}"));
+    let mut s = raw.trim();
+    if let Some(rest) = s.strip_prefix("https://") {
+        s = rest;
+    } else if s.contains("://") {
+        return Err(invalid("only https:// URLs are supported"));
+    }
+    let s = s.strip_suffix('/').unwrap_or(s);
+    if s.is_empty() {
+        return Err(invalid("empty address"));
+    }
+    if s.contains('/') {
+        return Err(invalid("an endpoint has no path"));
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, default_port).to_string());
+    }
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr.to_string());
+    }
+    if let Some(inner) = s.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
+        let ip: IpAddr = inner
+            .parse()
+            .map_err(|_| invalid("not an IPv6 address in brackets"))?;
+        return Ok(SocketAddr::new(ip, default_port).to_string());
+    }
+    let (host, port) = match s.rsplit_once(':') {
+        Some((host, port)) => {
+            let port: u16 = port.parse().map_err(|_| invalid("port is not a number"))?;
+            (host, port)
+        }
+        None => (s, default_port),
+    };
+    let valid_host = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
+    if !valid_host {
+        return Err(invalid("not a valid host name"));
+    }
+    Ok(format!("{host}:{port}"))
+}
+
+#[cfg(test)]
+mod tests;
