@@ -362,3 +362,71 @@ fn is_running(pod: &Pod) -> bool {
         .and_then(|s| s.phase.as_deref())
         .is_some_and(|phase| phase == "Running")
 }
+
+impl WorkloadNode {
+    /// What the workload cluster shows for a simulated node in this state.
+    pub fn from_snapshot(snapshot: &super::node::NodeSnapshot) -> Self {
+        // kubelet posts status while the machine is up and its kubelet service runs; the Node is Ready
+        // when, in addition, Talos considers the machine ready (a delayed-ready fault keeps it NotReady).
+        let kubelet_posting = !snapshot.down && snapshot.kubelet.running;
+        let static_pods = snapshot
+            .control_plane
+            .as_ref()
+            .map(|cp| {
+                [
+                    ("kube-apiserver", &cp.apiserver),
+                    ("kube-controller-manager", &cp.controller_manager),
+                    ("kube-scheduler", &cp.scheduler),
+                ]
+                .into_iter()
+                .map(|(component, running)| StaticPod {
+                    component: component.to_string(),
+                    image: running.image.clone(),
+                    config_version: running.config_version.to_string(),
+                    ready: running.running,
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+        WorkloadNode {
+            name: snapshot.name.clone(),
+            address: snapshot.address,
+            control_plane: snapshot.role.is_control_plane(),
+            talos_version: snapshot.talos_version.clone(),
+            kubelet_version: snapshot.kubelet.version.clone(),
+            boot_id: snapshot.boot_id.clone(),
+            kubelet_posting,
+            ready: kubelet_posting && snapshot.ready,
+            talos_cordoned: snapshot.cordoned,
+            static_pods,
+        }
+    }
+}
+
+impl WorkloadMirror {
+    /// Keeps one node's Kubernetes objects in step with its simulated machine until the simulator drops
+    /// the channel. Only changes the workload cluster can see are written; a failed write is retried on
+    /// the next change or after a short pause, because the API server may itself be restarting.
+    pub async fn follow(
+        &self,
+        mut snapshots: tokio::sync::watch::Receiver<super::node::NodeSnapshot>,
+    ) {
+        let mut applied: Option<WorkloadNode> = None;
+        loop {
+            let wanted = WorkloadNode::from_snapshot(&snapshots.borrow_and_update());
+            if applied.as_ref() != Some(&wanted) {
+                match self.sync(&wanted).await {
+                    Ok(()) => applied = Some(wanted),
+                    Err(error) => {
+                        tracing::warn!(%error, node = %wanted.name, "workload cluster sync failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        continue;
+                    }
+                }
+            }
+            if snapshots.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! Simulator configuration: the cluster, its nodes and the timings of the simulated machine lifecycle.
+//!
+//! The configuration is YAML-loadable so a demo can describe a cluster in a file; unknown fields are
+//! rejected so a typo (`reboot_secs`) fails loudly instead of silently using a default. Timings are in
+//! milliseconds so tests can run a whole upgrade in well under a second while a demo uses minutes.
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpListener, TcpSocket};
+
+use super::compat;
+
+/// Errors found while loading or validating a [`SimConfig`].
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The YAML did not match the schema (unknown field, wrong type, missing field, ...).
+    #[error("invalid simulator config: {0}")]
+    Parse(#[from] serde_yaml::Error),
+    /// The file could not be read.
+    #[error("cannot read simulator config {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config parsed but is not usable.
+    #[error("invalid simulator config: {0}")]
+    Invalid(String),
+}
+
+/// Role of a simulated node, spelled as in a Talos machine config (`machine.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    #[serde(rename = "controlplane")]
+    ControlPlane,
+    #[serde(rename = "worker")]
+    Worker,
+}
+
+impl Role {
+    /// The `machine.type` spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::ControlPlane => "controlplane",
+            Role::Worker => "worker",
+        }
+    }
+
+    pub fn is_control_plane(self) -> bool {
+        self == Role::ControlPlane
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The whole simulated cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimConfig {
+    /// Cluster name; also the talosconfig context name.
+    pub cluster_name: String,
+    /// apid port every node listens on (each node has its own IP, so they can all use 50000).
+    #[serde(default = "default_port")]
+    pub port: u16,
+    pub nodes: Vec<NodeConfig>,
+    #[serde(default)]
+    pub timings: Timings,
+}
+
+/// One simulated node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Hostname and Kubernetes node name.
+    pub name: String,
+    pub role: Role,
+    /// Listen address; auto-assigned from a free 127.X.Y.0/24 block when absent.
+    #[serde(default)]
+    pub address: Option<Ipv4Addr>,
+    /// Running Talos version, e.g. "1.11.6" (a leading "v" is accepted).
+    pub talos_version: String,
+    /// Kubernetes version of kubelet and the control-plane static pods, e.g. "1.34.1".
+    pub kubernetes_version: String,
+    /// Installer image in the machine config; defaults to `ghcr.io/siderolabs/installer:v<talos>`.
+    #[serde(default)]
+    pub installer_image: Option<String>,
+}
+
+/// How long the simulated lifecycle steps take, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timings {
+    /// Machine off: the port refuses connections for this long.
+    pub reboot_ms: u64,
+    /// Boot sequence: BOOTING until RUNNING.
+    pub boot_ms: u64,
+    /// RUNNING until ready (node Ready, static pods up).
+    pub ready_ms: u64,
+    /// Installer run (LifecycleService.Upgrade) and the legacy upgrade's pre-reboot phases.
+    pub install_ms: u64,
+    /// Image pull.
+    pub pull_ms: u64,
+    /// A machine config change taking effect (static pods restarted, kubelet restarted).
+    pub apply_ms: u64,
+}
+
+impl Default for Timings {
+    /// Demo-friendly values: an upgrade takes a few seconds, visible in a terminal.
+    fn default() -> Self {
+        Timings {
+            reboot_ms: 3000,
+            boot_ms: 2000,
+            ready_ms: 2000,
+            install_ms: 3000,
+            pull_ms: 1000,
+            apply_ms: 1000,
+        }
+    }
+}
+
+impl Timings {
+    /// Short timings for tests: a full upgrade in a few hundred milliseconds.
+    pub fn fast() -> Self {
+        Timings {
+            reboot_ms: 150,
+            boot_ms: 60,
+            ready_ms: 60,
+            install_ms: 80,
+            pull_ms: 30,
+            apply_ms: 50,
+        }
+    }
+
+    pub(crate) fn reboot(&self) -> Duration {
+        Duration::from_millis(self.reboot_ms)
+    }
+    pub(crate) fn boot(&self) -> Duration {
+        Duration::from_millis(self.boot_ms)
+    }
+    pub(crate) fn ready(&self) -> Duration {
+        Duration::from_millis(self.ready_ms)
+    }
+    pub(crate) fn install(&self) -> Duration {
+        Duration::from_millis(self.install_ms)
+    }
+    pub(crate) fn pull(&self) -> Duration {
+        Duration::from_millis(self.pull_ms)
+    }
+    pub(crate) fn apply(&self) -> Duration {
+        Duration::from_millis(self.apply_ms)
+    }
+}
+
+fn default_port() -> u16 {
+    50000
+}
+
+impl NodeConfig {
+    /// A control-plane node with an auto-assigned address.
+    pub fn control_plane(name: &str, talos_version: &str, kubernetes_version: &str) -> Self {
+        Self::new(name, Role::ControlPlane, talos_version, kubernetes_version)
+    }
+
+    /// A worker node with an auto-assigned address.
+    pub fn worker(name: &str, talos_version: &str, kubernetes_version: &str) -> Self {
+        Self::new(name, Role::Worker, talos_version, kubernetes_version)
+    }
+
+    fn new(name: &str, role: Role, talos_version: &str, kubernetes_version: &str) -> Self {
+        NodeConfig {
+            name: name.to_string(),
+            role,
+            address: None,
+            talos_version: talos_version.to_string(),
+            kubernetes_version: kubernetes_version.to_string(),
+            installer_image: None,
+        }
+    }
+
+    /// The installer image, with the default filled in.
+    pub fn installer_image_or_default(&self) -> String {
+        match &self.installer_image {
+            Some(image) => image.clone(),
+            None => format!(
+                "ghcr.io/siderolabs/installer:v{}",
+                self.talos_version.trim_start_matches('v')
+            ),
+        }
+    }
+}
+
+impl SimConfig {
+    /// An empty cluster with the default port and timings; add nodes with [`SimConfig::with_node`].
+    pub fn new(cluster_name: &str) -> Self {
+        SimConfig {
+            cluster_name: cluster_name.to_string(),
+            port: default_port(),
+            nodes: Vec::new(),
+            timings: Timings::default(),
+        }
+    }
+
+    pub fn with_node(mut self, node: NodeConfig) -> Self {
+        self.nodes.push(node);
+        self
+    }
+
+    pub fn with_timings(mut self, timings: Timings) -> Self {
+        self.timings = timings;
+        self
+    }
+
+    /// `control_planes` control-plane nodes `cp-1..` and `workers` workers `worker-1..`, all on the same
+    /// versions: the shape most tests want.
+    pub fn uniform(
+        cluster_name: &str,
+        control_planes: usize,
+        workers: usize,
+        talos_version: &str,
+        kubernetes_version: &str,
+    ) -> Self {
+        let mut config = SimConfig::new(cluster_name);
+        for i in 1..=control_planes {
+            config = config.with_node(NodeConfig::control_plane(
+                &format!("cp-{i}"),
+                talos_version,
+                kubernetes_version,
+            ));
+        }
+        for i in 1..=workers {
+            config = config.with_node(NodeConfig::worker(
+                &format!("worker-{i}"),
+                talos_version,
+                kubernetes_version,
+            ));
+        }
+        config
+    }
+
+    /// Parse and validate a YAML config.
+    pub fn from_yaml(yaml: &str) -> Result<Self, ConfigError> {
+        let config: SimConfig = serde_yaml::from_str(yaml)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Read, parse and validate a YAML config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    /// Check what serde cannot: names, versions, addresses.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        // The cluster name becomes a YAML key in the talosconfig and a DNS-ish label; keep it plain.
+        if self.cluster_name.is_empty() || !self.cluster_name.chars().all(is_name_char) {
+            return invalid(format!(
+                "cluster_name {:?} must be non-empty and use only letters, digits, '-', '_' and '.'",
+                self.cluster_name
+            ));
+        }
+        if self.nodes.is_empty() {
+            return invalid("nodes must list at least one node".into());
+        }
+        if !self.nodes.iter().any(|n| n.role.is_control_plane()) {
+            // talosconfig endpoints and etcd need a control plane.
+            return invalid("nodes must include at least one controlplane node".into());
+        }
+        let mut names = HashSet::new();
+        let mut addresses = HashSet::new();
+        for node in &self.nodes {
+            if node.name.is_empty() || !node.name.chars().all(is_name_char) {
+                return invalid(format!(
+                    "node name {:?} must be non-empty and use only letters, digits, '-', '_' and '.'",
+                    node.name
+                ));
+            }
+            if !names.insert(node.name.as_str()) {
+                return invalid(format!("node name {:?} is used twice", node.name));
+            }
+            if let Some(address) = node.address
+                && !addresses.insert(address)
+            {
+                return invalid(format!("address {address} is used by two nodes"));
+            }
+            if let Err(e) = compat::parse_version(&node.talos_version) {
+                return invalid(format!(
+                    "node {}: talos_version {:?}: {e}",
+                    node.name, node.talos_version
+                ));
+            }
+            if let Err(e) = compat::parse_version(&node.kubernetes_version) {
+                return invalid(format!(
+                    "node {}: kubernetes_version {:?}: {e}",
+                    node.name, node.kubernetes_version
+                ));
+            }
+            if let Some(image) = &node.installer_image
+                && let Err(e) = super::image_ref::ImageRef::parse(image)
+            {
+                return invalid(format!("node {}: installer_image: {e}", node.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'
+}
+
+/// Bind a listening socket the way a restarted apid would: SO_REUSEADDR so a reboot can re-listen on the
+/// port while old connections are still in TIME_WAIT.
+pub(crate) fn bind_listener(addr: SocketAddrV4) -> std::io::Result<TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(SocketAddr::V4(addr))?;
+    socket.listen(1024)
+}
+
+/// Distinguishes blocks chosen by several simulators in one process.
+static BLOCK_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// How many /24 blocks to try before giving up; collisions are rare, so this is generous.
+const MAX_BLOCK_ATTEMPTS: u32 = 64;
+
+/// Resolve every node's address and bind its listener.
+///
+/// Nodes with an explicit address get it; the others share one 127.X.Y.0/24 block (host numbers 1..N in
+/// config order). X and Y are derived from the process id and a per-process counter so parallel tests
+/// in one process and across processes rarely collide, and every address is verified by binding it
+/// (kept bound, so nothing can take it between the check and the server start).
+pub(crate) fn allocate_listeners(
+    config: &SimConfig,
+) -> Result<Vec<(Ipv4Addr, TcpListener)>, ConfigError> {
+    let auto_count = config.nodes.iter().filter(|n| n.address.is_none()).count();
+    if auto_count > 254 {
+        return Err(ConfigError::Invalid(format!(
+            "{auto_count} nodes without an address do not fit in one /24 block"
+        )));
+    }
+    let pid = std::process::id();
+    for _ in 0..MAX_BLOCK_ATTEMPTS {
+        let counter = BLOCK_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let (x, y) = block_for(pid, counter);
+        match try_block(config, x, y) {
+            Ok(listeners) => return Ok(listeners),
+            Err(BlockError::Taken) => continue,
+            Err(BlockError::Fatal(e)) => return Err(e),
+        }
+    }
+    Err(ConfigError::Invalid(format!(
+        "no free 127.X.Y.0/24 block with port {} found after {MAX_BLOCK_ATTEMPTS} attempts",
+        config.port
+    )))
+}
+
+enum BlockError {
+    /// An auto-assigned address was in use: try another block.
+    Taken,
+    /// An explicit address could not be bound: retrying cannot help.
+    Fatal(ConfigError),
+}
+
+/// Spread (pid, counter) over 127.1.0.0 – 127.254.255.0: a multiplicative hash so consecutive pids and
+/// counters land far apart.
+fn block_for(pid: u32, counter: u32) -> (u8, u8) {
+    let mixed = pid
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(counter.wrapping_mul(40_503));
+    let span = 254 * 256;
+    let slot = mixed % span;
+    let x = 1 + (slot / 256) as u8;
+    let y = (slot % 256) as u8;
+    (x, y)
+}
+
+fn try_block(config: &SimConfig, x: u8, y: u8) -> Result<Vec<(Ipv4Addr, TcpListener)>, BlockError> {
+    let mut out = Vec::with_capacity(config.nodes.len());
+    let mut host = 0u8;
+    for node in &config.nodes {
+        let (address, explicit) = match node.address {
+            Some(a) => (a, true),
+            None => {
+                host += 1;
+                (Ipv4Addr::new(127, x, y, host), false)
+            }
+        };
+        match bind_listener(SocketAddrV4::new(address, config.port)) {
+            Ok(listener) => out.push((address, listener)),
+            Err(e) if explicit => {
+                return Err(BlockError::Fatal(ConfigError::Invalid(format!(
+                    "node {}: cannot listen on {address}:{}: {e}",
+                    node.name, config.port
+                ))));
+            }
+            // Dropping `out` releases the addresses bound so far in this block.
+            Err(_) => return Err(BlockError::Taken),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_round_trip_with_defaults() {
+        let yaml = r#"
+cluster_name: demo
+nodes:
+  - name: cp-1
+    role: controlplane
+    talos_version: "1.11.6"
+    kubernetes_version: "1.34.1"
+  - name: w-1
+    role: worker
+    address: 127.0.0.9
+    talos_version: v1.11.6
+    kubernetes_version: 1.34.1
+timings:
+  reboot_ms: 10
+"#;
+        let config = SimConfig::from_yaml(yaml).unwrap();
+        assert_eq!(config.port, 50000);
+        assert_eq!(config.timings.reboot_ms, 10);
+        assert_eq!(config.timings.boot_ms, Timings::default().boot_ms);
+        assert_eq!(config.nodes[1].address, Some(Ipv4Addr::new(127, 0, 0, 9)));
+        assert_eq!(
+            config.nodes[0].installer_image_or_default(),
+            "ghcr.io/siderolabs/installer:v1.11.6"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_by_name() {
+        let yaml = "cluster_name: demo\nnodes: []\nreboot_secs: 3\n";
+        let err = SimConfig::from_yaml(yaml).unwrap_err().to_string();
+        assert!(err.contains("unknown field `reboot_secs`"), "{err}");
+        let yaml = "cluster_name: demo\nnodes:\n  - name: a\n    role: controlplane\n    talos_version: 1.11.6\n    kubernetes_version: 1.34.1\n    colour: red\n";
+        let err = SimConfig::from_yaml(yaml).unwrap_err().to_string();
+        assert!(err.contains("unknown field `colour`"), "{err}");
+    }
+
+    #[test]
+    fn validation_catches_duplicates_and_bad_versions() {
+        let config = SimConfig::uniform("c", 1, 0, "1.11.6", "1.34.1")
+            .with_node(NodeConfig::worker("cp-1", "1.11.6", "1.34.1"));
+        assert!(config.validate().unwrap_err().to_string().contains("twice"));
+        let config = SimConfig::uniform("c", 1, 0, "eleven", "1.34.1");
+        assert!(config.validate().is_err());
+        let config = SimConfig::uniform("c", 0, 1, "1.11.6", "1.34.1");
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("controlplane")
+        );
+    }
+
+    #[test]
+    fn blocks_avoid_127_0() {
+        for pid in [1, 2, 1000, 65535, 4_000_000] {
+            for counter in 0..50 {
+                let (x, _) = block_for(pid, counter);
+                assert!((1..=254).contains(&x));
+            }
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! A small HTTP API to watch and break a running simulator from outside its process (the demo, a
+//! person with `curl`): node states, the call record, and fault injection.
+//!
+//! ```text
+//! GET    /nodes                          every node's state (JSON)
+//! GET    /record                         mutating calls received and power events (JSON)
+//! POST   /nodes/{node}/faults/{fault}    inject a fault; `fail-next-calls?count=N`, `ready-delay?ms=N`
+//! DELETE /nodes/{node}/faults            clear every fault on a node
+//! ```
+//!
+//! It listens on loopback only and carries no credentials: it is a test and demo tool.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+
+use super::{Fault, Simulator};
+
+/// Fault names as the control API and the docs spell them.
+pub const FAULT_NAMES: &[&str] = &[
+    "installer-pull-fails",
+    "never-returns",
+    "boots-old-version",
+    "etcd-unhealthy",
+    "fail-next-calls",
+    "ready-delay",
+    "apply-config-rejected",
+];
+
+/// Parses a fault name and its query parameters (`count` for `fail-next-calls`, `ms` for `ready-delay`).
+pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault, String> {
+    let number = |key: &str| -> Result<u64, String> {
+        let raw = params
+            .get(key)
+            .ok_or_else(|| format!("fault {name} needs ?{key}=<number>"))?;
+        raw.parse()
+            .map_err(|_| format!("fault {name}: {key}={raw:?} is not a whole number"))
+    };
+    Ok(match name {
+        "installer-pull-fails" => Fault::InstallerPullFails,
+        "never-returns" => Fault::NeverReturns,
+        "boots-old-version" => Fault::BootsOldVersion,
+        "etcd-unhealthy" => Fault::EtcdUnhealthy,
+        "fail-next-calls" => Fault::FailNextCalls(
+            u32::try_from(number("count")?).map_err(|_| "count is too large".to_string())?,
+        ),
+        "ready-delay" => Fault::ReadyDelay(Duration::from_millis(number("ms")?)),
+        "apply-config-rejected" => Fault::ApplyConfigRejected,
+        other => {
+            return Err(format!(
+                "unknown fault {other:?}; known faults: {}",
+                FAULT_NAMES.join(", ")
+            ));
+        }
+    })
+}
+
+/// The control API's routes.
+pub fn router(simulator: Arc<Simulator>) -> Router {
+    Router::new()
+        .route("/nodes", get(nodes))
+        .route("/record", get(record))
+        .route("/nodes/{node}/faults/{fault}", post(inject))
+        .route("/nodes/{node}/faults", delete(clear))
+        .with_state(simulator)
+}
+
+async fn nodes(State(sim): State<Arc<Simulator>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!(sim.snapshots()))
+}
+
+async fn record(State(sim): State<Arc<Simulator>>) -> Json<serde_json::Value> {
+    Json(sim.record_json())
+}
+
+async fn inject(
+    State(sim): State<Arc<Simulator>>,
+    Path((node, fault)): Path<(String, String)>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let fault = match parse_fault(&fault, &params) {
+        Ok(fault) => fault,
+        Err(message) => return (StatusCode::BAD_REQUEST, message).into_response(),
+    };
+    match sim.inject_fault(&node, fault.clone()) {
+        Ok(()) => {
+            tracing::info!(%node, ?fault, "fault injected");
+            Json(serde_json::json!(sim.active_faults(&node).ok())).into_response()
+        }
+        Err(error) => (StatusCode::NOT_FOUND, error.to_string()).into_response(),
+    }
+}
+
+async fn clear(State(sim): State<Arc<Simulator>>, Path(node): Path<String>) -> Response {
+    match sim.clear_faults(&node) {
+        Ok(()) => {
+            tracing::info!(%node, "faults cleared");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(error) => (StatusCode::NOT_FOUND, error.to_string()).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn every_documented_fault_name_parses() {
+        let with_args = params(&[("count", "3"), ("ms", "1500")]);
+        for name in FAULT_NAMES {
+            assert!(parse_fault(name, &with_args).is_ok(), "{name}");
+        }
+        assert_eq!(
+            parse_fault("fail-next-calls", &with_args),
+            Ok(Fault::FailNextCalls(3))
+        );
+        assert_eq!(
+            parse_fault("ready-delay", &with_args),
+            Ok(Fault::ReadyDelay(Duration::from_millis(1500)))
+        );
+    }
+
+    #[test]
+    fn bad_fault_requests_say_what_is_wrong() {
+        let unknown = parse_fault("melt", &params(&[])).unwrap_err();
+        assert!(unknown.contains("unknown fault \"melt\"") && unknown.contains("never-returns"));
+        let missing = parse_fault("fail-next-calls", &params(&[])).unwrap_err();
+        assert!(missing.contains("?count="), "{missing}");
+        let bad = parse_fault("ready-delay", &params(&[("ms", "soon")])).unwrap_err();
+        assert!(bad.contains("not a whole number"), "{bad}");
+    }
+}
