@@ -287,3 +287,148 @@ async fn evicted_pods_on_simulated_nodes_are_finished_like_kubelet_does() {
         Some("blue")
     );
 }
+
+/// The whole loop: a simulated cluster followed into the API server while a node is upgraded through the
+/// Talos API and a control-plane component through its machine config.
+#[tokio::test]
+async fn a_simulated_upgrade_shows_in_the_workload_cluster() {
+    use talos_upgrade_controller::sim::{ClientRole, NodeConfig, SimConfig, Simulator, Timings};
+    use talos_upgrade_controller::talos::{
+        ApplyMode, ConnectOptions, LegacyUpgradeOptions, TalosClient, Talosconfig, Target,
+    };
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ns = ControlPlane::shared().test_namespace("workload-sim").await;
+    let cp_name = format!("{}-cp", ns.name);
+    let worker_name = format!("{}-worker", ns.name);
+    let sim = Simulator::start(
+        SimConfig::new("workload-sim")
+            .with_node(NodeConfig::control_plane(&cp_name, "1.11.6", "1.34.1"))
+            .with_node(NodeConfig::worker(&worker_name, "1.11.6", "1.34.1"))
+            .with_timings(Timings::fast()),
+    )
+    .await
+    .expect("simulator");
+    let mirror = WorkloadMirror::new(ns.client.clone());
+    for node in sim.nodes() {
+        let snapshots = sim.subscribe(&node.name).expect("subscribe");
+        let mirror = mirror.clone();
+        tokio::spawn(async move { mirror.follow(snapshots).await });
+    }
+    let nodes: Api<Node> = Api::all(ns.client.clone());
+    let ready_on = |name: String, status: &'static str| {
+        let nodes = nodes.clone();
+        move || {
+            let nodes = nodes.clone();
+            let name = name.clone();
+            async move {
+                nodes
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|n| ready_status(&n) == status)
+            }
+        }
+    };
+    eventually("both nodes Ready", ready_on(cp_name.clone(), "True")).await;
+    eventually("both nodes Ready", ready_on(worker_name.clone(), "True")).await;
+
+    let credentials = Talosconfig::from_yaml(&sim.talosconfig(ClientRole::Admin))
+        .and_then(|c| c.current_context()?.credentials())
+        .expect("talosconfig");
+    let address = |name: &str| {
+        let node = sim
+            .nodes()
+            .into_iter()
+            .find(|n| n.name == name)
+            .expect("node");
+        std::net::IpAddr::V4(node.address)
+    };
+    let options = ConnectOptions {
+        port: sim.config().port,
+        ..ConnectOptions::default()
+    };
+    let worker = TalosClient::connect(&credentials, Target::Node(address(&worker_name)), &options)
+        .await
+        .expect("connect worker");
+
+    // Held down after its reboot, the node is cordoned by Talos and its status goes Unknown.
+    sim.inject_fault(
+        &worker_name,
+        talos_upgrade_controller::sim::Fault::NeverReturns,
+    )
+    .expect("fault");
+    worker
+        .upgrade_legacy(
+            "ghcr.io/siderolabs/installer:v1.12.0",
+            &LegacyUpgradeOptions {
+                preserve: true,
+                ..LegacyUpgradeOptions::default()
+            },
+        )
+        .await
+        .expect("upgrade");
+    eventually(
+        "the rebooting node to go Unknown",
+        ready_on(worker_name.clone(), "Unknown"),
+    )
+    .await;
+    let down = nodes.get(&worker_name).await.expect("get");
+    assert_eq!(down.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
+
+    sim.clear_faults(&worker_name).expect("clear");
+    eventually("the node back Ready on 1.12.0 and uncordoned", || {
+        let nodes = nodes.clone();
+        let name = worker_name.clone();
+        async move {
+            let Ok(node) = nodes.get(&name).await else {
+                return false;
+            };
+            let os = node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.os_image.clone());
+            ready_status(&node) == "True"
+                && os.as_deref() == Some("Talos (v1.12.0)")
+                && node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
+        }
+    })
+    .await;
+
+    // A new kube-apiserver image in the control plane's machine config replaces its mirror pod.
+    let cp = TalosClient::connect(&credentials, Target::Node(address(&cp_name)), &options)
+        .await
+        .expect("connect control plane");
+    let config = cp.machine_config().await.expect("config");
+    let patched = String::from_utf8_lossy(config.as_bytes()).replace(
+        "registry.k8s.io/kube-apiserver:v1.34.1",
+        "registry.k8s.io/kube-apiserver:v1.34.2",
+    );
+    cp.apply_configuration(patched.into_bytes(), ApplyMode::NoReboot, false)
+        .await
+        .expect("apply");
+    let pods: Api<Pod> = Api::namespaced(ns.client.clone(), "kube-system");
+    let pod_name = format!("kube-apiserver-{cp_name}");
+    eventually("the mirror pod on the new image and config version", || {
+        let pods = pods.clone();
+        let pod_name = pod_name.clone();
+        async move {
+            let Ok(pod) = pods.get(&pod_name).await else {
+                return false;
+            };
+            let image = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers[0].image.clone());
+            image.as_deref() == Some("registry.k8s.io/kube-apiserver:v1.34.2")
+                && pod
+                    .annotations()
+                    .get("talos.dev/config-version")
+                    .map(String::as_str)
+                    == Some("2")
+        }
+    })
+    .await;
+}
