@@ -2,5 +2,6 @@
 //! objects, driven by `upgrade.vitistack.io/*` annotations.
 
 pub mod proto;
+pub mod rollout;
 pub mod sim;
 pub mod talos;

@@ -1,0 +1,165 @@
+//! What the controller remembers about an upgrade run between reconciles and across restarts.
+//!
+//! The record is written *before* every call that changes a node (write-ahead), so a controller that
+//! restarts at any moment knows which nodes are finished, which one may have received an upgrade call
+//! (and must not get another), and which are still to do. It lives in an object the controller owns (a
+//! ConfigMap next to the cluster), never in `KubernetesCluster` fields that vitistack's schema would prune.
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// A node's role in the rollout order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeRole {
+    ControlPlane,
+    Worker,
+}
+
+/// One run: every node of a cluster taken to `target`, in a fixed order decided when the run started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Run {
+    /// The target as the user wrote it (`v1.12.0` or `1.12.0`); a different annotation value is a new run.
+    pub requested: String,
+    /// The normalised target version, without a leading `v`.
+    pub target: String,
+    pub started_at: Timestamp,
+    /// Set once the run ends; a finished run is never decided again for the same `requested` value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    /// Nodes in the order they are taken; the order never changes within a run.
+    pub nodes: Vec<NodeProgress>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    tag = "result"
+)]
+pub enum Outcome {
+    Completed {
+        at: Timestamp,
+    },
+    /// `node` is absent when the run was refused before touching any node (an invalid target).
+    Failed {
+        at: Timestamp,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        reason: String,
+    },
+}
+
+/// One node's place in a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProgress {
+    pub name: String,
+    pub role: NodeRole,
+    #[serde(flatten)]
+    pub step: NodeStep,
+}
+
+/// Where a node is in its upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    tag = "step"
+)]
+pub enum NodeStep {
+    /// Not started.
+    Pending,
+    /// The upgrade call was (or is about to be) sent: it must never be sent again in this run. The boot id
+    /// from before the call tells a reboot apart from a node that never went down.
+    Issued {
+        at: Timestamp,
+        boot_id: String,
+        from_version: String,
+        installer_image: String,
+    },
+    /// On the target, rebooted, ready and Ready in Kubernetes.
+    Done {
+        at: Timestamp,
+        /// When work on the node began (absent for nodes that were already on the target).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        started_at: Option<Timestamp>,
+    },
+    Failed {
+        at: Timestamp,
+        reason: String,
+    },
+}
+
+impl Run {
+    /// Nodes finished (done) and the total, as `talos-progress` shows them.
+    pub fn counts(&self) -> (usize, usize) {
+        let done = self
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.step, NodeStep::Done { .. }))
+            .count();
+        (done, self.nodes.len())
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeProgress> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    pub fn failed_nodes(&self) -> Vec<&str> {
+        self.nodes
+            .iter()
+            .filter(|n| matches!(n.step, NodeStep::Failed { .. }))
+            .map(|n| n.name.as_str())
+            .collect()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.outcome.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_round_trips_through_json_with_stable_field_names() {
+        let at: Timestamp = "2026-11-25T10:00:00Z".parse().expect("timestamp");
+        let run = Run {
+            requested: "v1.12.0".into(),
+            target: "1.12.0".into(),
+            started_at: at,
+            outcome: None,
+            nodes: vec![
+                NodeProgress {
+                    name: "worker-1".into(),
+                    role: NodeRole::Worker,
+                    step: NodeStep::Done {
+                        at,
+                        started_at: Some(at),
+                    },
+                },
+                NodeProgress {
+                    name: "cp-1".into(),
+                    role: NodeRole::ControlPlane,
+                    step: NodeStep::Issued {
+                        at,
+                        boot_id: "b1".into(),
+                        from_version: "1.11.6".into(),
+                        installer_image: "ghcr.io/siderolabs/installer:v1.12.0".into(),
+                    },
+                },
+            ],
+        };
+        let json = serde_json::to_value(&run).expect("serialize");
+        assert_eq!(json["nodes"][1]["step"], "issued");
+        assert_eq!(json["nodes"][1]["bootId"], "b1");
+        assert_eq!(json["nodes"][1]["role"], "control-plane");
+        let back: Run = serde_json::from_value(json).expect("deserialize");
+        assert_eq!(back, run);
+        assert_eq!(run.counts(), (1, 2));
+    }
+}

@@ -1,0 +1,623 @@
+//! The Talos OS rolling upgrade as a pure decision: given the persisted run, what the nodes look like
+//! now and the time, which node to take next (if any), what to call, and what to tell the user.
+//!
+//! No IO and no clock here: the reconciler observes, calls [`advance`], persists the returned run
+//! *before* executing the returned actions (write-ahead), then executes them. Everything that makes an
+//! upgrade safe is decided in this file and covered by its table-driven tests:
+//! - nodes go in the order fixed at the start of the run: workers first (or control planes first), workers
+//!   in batches of at most `max_parallel_workers`, control planes strictly one at a time;
+//! - before a node starts, every other node is up and Ready, the node's Talos API answers, and for a
+//!   control plane etcd is healthy and leadership has moved off it;
+//! - an upgrade call is issued at most once per node and run; the node is done only when it rebooted (new
+//!   boot id), runs the target, reports ready and its Kubernetes Node is Ready;
+//! - a node that comes back on its old version (A/B fallback) or misses its deadline fails the run, which
+//!   then touches no further node.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use semver::Version;
+
+use super::progress::{NodeProgress, NodeRole, NodeStep, Outcome, Run};
+
+/// The order of node roles in a Talos OS run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpgradeOrder {
+    #[default]
+    WorkersFirst,
+    ControlPlanesFirst,
+}
+
+/// Knobs of one run, from the user's annotations and the controller's flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub order: UpgradeOrder,
+    /// Workers upgraded at once (at least 1); control planes always go one at a time.
+    pub max_parallel_workers: usize,
+    /// Finish the node(s) in flight, start no new one.
+    pub paused: bool,
+    /// How long a node may take from its upgrade call to being done.
+    pub node_deadline: Duration,
+}
+
+/// What the controller sees of one node right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeObservation {
+    pub name: String,
+    pub role: NodeRole,
+    pub talos: TalosState,
+    /// The Kubernetes Node's `Ready` condition is `True`.
+    pub kubernetes_ready: bool,
+}
+
+/// The node's Talos API as last seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TalosState {
+    Up {
+        version: Version,
+        boot_id: String,
+        /// Machine stage `running` and every readiness check met.
+        ready: bool,
+        /// `machine.install.image` of the running config.
+        installer_image: String,
+    },
+    /// Connection refused, reset, timed out: the node is down or rebooting.
+    Unreachable { reason: String },
+}
+
+/// etcd as seen from the control planes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EtcdObservation {
+    /// `None` when healthy: every member healthy, the member lists agree, and quorum holds with one member
+    /// down. Otherwise why not, in one sentence.
+    pub problem: Option<String>,
+    /// Node name of the current leader, if known.
+    pub leader: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Observation {
+    pub nodes: Vec<NodeObservation>,
+    pub etcd: EtcdObservation,
+}
+
+impl Observation {
+    fn node(&self, name: &str) -> Option<&NodeObservation> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+/// Which Talos API generation upgrades a node, by the version it runs now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpgradeApi {
+    /// `MachineService.Upgrade` (all Talos 1.x; the only one before 1.13).
+    Legacy,
+    /// `ImageService.Pull` + `LifecycleService.Upgrade`, cordon and drain, then `Reboot` (Talos ≥ 1.13).
+    Lifecycle,
+}
+
+impl UpgradeApi {
+    pub fn for_running(version: &Version) -> Self {
+        if *version >= Version::new(1, 13, 0) {
+            UpgradeApi::Lifecycle
+        } else {
+            UpgradeApi::Legacy
+        }
+    }
+}
+
+/// A call the reconciler makes after persisting the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Move etcd leadership off a control plane before it is upgraded.
+    ForfeitEtcdLeadership { node: String },
+    /// Upgrade a node; the run already records it as issued.
+    Upgrade {
+        node: String,
+        installer_image: String,
+        api: UpgradeApi,
+    },
+}
+
+/// Whether an event is routine or needs attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoteType {
+    Normal,
+    Warning,
+}
+
+/// A Kubernetes Event to publish on the KubernetesCluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub type_: NoteType,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Note {
+    fn normal(reason: &'static str, message: String) -> Self {
+        Note {
+            type_: NoteType::Normal,
+            reason,
+            message,
+        }
+    }
+
+    fn warning(reason: &'static str, message: String) -> Self {
+        Note {
+            type_: NoteType::Warning,
+            reason,
+            message,
+        }
+    }
+}
+
+/// Where the run stands, for annotations, conditions and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    InProgress,
+    /// In progress, but starting no new node because the user paused it.
+    Paused,
+    Completed,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub state: RunState,
+    /// One sentence for `talos-message`.
+    pub message: String,
+    /// Nodes done and total, for `talos-progress`.
+    pub done: usize,
+    pub total: usize,
+    /// Nodes upgrading right now.
+    pub in_flight: Vec<String>,
+    pub failed_nodes: Vec<String>,
+    pub notes: Vec<Note>,
+}
+
+/// The outcome of one decision: the run to persist, then the actions to take, then what to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub run: Run,
+    pub actions: Vec<Action>,
+    pub report: Report,
+}
+
+/// Starts a run: fixes the node order and counts nodes already on the target as done.
+pub fn start_run(
+    requested: &str,
+    target: &Version,
+    order: UpgradeOrder,
+    observation: &Observation,
+    now: Timestamp,
+) -> Run {
+    let mut nodes: Vec<&NodeObservation> = observation.nodes.iter().collect();
+    // Role first (in the chosen order), then name: a stable order the user can predict.
+    nodes.sort_by_key(|n| (role_rank(n.role, order), n.name.clone()));
+    let nodes = nodes
+        .into_iter()
+        .map(|n| NodeProgress {
+            name: n.name.clone(),
+            role: n.role,
+            step: match &n.talos {
+                TalosState::Up { version, .. } if version == target => NodeStep::Done {
+                    at: now,
+                    started_at: None,
+                },
+                _ => NodeStep::Pending,
+            },
+        })
+        .collect();
+    Run {
+        requested: requested.to_string(),
+        target: target.to_string(),
+        started_at: now,
+        outcome: None,
+        nodes,
+    }
+}
+
+fn role_rank(role: NodeRole, order: UpgradeOrder) -> u8 {
+    match (order, role) {
+        (UpgradeOrder::WorkersFirst, NodeRole::Worker)
+        | (UpgradeOrder::ControlPlanesFirst, NodeRole::ControlPlane) => 0,
+        (UpgradeOrder::WorkersFirst, NodeRole::ControlPlane)
+        | (UpgradeOrder::ControlPlanesFirst, NodeRole::Worker) => 1,
+    }
+}
+
+/// Records that a call on `node` failed for good (the node refused the upgrade, the installer image is
+/// bad): the run fails, naming the node.
+pub fn fail_node(run: &mut Run, node: &str, reason: &str, now: Timestamp) {
+    for progress in &mut run.nodes {
+        if progress.name == node {
+            progress.step = NodeStep::Failed {
+                at: now,
+                reason: reason.to_string(),
+            };
+        }
+    }
+    run.outcome = Some(Outcome::Failed {
+        at: now,
+        node: Some(node.to_string()),
+        reason: format!("node {node} {reason}"),
+    });
+}
+
+/// Decides the next step of an unfinished or finished run.
+pub fn advance(
+    run: &Run,
+    settings: &Settings,
+    observation: &Observation,
+    installer_image_for: &dyn Fn(&str, &Version) -> Result<String, String>,
+    now: Timestamp,
+) -> Decision {
+    let mut run = run.clone();
+    let mut notes = Vec::new();
+    let Ok(target) = Version::parse(&run.target) else {
+        // The run was created from a parsed version, so this is a corrupted record: fail rather than guess.
+        let reason = format!("the recorded target {:?} is not a version", run.target);
+        run.outcome.get_or_insert(Outcome::Failed {
+            at: now,
+            node: None,
+            reason: reason.clone(),
+        });
+        return finish(run, Vec::new(), notes, None, true);
+    };
+    if run.outcome.is_some() {
+        // Decided before: report it again, but announce nothing twice.
+        return finish(run, Vec::new(), notes, None, false);
+    }
+
+    // 1. Nodes in flight: done, still going, or failed.
+    for progress in &mut run.nodes {
+        let NodeStep::Issued {
+            at,
+            boot_id,
+            from_version,
+            ..
+        } = &progress.step
+        else {
+            continue;
+        };
+        let observed = observation.node(&progress.name);
+        match check_in_flight(observed, &target, boot_id, from_version) {
+            InFlight::Done => {
+                let started = *at;
+                notes.push(Note::normal(
+                    "NodeUpgraded",
+                    format!("Node {} is running Talos {target}", progress.name),
+                ));
+                progress.step = NodeStep::Done {
+                    at: now,
+                    started_at: Some(started),
+                };
+            }
+            InFlight::Failed(reason) => {
+                progress.step = NodeStep::Failed {
+                    at: now,
+                    reason: reason.clone(),
+                };
+            }
+            InFlight::Waiting(waiting_for) => {
+                let elapsed = now.duration_since(*at).unsigned_abs();
+                if elapsed > settings.node_deadline {
+                    let reason = match waiting_for {
+                        Waiting::Down => format!(
+                            "did not come back online within {}",
+                            human_duration(settings.node_deadline)
+                        ),
+                        Waiting::NotRebooted => format!(
+                            "did not reboot into the new version within {}",
+                            human_duration(settings.node_deadline)
+                        ),
+                        Waiting::NotReady => format!(
+                            "did not become Ready within {}",
+                            human_duration(settings.node_deadline)
+                        ),
+                    };
+                    progress.step = NodeStep::Failed { at: now, reason };
+                }
+            }
+        }
+    }
+    if let Some(failed) = run.nodes.iter().find_map(|n| match &n.step {
+        NodeStep::Failed { reason, .. } => Some((n.name.clone(), reason.clone())),
+        _ => None,
+    }) {
+        run.outcome = Some(Outcome::Failed {
+            at: now,
+            node: Some(failed.0.clone()),
+            reason: format!("node {} {}", failed.0, failed.1),
+        });
+        return finish(run, Vec::new(), notes, None, true);
+    }
+    if run
+        .nodes
+        .iter()
+        .all(|n| matches!(n.step, NodeStep::Done { .. }))
+    {
+        run.outcome = Some(Outcome::Completed { at: now });
+        return finish(run, Vec::new(), notes, None, true);
+    }
+
+    // 2. Start the next node(s), unless paused.
+    let mut actions = Vec::new();
+    let mut waiting = None;
+    if !settings.paused {
+        waiting = start_next(
+            &mut run,
+            &target,
+            settings,
+            observation,
+            installer_image_for,
+            now,
+            &mut actions,
+            &mut notes,
+        );
+    }
+    // A node whose installer image cannot be derived fails the run on the spot.
+    let newly_finished = run.outcome.is_some();
+    let mut decision = finish(run, actions, notes, waiting, newly_finished);
+    if settings.paused && !newly_finished {
+        decision.report.state = RunState::Paused;
+        decision.report.message = if decision.report.in_flight.is_empty() {
+            format!(
+                "Paused after {}/{} nodes; remove the paused annotation to continue",
+                decision.report.done, decision.report.total
+            )
+        } else {
+            format!(
+                "Pausing: finishing {} before holding ({}/{} done)",
+                decision.report.in_flight.join(", "),
+                decision.report.done,
+                decision.report.total
+            )
+        };
+    }
+    decision
+}
+
+enum Waiting {
+    Down,
+    NotRebooted,
+    NotReady,
+}
+
+enum InFlight {
+    Done,
+    Failed(String),
+    Waiting(Waiting),
+}
+
+fn check_in_flight(
+    observed: Option<&NodeObservation>,
+    target: &Version,
+    boot_id_before: &str,
+    from_version: &str,
+) -> InFlight {
+    let Some(node) = observed else {
+        return InFlight::Waiting(Waiting::Down);
+    };
+    match &node.talos {
+        TalosState::Unreachable { .. } => InFlight::Waiting(Waiting::Down),
+        TalosState::Up { boot_id, .. } if boot_id == boot_id_before => {
+            InFlight::Waiting(Waiting::NotRebooted)
+        }
+        TalosState::Up { version, .. } if version != target => InFlight::Failed(format!(
+            "came back on Talos {version} instead of {target} (the new system did not boot; A/B \
+             fallback from {from_version}); it was not upgraded again"
+        )),
+        TalosState::Up { ready, .. } => {
+            if *ready && node.kubernetes_ready {
+                InFlight::Done
+            } else {
+                InFlight::Waiting(Waiting::NotReady)
+            }
+        }
+    }
+}
+
+/// Starts as many next nodes as the order and batch size allow and their preflight checks pass. Returns
+/// why it is holding, if it is.
+#[allow(clippy::too_many_arguments)]
+fn start_next(
+    run: &mut Run,
+    target: &Version,
+    settings: &Settings,
+    observation: &Observation,
+    installer_image_for: &dyn Fn(&str, &Version) -> Result<String, String>,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+    notes: &mut Vec<Note>,
+) -> Option<String> {
+    // The current phase is the role of the first node that is not done; later phases wait for it.
+    let phase = run
+        .nodes
+        .iter()
+        .find(|n| !matches!(n.step, NodeStep::Done { .. }))
+        .map(|n| n.role)?;
+    let in_flight: Vec<String> = run
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.step, NodeStep::Issued { .. }))
+        .map(|n| n.name.clone())
+        .collect();
+    let capacity = match phase {
+        NodeRole::ControlPlane => 1,
+        NodeRole::Worker => settings.max_parallel_workers.max(1),
+    };
+    let mut free = capacity.saturating_sub(in_flight.len());
+    let candidates: Vec<usize> = run
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.role == phase && matches!(n.step, NodeStep::Pending))
+        .map(|(i, _)| i)
+        .collect();
+
+    for index in candidates {
+        if free == 0 {
+            return None;
+        }
+        let name = run.nodes[index].name.clone();
+        let Some(node) = observation.node(&name) else {
+            return Some(format!("node {name} is not in the cluster's node list"));
+        };
+        let (version, boot_id, installer_image) = match &node.talos {
+            TalosState::Up {
+                version,
+                boot_id,
+                installer_image,
+                ..
+            } => (version, boot_id, installer_image),
+            TalosState::Unreachable { reason } => {
+                return Some(format!("node {name}'s Talos API is unreachable: {reason}"));
+            }
+        };
+        // Upgraded by someone else meanwhile: nothing to do, it counts as done.
+        if version == target {
+            run.nodes[index].step = NodeStep::Done {
+                at: now,
+                started_at: None,
+            };
+            continue;
+        }
+        if let Some(blocker) = observation.nodes.iter().find(|other| {
+            other.name != name && !in_flight.contains(&other.name) && !is_healthy(other)
+        }) {
+            return Some(format!(
+                "waiting for node {} to be ready before upgrading {name}",
+                blocker.name
+            ));
+        }
+        if node.role == NodeRole::ControlPlane {
+            if let Some(problem) = &observation.etcd.problem {
+                return Some(format!(
+                    "etcd is not healthy ({problem}); holding before control plane {name}"
+                ));
+            }
+            if observation.etcd.leader.as_deref() == Some(name.as_str()) {
+                actions.push(Action::ForfeitEtcdLeadership { node: name.clone() });
+                return Some(format!(
+                    "moving etcd leadership off {name} before upgrading it"
+                ));
+            }
+        }
+        let image = match installer_image_for(installer_image, target) {
+            Ok(image) => image,
+            Err(reason) => {
+                fail_node(
+                    run,
+                    &name,
+                    &format!("has an installer image the upgrade cannot be derived from: {reason}"),
+                    now,
+                );
+                return None;
+            }
+        };
+        run.nodes[index].step = NodeStep::Issued {
+            at: now,
+            boot_id: boot_id.clone(),
+            from_version: version.to_string(),
+            installer_image: image.clone(),
+        };
+        notes.push(Note::normal(
+            "NodeUpgradeStarted",
+            format!("Upgrading node {name} from Talos {version} to {target} with {image}"),
+        ));
+        actions.push(Action::Upgrade {
+            node: name.clone(),
+            installer_image: image,
+            api: UpgradeApi::for_running(version),
+        });
+        free -= 1;
+    }
+    None
+}
+
+fn is_healthy(node: &NodeObservation) -> bool {
+    matches!(node.talos, TalosState::Up { ready: true, .. }) && node.kubernetes_ready
+}
+
+/// Builds the report for `run` after a decision; `announce` adds the completion or failure event (only
+/// when this decision ended the run, so a finished run is announced once).
+fn finish(
+    run: Run,
+    actions: Vec<Action>,
+    mut notes: Vec<Note>,
+    waiting: Option<String>,
+    announce: bool,
+) -> Decision {
+    let (done, total) = run.counts();
+    let in_flight: Vec<String> = run
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.step, NodeStep::Issued { .. }))
+        .map(|n| n.name.clone())
+        .collect();
+    let failed_nodes: Vec<String> = run.failed_nodes().into_iter().map(String::from).collect();
+    let (state, message) = match &run.outcome {
+        Some(Outcome::Completed { .. }) => {
+            if announce {
+                notes.push(Note::normal(
+                    "UpgradeCompleted",
+                    format!(
+                        "Talos upgrade completed: all {total} nodes run {}",
+                        run.target
+                    ),
+                ));
+            }
+            (
+                RunState::Completed,
+                format!("Talos upgrade completed: now running {}", run.target),
+            )
+        }
+        Some(Outcome::Failed { reason, .. }) => {
+            let message = format!("Talos upgrade failed: {reason}");
+            if announce {
+                notes.push(Note::warning("UpgradeFailed", message.clone()));
+            }
+            (RunState::Failed, message)
+        }
+        None => {
+            let message = match (in_flight.as_slice(), &waiting) {
+                ([one], _) => format!("Upgrading node {one} ({}/{total})", done + 1),
+                // The reconciler publishes an event when this message changes, not on every pass.
+                ([], Some(why)) => format!("Waiting: {why} ({done}/{total} done)"),
+                ([], None) => format!("Upgrading ({done}/{total} done)"),
+                (many, _) => format!("Upgrading nodes {} ({done}/{total} done)", many.join(", ")),
+            };
+            (RunState::InProgress, message)
+        }
+    };
+    Decision {
+        run,
+        actions,
+        report: Report {
+            state,
+            message,
+            done,
+            total,
+            in_flight,
+            failed_nodes,
+            notes,
+        },
+    }
+}
+
+/// `15m`, `90s`, `1h`: how the deadline reads in a message.
+fn human_duration(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    if secs >= 3600 && secs % 3600 == 0 {
+        format!("{}h", secs / 3600)
+    } else if secs >= 60 && secs % 60 == 0 {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}
+
+#[cfg(test)]
+mod tests;

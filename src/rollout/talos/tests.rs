@@ -1,0 +1,642 @@
+use std::time::Duration;
+
+use jiff::{Timestamp, ToSpan};
+use semver::Version;
+
+use super::*;
+
+const DEADLINE: Duration = Duration::from_secs(15 * 60);
+
+fn t0() -> Timestamp {
+    "2026-11-25T10:00:00Z".parse().expect("timestamp")
+}
+
+fn v(text: &str) -> Version {
+    Version::parse(text).expect("version")
+}
+
+fn settings() -> Settings {
+    Settings {
+        order: UpgradeOrder::WorkersFirst,
+        max_parallel_workers: 1,
+        paused: false,
+        node_deadline: DEADLINE,
+    }
+}
+
+/// Swaps the tag, keeping repository and schematic: enough for these tests; the real derivation lives in
+/// the versions module.
+fn image_for(current: &str, target: &Version) -> Result<String, String> {
+    let repo = current
+        .rsplit_once(':')
+        .map(|(repo, _)| repo)
+        .ok_or_else(|| format!("{current:?} has no tag"))?;
+    Ok(format!("{repo}:v{target}"))
+}
+
+fn node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
+    NodeObservation {
+        name: name.into(),
+        role,
+        talos: TalosState::Up {
+            version: v(version),
+            boot_id: format!("{name}-boot-1"),
+            ready: true,
+            installer_image: format!("factory.talos.dev/installer/abc123:v{version}"),
+        },
+        kubernetes_ready: true,
+    }
+}
+
+/// Three control planes and two workers, all healthy on `version`.
+fn cluster(version: &str) -> Observation {
+    Observation {
+        nodes: vec![
+            node("cp-1", NodeRole::ControlPlane, version),
+            node("cp-2", NodeRole::ControlPlane, version),
+            node("cp-3", NodeRole::ControlPlane, version),
+            node("worker-1", NodeRole::Worker, version),
+            node("worker-2", NodeRole::Worker, version),
+        ],
+        etcd: EtcdObservation {
+            problem: None,
+            leader: Some("cp-3".into()),
+        },
+    }
+}
+
+fn set(obs: &mut Observation, name: &str, change: impl FnOnce(&mut NodeObservation)) {
+    change(
+        obs.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .expect("node in observation"),
+    );
+}
+
+/// The node rebooted into `version` with a new boot id, ready or not.
+fn rebooted(obs: &mut Observation, name: &str, version: &str, ready: bool) {
+    set(obs, name, |n| {
+        n.talos = TalosState::Up {
+            version: v(version),
+            boot_id: format!("{name}-boot-2"),
+            ready,
+            installer_image: format!("factory.talos.dev/installer/abc123:v{version}"),
+        };
+        n.kubernetes_ready = ready;
+    });
+}
+
+fn down(obs: &mut Observation, name: &str) {
+    set(obs, name, |n| {
+        n.talos = TalosState::Unreachable {
+            reason: "connection refused".into(),
+        };
+        n.kubernetes_ready = false;
+    });
+}
+
+fn names(run: &Run) -> Vec<&str> {
+    run.nodes.iter().map(|n| n.name.as_str()).collect()
+}
+
+fn upgraded_nodes(actions: &[Action]) -> Vec<&str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Upgrade { node, .. } => Some(node.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn decide(run: &Run, settings: &Settings, obs: &Observation, now: Timestamp) -> Decision {
+    advance(run, settings, obs, &image_for, now)
+}
+
+#[test]
+fn the_order_is_fixed_at_the_start() {
+    let obs = cluster("1.11.6");
+    let cases = [
+        (
+            UpgradeOrder::WorkersFirst,
+            vec!["worker-1", "worker-2", "cp-1", "cp-2", "cp-3"],
+        ),
+        (
+            UpgradeOrder::ControlPlanesFirst,
+            vec!["cp-1", "cp-2", "cp-3", "worker-1", "worker-2"],
+        ),
+    ];
+    for (order, expected) in cases {
+        let run = start_run("1.12.0", &v("1.12.0"), order, &obs, t0());
+        assert_eq!(names(&run), expected, "{order:?}");
+        assert_eq!(run.counts(), (0, 5));
+    }
+}
+
+#[test]
+fn nodes_already_on_the_target_count_as_done() {
+    let mut obs = cluster("1.11.6");
+    rebooted(&mut obs, "worker-2", "1.12.0", true);
+    let run = start_run(
+        "v1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    assert_eq!(run.counts(), (1, 5));
+    assert_eq!(run.requested, "v1.12.0");
+    assert_eq!(run.target, "1.12.0");
+}
+
+#[test]
+fn batches_respect_the_role_and_max_parallel_workers() {
+    // (max parallel workers, nodes issued in the first decision)
+    let cases = [
+        (1, vec!["worker-1"]),
+        (2, vec!["worker-1", "worker-2"]),
+        (5, vec!["worker-1", "worker-2"]),
+    ];
+    for (parallel, expected) in cases {
+        let obs = cluster("1.11.6");
+        let run = start_run(
+            "1.12.0",
+            &v("1.12.0"),
+            UpgradeOrder::WorkersFirst,
+            &obs,
+            t0(),
+        );
+        let settings = Settings {
+            max_parallel_workers: parallel,
+            ..settings()
+        };
+        let decision = decide(&run, &settings, &obs, t0());
+        assert_eq!(
+            upgraded_nodes(&decision.actions),
+            expected,
+            "parallel {parallel}"
+        );
+        assert_eq!(decision.report.in_flight, expected);
+    }
+}
+
+#[test]
+fn control_planes_go_one_at_a_time_even_with_parallel_workers() {
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::ControlPlanesFirst,
+        &obs,
+        t0(),
+    );
+    let settings = Settings {
+        max_parallel_workers: 3,
+        ..settings()
+    };
+    let decision = decide(&run, &settings, &obs, t0());
+    assert_eq!(upgraded_nodes(&decision.actions), vec!["cp-1"]);
+}
+
+#[test]
+fn the_upgrade_call_is_recorded_before_it_is_made_and_never_repeated() {
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let first = decide(&run, &settings(), &obs, t0());
+    assert_eq!(
+        first.actions,
+        vec![Action::Upgrade {
+            node: "worker-1".into(),
+            installer_image: "factory.talos.dev/installer/abc123:v1.12.0".into(),
+            api: UpgradeApi::Legacy,
+        }]
+    );
+    match &first.run.nodes[0].step {
+        NodeStep::Issued {
+            boot_id,
+            from_version,
+            ..
+        } => {
+            assert_eq!(boot_id, "worker-1-boot-1");
+            assert_eq!(from_version, "1.11.6");
+        }
+        other => panic!("worker-1 should be issued, is {other:?}"),
+    }
+    // A restarted controller decides again from the persisted run: nothing is re-issued.
+    for obs_now in [obs.clone(), {
+        let mut o = obs.clone();
+        down(&mut o, "worker-1");
+        o
+    }] {
+        let again = decide(&first.run, &settings(), &obs_now, t0() + 1.minutes());
+        assert!(again.actions.is_empty(), "{:?}", again.actions);
+        assert_eq!(again.report.message, "Upgrading node worker-1 (1/5)");
+    }
+}
+
+#[test]
+fn a_node_is_done_only_after_a_reboot_into_the_target_and_ready() {
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let issued = decide(&run, &settings(), &obs, t0()).run;
+    let later = t0() + 2.minutes();
+
+    // (observation of worker-1, done?)
+    let mut same_boot = obs.clone();
+    set(&mut same_boot, "worker-1", |n| n.kubernetes_ready = true);
+    let mut unreachable = obs.clone();
+    down(&mut unreachable, "worker-1");
+    let mut booting = obs.clone();
+    rebooted(&mut booting, "worker-1", "1.12.0", false);
+    let mut ready = obs.clone();
+    rebooted(&mut ready, "worker-1", "1.12.0", true);
+    let cases = [
+        ("same boot id", same_boot, false),
+        ("unreachable", unreachable, false),
+        ("rebooted, not ready", booting, false),
+        ("rebooted and ready", ready, true),
+    ];
+    for (what, observation, done) in cases {
+        let decision = decide(&issued, &settings(), &observation, later);
+        let is_done = matches!(decision.run.nodes[0].step, NodeStep::Done { .. });
+        assert_eq!(is_done, done, "{what}");
+        if done {
+            // No time lost: the next node starts in the same decision.
+            assert_eq!(
+                upgraded_nodes(&decision.actions),
+                vec!["worker-2"],
+                "{what}"
+            );
+            assert!(
+                decision
+                    .report
+                    .notes
+                    .iter()
+                    .any(|n| n.reason == "NodeUpgraded"),
+                "{what}"
+            );
+        } else {
+            assert!(decision.actions.is_empty(), "{what}");
+        }
+    }
+}
+
+#[test]
+fn deadlines_and_fallbacks_fail_the_run_naming_the_node() {
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let issued = decide(&run, &settings(), &obs, t0()).run;
+    let late = t0() + 16.minutes();
+
+    let mut never_back = obs.clone();
+    down(&mut never_back, "worker-1");
+    let mut never_rebooted = obs.clone();
+    set(&mut never_rebooted, "worker-1", |n| {
+        n.kubernetes_ready = true
+    });
+    let mut never_ready = obs.clone();
+    rebooted(&mut never_ready, "worker-1", "1.12.0", false);
+    let mut fallback = obs.clone();
+    rebooted(&mut fallback, "worker-1", "1.11.6", true);
+    let cases = [
+        (
+            "down",
+            never_back,
+            late,
+            "Talos upgrade failed: node worker-1 did not come back online within 15m",
+        ),
+        (
+            "not rebooted",
+            never_rebooted,
+            late,
+            "Talos upgrade failed: node worker-1 did not reboot into the new version within 15m",
+        ),
+        (
+            "not ready",
+            never_ready,
+            late,
+            "Talos upgrade failed: node worker-1 did not become Ready within 15m",
+        ),
+        (
+            // An A/B fallback fails at once, deadline or not.
+            "fallback",
+            fallback,
+            t0() + 1.minutes(),
+            "Talos upgrade failed: node worker-1 came back on Talos 1.11.6 instead of 1.12.0",
+        ),
+    ];
+    for (what, observation, now, message) in cases {
+        let decision = decide(&issued, &settings(), &observation, now);
+        assert_eq!(decision.report.state, RunState::Failed, "{what}");
+        assert!(
+            decision.report.message.starts_with(message),
+            "{what}: {}",
+            decision.report.message
+        );
+        assert!(decision.actions.is_empty(), "{what}: no further calls");
+        assert_eq!(decision.report.failed_nodes, vec!["worker-1"], "{what}");
+        assert_eq!(
+            decision
+                .report
+                .notes
+                .iter()
+                .filter(|n| n.reason == "UpgradeFailed" && n.type_ == NoteType::Warning)
+                .count(),
+            1,
+            "{what}"
+        );
+        // Terminal: deciding again changes nothing and announces nothing.
+        let again = decide(
+            &decision.run,
+            &settings(),
+            &cluster("1.11.6"),
+            now + 1.hours(),
+        );
+        assert_eq!(again.report.state, RunState::Failed);
+        assert!(
+            again.actions.is_empty() && again.report.notes.is_empty(),
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn preflight_holds_name_the_node_and_the_reason() {
+    let done_workers = |obs: &Observation| {
+        let mut run = start_run(
+            "1.12.0",
+            &v("1.12.0"),
+            UpgradeOrder::WorkersFirst,
+            obs,
+            t0(),
+        );
+        for n in run.nodes.iter_mut().filter(|n| n.role == NodeRole::Worker) {
+            n.step = NodeStep::Done {
+                at: t0(),
+                started_at: Some(t0()),
+            };
+        }
+        run
+    };
+
+    let mut worker_not_ready = cluster("1.11.6");
+    set(&mut worker_not_ready, "worker-2", |n| {
+        n.kubernetes_ready = false
+    });
+    let mut cp_unreachable = cluster("1.11.6");
+    down(&mut cp_unreachable, "cp-1");
+    let mut etcd_sick = cluster("1.11.6");
+    etcd_sick.etcd.problem = Some("member cp-2 is unhealthy".into());
+
+    let cases = [
+        (
+            worker_not_ready,
+            "Waiting: waiting for node worker-2 to be ready before upgrading cp-1 (2/5 done)",
+        ),
+        (
+            cp_unreachable,
+            "Waiting: node cp-1's Talos API is unreachable: connection refused (2/5 done)",
+        ),
+        (
+            etcd_sick,
+            "Waiting: etcd is not healthy (member cp-2 is unhealthy); holding before control plane cp-1 (2/5 done)",
+        ),
+    ];
+    for (obs, message) in cases {
+        let run = done_workers(&obs);
+        let decision = decide(&run, &settings(), &obs, t0());
+        assert!(decision.actions.is_empty(), "{message}");
+        assert_eq!(decision.report.state, RunState::InProgress);
+        assert_eq!(decision.report.message, message);
+    }
+}
+
+#[test]
+fn leadership_moves_off_a_control_plane_before_its_upgrade() {
+    let mut obs = cluster("1.11.6");
+    obs.etcd.leader = Some("cp-1".into());
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::ControlPlanesFirst,
+        &obs,
+        t0(),
+    );
+    let decision = decide(&run, &settings(), &obs, t0());
+    assert_eq!(
+        decision.actions,
+        vec![Action::ForfeitEtcdLeadership {
+            node: "cp-1".into()
+        }]
+    );
+    assert!(matches!(decision.run.nodes[0].step, NodeStep::Pending));
+
+    obs.etcd.leader = Some("cp-2".into());
+    let next = decide(&decision.run, &settings(), &obs, t0());
+    assert_eq!(upgraded_nodes(&next.actions), vec!["cp-1"]);
+}
+
+#[test]
+fn paused_runs_finish_in_flight_nodes_and_start_none() {
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let issued = decide(&run, &settings(), &obs, t0()).run;
+    let paused = Settings {
+        paused: true,
+        ..settings()
+    };
+
+    let finishing = decide(&issued, &paused, &obs, t0());
+    assert_eq!(finishing.report.state, RunState::Paused);
+    assert_eq!(
+        finishing.report.message,
+        "Pausing: finishing worker-1 before holding (0/5 done)"
+    );
+
+    let mut back = obs.clone();
+    rebooted(&mut back, "worker-1", "1.12.0", true);
+    let held = decide(&issued, &paused, &back, t0() + 1.minutes());
+    assert!(held.actions.is_empty());
+    assert_eq!(
+        held.report.message,
+        "Paused after 1/5 nodes; remove the paused annotation to continue"
+    );
+
+    let resumed = decide(&held.run, &settings(), &back, t0() + 2.minutes());
+    assert_eq!(upgraded_nodes(&resumed.actions), vec!["worker-2"]);
+}
+
+#[test]
+fn the_api_generation_follows_the_running_version() {
+    let cases = [
+        ("1.11.6", "1.12.0", UpgradeApi::Legacy),
+        ("1.12.9", "1.13.0", UpgradeApi::Legacy),
+        ("1.13.0", "1.14.0", UpgradeApi::Lifecycle),
+    ];
+    for (from, to, api) in cases {
+        let obs = cluster(from);
+        let run = start_run(to, &v(to), UpgradeOrder::WorkersFirst, &obs, t0());
+        let decision = decide(&run, &settings(), &obs, t0());
+        assert!(
+            matches!(&decision.actions[0], Action::Upgrade { api: a, .. } if *a == api),
+            "{from} -> {to}: {:?}",
+            decision.actions
+        );
+    }
+}
+
+#[test]
+fn an_underivable_installer_image_fails_before_any_call() {
+    let mut obs = cluster("1.11.6");
+    set(&mut obs, "worker-1", |n| {
+        if let TalosState::Up {
+            installer_image, ..
+        } = &mut n.talos
+        {
+            *installer_image = "no-tag-here".into();
+        }
+    });
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let decision = decide(&run, &settings(), &obs, t0());
+    assert!(decision.actions.is_empty());
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert!(
+        decision
+            .report
+            .message
+            .contains("node worker-1 has an installer image"),
+        "{}",
+        decision.report.message
+    );
+}
+
+#[test]
+fn a_failed_call_fails_the_run_once() {
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let mut issued = decide(&run, &settings(), &obs, t0()).run;
+    fail_node(
+        &mut issued,
+        "worker-1",
+        "refused the upgrade: error validating installer image",
+        t0(),
+    );
+    let decision = decide(&issued, &settings(), &obs, t0());
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert_eq!(
+        decision.report.message,
+        "Talos upgrade failed: node worker-1 refused the upgrade: error validating installer image"
+    );
+    assert!(decision.actions.is_empty());
+}
+
+/// Drives a simulated cluster through whole runs with every order and batch size, checking the
+/// invariants the brief promises on every step.
+#[test]
+fn whole_runs_keep_every_promise() {
+    for order in [UpgradeOrder::WorkersFirst, UpgradeOrder::ControlPlanesFirst] {
+        for parallel in 1..=3 {
+            let settings = Settings {
+                order,
+                max_parallel_workers: parallel,
+                ..settings()
+            };
+            let mut obs = cluster("1.11.6");
+            let mut run = start_run("1.12.0", &v("1.12.0"), order, &obs, t0());
+            let mut now = t0();
+            let mut upgrade_calls: Vec<String> = Vec::new();
+            let mut in_flight: Vec<String> = Vec::new();
+            for _ in 0..100 {
+                let decision = decide(&run, &settings, &obs, now);
+                run = decision.run;
+                if decision.report.state == RunState::Completed {
+                    break;
+                }
+                assert_eq!(decision.report.state, RunState::InProgress);
+                for action in &decision.actions {
+                    match action {
+                        Action::Upgrade { node, .. } => {
+                            upgrade_calls.push(node.clone());
+                            in_flight.push(node.clone());
+                            down(&mut obs, node);
+                        }
+                        Action::ForfeitEtcdLeadership { node } => {
+                            let other = if node == "cp-1" { "cp-2" } else { "cp-1" };
+                            obs.etcd.leader = Some(other.into());
+                        }
+                    }
+                }
+                let cps_in_flight = in_flight.iter().filter(|n| n.starts_with("cp-")).count();
+                let workers_in_flight = in_flight.len() - cps_in_flight;
+                assert!(cps_in_flight <= 1, "two control planes down at once");
+                assert!(
+                    cps_in_flight == 0 || workers_in_flight == 0,
+                    "roles never mix in flight"
+                );
+                assert!(
+                    workers_in_flight <= parallel,
+                    "batch larger than {parallel}"
+                );
+                // The nodes come back on the target one step later.
+                now += 3.minutes();
+                for name in in_flight.drain(..) {
+                    rebooted(&mut obs, &name, "1.12.0", true);
+                }
+            }
+            assert_eq!(run.counts(), (5, 5), "{order:?}/{parallel}");
+            let mut sorted = upgrade_calls.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(
+                sorted.len(),
+                5,
+                "each node upgraded exactly once: {upgrade_calls:?}"
+            );
+            let first_cp = upgrade_calls.iter().position(|n| n.starts_with("cp-"));
+            let last_worker = upgrade_calls.iter().rposition(|n| n.starts_with("worker-"));
+            match order {
+                UpgradeOrder::WorkersFirst => assert!(last_worker < first_cp),
+                UpgradeOrder::ControlPlanesFirst => {
+                    assert!(first_cp < upgrade_calls.iter().position(|n| n.starts_with("worker-")))
+                }
+            }
+        }
+    }
+}
