@@ -610,9 +610,9 @@ fn finish(
 /// `15m`, `90s`, `1h`: how the deadline reads in a message.
 fn human_duration(duration: Duration) -> String {
     let secs = duration.as_secs();
-    if secs >= 3600 && secs % 3600 == 0 {
+    if secs >= 3600 && secs.is_multiple_of(3600) {
         format!("{}h", secs / 3600)
-    } else if secs >= 60 && secs % 60 == 0 {
+    } else if secs >= 60 && secs.is_multiple_of(60) {
         format!("{}m", secs / 60)
     } else {
         format!("{secs}s")
