@@ -1,0 +1,230 @@
+//! Observing a Talos cluster through its nodes' Talos APIs: what the rollout decision needs to know
+//! about each node (version, boot id, readiness, installer image) and about etcd.
+//!
+//! Everything here is IO at the edge; it turns answers and errors into [`rollout::talos`] observations
+//! and never decides anything. A node that does not answer is an observation ("unreachable"), not an
+//! error: during an upgrade that is the expected state of the node being rebooted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Mutex;
+
+use futures::future::join_all;
+use semver::Version;
+use serde::Deserialize as _;
+
+use crate::proto::talos::resource::definitions::enums::RuntimeMachineStage;
+use crate::rollout::progress::NodeRole;
+use crate::rollout::talos::{EtcdObservation, TalosState};
+use crate::talos::{ConnectOptions, TalosClient, TalosCredentials, TalosError, Target};
+
+/// A node of the cluster as the inventory (vitistack Machines or the workload Nodes) lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryNode {
+    /// Kubernetes node name.
+    pub name: String,
+    pub role: NodeRole,
+    /// Address of its Talos API.
+    pub address: IpAddr,
+}
+
+/// Talos API access to every node of one cluster, one cached connection per node.
+pub struct TalosFleet {
+    credentials: TalosCredentials,
+    options: ConnectOptions,
+    clients: Mutex<HashMap<IpAddr, TalosClient>>,
+}
+
+impl TalosFleet {
+    pub fn new(credentials: TalosCredentials, options: ConnectOptions) -> Self {
+        TalosFleet {
+            credentials,
+            options,
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A client for the node at `address`. Connections are lazy and survive reboots, so one per node is
+    /// kept for the fleet's lifetime.
+    pub fn client(&self, address: IpAddr) -> Result<TalosClient, TalosError> {
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(client) = clients.get(&address) {
+            return Ok(client.clone());
+        }
+        let client = TalosClient::lazy(&self.credentials, Target::Node(address), &self.options)?;
+        clients.insert(address, client.clone());
+        Ok(client)
+    }
+
+    /// What the node's Talos API says now. Any failure to ask makes the node unreachable, with the reason.
+    pub async fn observe_node(&self, node: &InventoryNode) -> TalosState {
+        match self.try_observe_node(node).await {
+            Ok(state) => state,
+            Err(error) => TalosState::Unreachable {
+                reason: error.to_string(),
+            },
+        }
+    }
+
+    async fn try_observe_node(&self, node: &InventoryNode) -> Result<TalosState, TalosError> {
+        let client = self.client(node.address)?;
+        let (version, boot_id, status, config) = futures::try_join!(
+            client.version(),
+            client.boot_id(),
+            client.machine_status(),
+            client.machine_config(),
+        )?;
+        let version = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
+            endpoint: client.endpoint().to_string(),
+            message: reason,
+        })?;
+        let ready = status.stage() == RuntimeMachineStage::MachineStageRunning
+            && status.status.as_ref().is_some_and(|s| s.ready);
+        let installer_image = installer_image_from_config(config.as_bytes()).unwrap_or_default();
+        Ok(TalosState::Up {
+            version,
+            boot_id,
+            ready,
+            installer_image,
+        })
+    }
+
+    /// etcd's health as the control planes report it: every member answers without errors, the control
+    /// planes agree on the member list, and quorum survives one more member going down.
+    pub async fn observe_etcd(&self, control_planes: &[InventoryNode]) -> EtcdObservation {
+        let answers = join_all(control_planes.iter().map(|node| async move {
+            let client = self.client(node.address)?;
+            let (members, status) =
+                futures::try_join!(client.etcd_member_list(), client.etcd_status())?;
+            Ok::<_, TalosError>((members, status))
+        }))
+        .await;
+
+        let mut problems = Vec::new();
+        let mut member_lists: Vec<BTreeSet<u64>> = Vec::new();
+        let mut leader = None;
+        let mut healthy = 0usize;
+        let mut members_total = 0usize;
+        for (node, answer) in control_planes.iter().zip(answers) {
+            match answer {
+                Err(error) => problems.push(format!(
+                    "control plane {} does not answer for etcd: {error}",
+                    node.name
+                )),
+                Ok((members, status)) => {
+                    members_total = members_total.max(members.len());
+                    member_lists.push(members.iter().map(|m| m.id).collect());
+                    if status.errors.is_empty() {
+                        healthy += 1;
+                    } else {
+                        problems.push(format!(
+                            "member {} reports {}",
+                            node.name,
+                            status.errors.join("; ")
+                        ));
+                    }
+                    if status.leader != 0 && status.leader == status.member_id {
+                        leader = Some(node.name.clone());
+                    }
+                }
+            }
+        }
+        if member_lists.windows(2).any(|pair| pair[0] != pair[1]) {
+            problems.push("the control planes disagree on the etcd member list".to_string());
+        }
+        if let Some(problem) = quorum_problem(members_total, healthy) {
+            problems.push(problem);
+        }
+        EtcdObservation {
+            problem: (!problems.is_empty()).then(|| problems.join("; ")),
+            leader,
+        }
+    }
+}
+
+/// Why taking one more member down would lose quorum, if it would.
+///
+/// A single member cannot keep quorum through its own reboot whatever we do, and Talos upgrades it
+/// (with its data preserved), so one member is allowed. Two members never survive one going down, and
+/// Talos itself refuses that upgrade.
+pub fn quorum_problem(members: usize, healthy: usize) -> Option<String> {
+    if members <= 1 {
+        return None;
+    }
+    let quorum = members / 2 + 1;
+    if healthy.saturating_sub(1) < quorum {
+        Some(format!(
+            "{healthy} of {members} etcd members are healthy; taking one down would lose quorum \
+             (needs {quorum})"
+        ))
+    } else {
+        None
+    }
+}
+
+/// `v1.11.6` → 1.11.6.
+pub fn parse_talos_tag(tag: &str) -> Result<Version, String> {
+    Version::parse(tag.trim().trim_start_matches('v'))
+        .map_err(|e| format!("Talos reported version {tag:?}, which is not a version: {e}"))
+}
+
+/// `machine.install.image` from a (multi-document) machine config.
+pub fn installer_image_from_config(config: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(config).ok()?;
+    serde_yaml::Deserializer::from_str(text).find_map(|document| {
+        let value = serde_yaml::Value::deserialize(document).ok()?;
+        value
+            .get("machine")?
+            .get("install")?
+            .get("image")?
+            .as_str()
+            .map(str::to_string)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_with_one_more_member_down() {
+        // (members, healthy, problem?)
+        let cases = [
+            (1, 1, false),
+            (2, 2, true),
+            (3, 3, false),
+            (3, 2, true),
+            (5, 5, false),
+            (5, 4, false),
+            (5, 3, true),
+        ];
+        for (members, healthy, problem) in cases {
+            assert_eq!(
+                quorum_problem(members, healthy).is_some(),
+                problem,
+                "{healthy}/{members}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_installer_image_is_read_from_the_machine_document() {
+        let config = b"version: v1alpha1\nmachine:\n  type: worker\n  install:\n    disk: /dev/sda\n    image: factory.talos.dev/installer/abc:v1.11.6\n---\napiVersion: v1alpha1\nkind: HostnameConfig\nhostname: w1\n";
+        assert_eq!(
+            installer_image_from_config(config).as_deref(),
+            Some("factory.talos.dev/installer/abc:v1.11.6")
+        );
+        assert_eq!(installer_image_from_config(b"kind: Other\n"), None);
+        assert_eq!(installer_image_from_config(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn talos_tags_parse_with_or_without_v() {
+        assert_eq!(parse_talos_tag("v1.11.6"), Ok(Version::new(1, 11, 6)));
+        assert_eq!(parse_talos_tag("1.12.0"), Ok(Version::new(1, 12, 0)));
+        assert!(parse_talos_tag("latest").is_err());
+    }
+}

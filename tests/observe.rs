@@ -1,0 +1,126 @@
+//! Observing a simulated Talos cluster over its real API: node versions, boot ids, readiness, installer
+//! images, and etcd health, including the failures the rollout must hold on.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use talos_upgrade_controller::observe::{InventoryNode, TalosFleet};
+use talos_upgrade_controller::rollout::progress::NodeRole;
+use talos_upgrade_controller::rollout::talos::TalosState;
+use talos_upgrade_controller::sim::{ClientRole, Fault, SimConfig, Simulator, Timings};
+use talos_upgrade_controller::talos::{ConnectOptions, RebootMode, Talosconfig};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+async fn fleet_for(sim: &Simulator) -> (TalosFleet, Vec<InventoryNode>) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let credentials = Talosconfig::from_yaml(&sim.talosconfig(ClientRole::Admin))
+        .and_then(|c| c.current_context()?.credentials())
+        .expect("talosconfig");
+    let options = ConnectOptions {
+        port: sim.config().port,
+        ..ConnectOptions::default()
+    };
+    let inventory = sim
+        .nodes()
+        .into_iter()
+        .map(|n| InventoryNode {
+            name: n.name.clone(),
+            role: if n.role.is_control_plane() {
+                NodeRole::ControlPlane
+            } else {
+                NodeRole::Worker
+            },
+            address: IpAddr::V4(n.address),
+        })
+        .collect();
+    (TalosFleet::new(credentials, options), inventory)
+}
+
+fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
+    inventory
+        .iter()
+        .filter(|n| n.role == NodeRole::ControlPlane)
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn a_healthy_cluster_is_observed_as_it_is() {
+    let sim = Simulator::start(
+        SimConfig::uniform("observe", 3, 2, "1.11.6", "1.34.1").with_timings(Timings::fast()),
+    )
+    .await
+    .expect("simulator");
+    let (fleet, inventory) = fleet_for(&sim).await;
+
+    for node in &inventory {
+        match fleet.observe_node(node).await {
+            TalosState::Up {
+                version,
+                boot_id,
+                ready,
+                installer_image,
+            } => {
+                assert_eq!(version.to_string(), "1.11.6", "{}", node.name);
+                assert_eq!(
+                    boot_id,
+                    sim.node_snapshot(&node.name).expect("snapshot").boot_id
+                );
+                assert!(ready, "{}", node.name);
+                assert_eq!(installer_image, "ghcr.io/siderolabs/installer:v1.11.6");
+            }
+            other => panic!("{} should be up: {other:?}", node.name),
+        }
+    }
+
+    let etcd = fleet.observe_etcd(&control_planes(&inventory)).await;
+    assert_eq!(etcd.problem, None);
+    let leader = etcd.leader.expect("a leader");
+    let snapshot = sim.node_snapshot(&leader).expect("leader snapshot");
+    assert!(snapshot.etcd.expect("member").leader, "{leader} leads");
+}
+
+#[tokio::test]
+async fn unhealthy_members_and_rebooting_nodes_are_observed_with_their_reason() {
+    let sim = Simulator::start(
+        SimConfig::uniform("observe-faults", 3, 2, "1.11.6", "1.34.1")
+            .with_timings(Timings::fast()),
+    )
+    .await
+    .expect("simulator");
+    let (fleet, inventory) = fleet_for(&sim).await;
+    let cps = control_planes(&inventory);
+
+    sim.inject_fault("cp-2", Fault::EtcdUnhealthy)
+        .expect("fault");
+    let etcd = fleet.observe_etcd(&cps).await;
+    let problem = etcd.problem.expect("etcd problem");
+    assert!(problem.contains("member cp-2 reports"), "{problem}");
+    assert!(problem.contains("would lose quorum"), "{problem}");
+    sim.clear_faults("cp-2").expect("clear");
+    assert_eq!(fleet.observe_etcd(&cps).await.problem, None);
+
+    // A control plane that is down: etcd cannot be vouched for, and the node is unreachable.
+    sim.inject_fault("cp-3", Fault::NeverReturns)
+        .expect("fault");
+    let cp3 = inventory.iter().find(|n| n.name == "cp-3").expect("cp-3");
+    fleet
+        .client(cp3.address)
+        .expect("client")
+        .reboot(RebootMode::Default)
+        .await
+        .expect("reboot");
+    sim.wait_for("cp-3", PATIENCE, |s| s.down)
+        .await
+        .expect("down");
+    match fleet.observe_node(cp3).await {
+        TalosState::Unreachable { reason } => assert!(!reason.is_empty()),
+        other => panic!("cp-3 should be unreachable: {other:?}"),
+    }
+    let problem = fleet.observe_etcd(&cps).await.problem.expect("problem");
+    assert!(
+        problem.contains("control plane cp-3 does not answer"),
+        "{problem}"
+    );
+}
