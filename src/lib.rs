@@ -5,4 +5,5 @@ pub mod observe;
 pub mod proto;
 pub mod rollout;
 pub mod sim;
+pub mod store;
 pub mod talos;
