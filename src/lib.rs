@@ -1,6 +1,7 @@
 //! talos-upgrade-controller: upgrades Talos Linux clusters described by vitistack `KubernetesCluster`
 //! objects, driven by `upgrade.vitistack.io/*` annotations.
 
+pub mod credentials;
 pub mod observe;
 pub mod proto;
 pub mod rollout;
