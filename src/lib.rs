@@ -2,6 +2,7 @@
 //! objects, driven by `upgrade.vitistack.io/*` annotations.
 
 pub mod credentials;
+pub mod inventory;
 pub mod observe;
 pub mod proto;
 pub mod rollout;

@@ -1,0 +1,186 @@
+//! Which nodes a cluster has: vitistack `Machine` objects when the cluster has them, otherwise the
+//! workload cluster's `Node`s. Each node gets its Kubernetes name, role and Talos API address.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+
+use crate::observe::InventoryNode;
+use crate::rollout::progress::NodeRole;
+
+/// Label vitistack puts on a cluster's Machines.
+pub const MACHINE_CLUSTER_LABEL: &str = "vitistack.io/clusterid";
+/// Label holding a Machine's role (`control-plane`; anything else is a worker).
+pub const MACHINE_ROLE_LABEL: &str = "vitistack.io/node-role";
+const CONTROL_PLANE_NODE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("listing {what}: {source}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Nodes without an address cannot be upgraded or checked; the run holds rather than skip them.
+    #[error("{what} {names} {verb} no IPv4 address{where_}")]
+    NoAddress {
+        what: &'static str,
+        names: String,
+        verb: &'static str,
+        where_: &'static str,
+    },
+    #[error("the cluster has no nodes ({source_desc})")]
+    Empty { source_desc: String },
+}
+
+fn machine_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
+        "machines",
+    )
+}
+
+/// The cluster's Machines, or `None` when there are none (or the Machine CRD is not installed).
+pub async fn from_machines(
+    client: kube::Client,
+    namespace: &str,
+    cluster_id: &str,
+) -> Result<Option<Vec<InventoryNode>>, InventoryError> {
+    let machines: Api<DynamicObject> = Api::namespaced_with(client, namespace, &machine_resource());
+    let listed = match machines
+        .list(&ListParams::default().labels(&format!("{MACHINE_CLUSTER_LABEL}={cluster_id}")))
+        .await
+    {
+        Ok(list) => list.items,
+        // No Machine CRD here: this is not a vitistack installation.
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),
+        Err(source) => {
+            return Err(InventoryError::Kube {
+                what: format!("Machines in {namespace}"),
+                source,
+            });
+        }
+    };
+    if listed.is_empty() {
+        return Ok(None);
+    }
+    let mut nodes = Vec::new();
+    let mut without_address = Vec::new();
+    for machine in &listed {
+        let name = machine.name_any();
+        let role = match machine.labels().get(MACHINE_ROLE_LABEL).map(String::as_str) {
+            Some("control-plane") => NodeRole::ControlPlane,
+            _ => NodeRole::Worker,
+        };
+        let address = machine.data["status"]["publicIPAddresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip.as_str()?.parse::<IpAddr>().ok())
+            .find(IpAddr::is_ipv4);
+        match address {
+            Some(address) => nodes.push(InventoryNode {
+                name,
+                role,
+                address,
+            }),
+            None => without_address.push(name),
+        }
+    }
+    if !without_address.is_empty() {
+        return Err(no_address(
+            "Machine",
+            without_address,
+            " in status.publicIPAddresses",
+        ));
+    }
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Some(nodes))
+}
+
+/// The workload cluster's Nodes, with their Ready state.
+pub async fn from_workload_nodes(
+    workload: kube::Client,
+) -> Result<Vec<(InventoryNode, bool)>, InventoryError> {
+    let nodes: Api<Node> = Api::all(workload);
+    let listed = nodes
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| InventoryError::Kube {
+            what: "the workload cluster's Nodes".to_string(),
+            source,
+        })?
+        .items;
+    if listed.is_empty() {
+        return Err(InventoryError::Empty {
+            source_desc: "no Machines and no workload Nodes".to_string(),
+        });
+    }
+    let mut inventory = Vec::new();
+    let mut without_address = Vec::new();
+    for node in &listed {
+        let name = node.name_any();
+        let role = if node.labels().contains_key(CONTROL_PLANE_NODE_LABEL) {
+            NodeRole::ControlPlane
+        } else {
+            NodeRole::Worker
+        };
+        let address = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP")
+            .filter_map(|a| a.address.parse::<IpAddr>().ok())
+            .find(IpAddr::is_ipv4);
+        match address {
+            Some(address) => inventory.push((
+                InventoryNode {
+                    name,
+                    role,
+                    address,
+                },
+                node_ready(node),
+            )),
+            None => without_address.push(name),
+        }
+    }
+    if !without_address.is_empty() {
+        return Err(no_address("Node", without_address, " (InternalIP)"));
+    }
+    inventory.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    Ok(inventory)
+}
+
+fn no_address(what: &'static str, names: Vec<String>, where_: &'static str) -> InventoryError {
+    let verb = if names.len() == 1 { "has" } else { "have" };
+    let what = if names.len() == 1 { what } else { plural(what) };
+    InventoryError::NoAddress {
+        what,
+        names: names.join(", "),
+        verb,
+        where_,
+    }
+}
+
+fn plural(what: &'static str) -> &'static str {
+    match what {
+        "Machine" => "Machines",
+        "Node" => "Nodes",
+        other => other,
+    }
+}
+
+/// The Node's `Ready` condition is `True`.
+pub fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}

@@ -1,0 +1,190 @@
+//! Finding a cluster's nodes in a real API server: from the workload cluster's Nodes, and from vitistack
+//! Machines (with vitistack's own Machine CRD) once they exist; nodes without an address are reported.
+
+use std::net::Ipv4Addr;
+
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use talos_upgrade_controller::inventory::{InventoryError, from_machines, from_workload_nodes};
+use talos_upgrade_controller::rollout::progress::NodeRole;
+use talos_upgrade_controller::sim::workload::{WorkloadMirror, WorkloadNode};
+use testenv::ControlPlane;
+
+const MACHINE_CRD: &str = include_str!("fixtures/vitistack-crds/vitistack.io_machines.yaml");
+
+fn workload_node(name: &str, last_octet: u8, control_plane: bool, ready: bool) -> WorkloadNode {
+    WorkloadNode {
+        name: name.into(),
+        address: Ipv4Addr::new(127, 0, 8, last_octet),
+        control_plane,
+        talos_version: "1.11.6".into(),
+        kubelet_version: "1.34.1".into(),
+        boot_id: "b".into(),
+        kubelet_posting: true,
+        ready,
+        talos_cordoned: false,
+        static_pods: Vec::new(),
+    }
+}
+
+async fn create_machine(
+    machines: &Api<DynamicObject>,
+    name: &str,
+    cluster_id: &str,
+    role: &str,
+    ips: &[&str],
+) {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
+        "machines",
+    );
+    let mut machine = DynamicObject::new(name, &resource);
+    machine.metadata.labels = Some(
+        [
+            ("vitistack.io/clusterid".to_string(), cluster_id.to_string()),
+            ("vitistack.io/node-role".to_string(), role.to_string()),
+        ]
+        .into(),
+    );
+    machine.data = serde_json::json!({"spec": {"provider": "kubevirt"}});
+    machines
+        .create(&PostParams::default(), &machine)
+        .await
+        .expect("create machine");
+    machines
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"publicIPAddresses": ips}})),
+        )
+        .await
+        .expect("machine status");
+}
+
+#[tokio::test]
+async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() {
+    let ns = ControlPlane::shared().test_namespace("inventory").await;
+
+    // No Machine CRD at all: not a vitistack installation.
+    assert!(
+        from_machines(ns.client.clone(), &ns.name, "my-cluster")
+            .await
+            .expect("no CRD is not an error")
+            .is_none()
+    );
+
+    // The workload cluster's Nodes: role from the control-plane label, address from InternalIP.
+    let mirror = WorkloadMirror::new(ns.client.clone());
+    mirror
+        .sync(&workload_node("inv-cp-1", 1, true, true))
+        .await
+        .expect("node");
+    mirror
+        .sync(&workload_node("inv-worker-1", 2, false, false))
+        .await
+        .expect("node");
+    let nodes = from_workload_nodes(ns.client.clone()).await.expect("nodes");
+    // Sorted by name.
+    let summary: Vec<(String, NodeRole, String, bool)> = nodes
+        .into_iter()
+        .map(|(n, ready)| (n.name, n.role, n.address.to_string(), ready))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (
+                "inv-cp-1".into(),
+                NodeRole::ControlPlane,
+                "127.0.8.1".into(),
+                true
+            ),
+            (
+                "inv-worker-1".into(),
+                NodeRole::Worker,
+                "127.0.8.2".into(),
+                false
+            ),
+        ]
+    );
+
+    // vitistack's Machine CRD, with Machines labelled for two clusters.
+    ns.kubectl_apply(MACHINE_CRD).await;
+    ns.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/machines.vitistack.io",
+        "--timeout=60s",
+    ])
+    .await;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
+        "machines",
+    );
+    let machines: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &resource);
+    assert!(
+        from_machines(ns.client.clone(), &ns.name, "my-cluster")
+            .await
+            .expect("no machines yet")
+            .is_none()
+    );
+    create_machine(
+        &machines,
+        "my-cluster-ctp0",
+        "my-cluster",
+        "control-plane",
+        &["fd00::5", "127.0.7.1"],
+    )
+    .await;
+    create_machine(
+        &machines,
+        "my-cluster-wrk0",
+        "my-cluster",
+        "worker",
+        &["127.0.7.2"],
+    )
+    .await;
+    create_machine(
+        &machines,
+        "other-ctp0",
+        "other",
+        "control-plane",
+        &["127.0.7.9"],
+    )
+    .await;
+
+    let found = from_machines(ns.client.clone(), &ns.name, "my-cluster")
+        .await
+        .expect("list")
+        .expect("machines");
+    let summary: Vec<(String, NodeRole, String)> = found
+        .into_iter()
+        .map(|n| (n.name, n.role, n.address.to_string()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (
+                "my-cluster-ctp0".into(),
+                NodeRole::ControlPlane,
+                "127.0.7.1".into()
+            ),
+            (
+                "my-cluster-wrk0".into(),
+                NodeRole::Worker,
+                "127.0.7.2".into()
+            ),
+        ]
+    );
+
+    // A Machine without an IPv4 address holds the inventory, naming it.
+    create_machine(&machines, "my-cluster-wrk1", "my-cluster", "worker", &[]).await;
+    let error = from_machines(ns.client.clone(), &ns.name, "my-cluster")
+        .await
+        .expect_err("machine without address");
+    assert!(matches!(error, InventoryError::NoAddress { .. }));
+    assert_eq!(
+        error.to_string(),
+        "Machine my-cluster-wrk1 has no IPv4 address in status.publicIPAddresses"
+    );
+}
