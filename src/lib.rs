@@ -1,7 +1,9 @@
 //! talos-upgrade-controller: upgrades Talos Linux clusters described by vitistack `KubernetesCluster`
 //! objects, driven by `upgrade.vitistack.io/*` annotations.
 
+pub mod annotations;
 pub mod credentials;
+pub mod intent;
 pub mod inventory;
 pub mod observe;
 pub mod proto;
@@ -9,3 +11,4 @@ pub mod rollout;
 pub mod sim;
 pub mod store;
 pub mod talos;
+pub mod versions;

@@ -20,13 +20,8 @@ use semver::Version;
 
 use super::progress::{NodeProgress, NodeRole, NodeStep, Outcome, Run};
 
-/// The order of node roles in a Talos OS run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UpgradeOrder {
-    #[default]
-    WorkersFirst,
-    ControlPlanesFirst,
-}
+/// The order of node roles in a Talos OS run, as the `upgrade-order` annotation gives it.
+pub use crate::intent::UpgradeOrder;
 
 /// Knobs of one run, from the user's annotations and the controller's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
