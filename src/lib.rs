@@ -1,10 +1,12 @@
 //! talos-upgrade-controller: upgrades Talos Linux clusters described by vitistack `KubernetesCluster`
 //! objects, driven by `upgrade.vitistack.io/*` annotations.
 
+pub mod admin;
 pub mod annotations;
 pub mod credentials;
 pub mod intent;
 pub mod inventory;
+pub mod metrics;
 pub mod observe;
 pub mod proto;
 pub mod rollout;

@@ -16,6 +16,18 @@ pub enum NodeRole {
     Worker,
 }
 
+impl NodeRole {
+    pub const ALL: [NodeRole; 2] = [NodeRole::ControlPlane, NodeRole::Worker];
+
+    /// `control-plane` / `worker`, as in the persisted run and the metrics `role` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeRole::ControlPlane => "control-plane",
+            NodeRole::Worker => "worker",
+        }
+    }
+}
+
 /// One run: every node of a cluster taken to `target`, in a fixed order decided when the run started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
