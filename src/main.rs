@@ -1,5 +1,5 @@
-//! The talos-upgrade-controller binary. `talos-sim` runs the Talos node simulator; the controller itself
-//! (`run`) and `crd` arrive with the controller.
+//! The talos-upgrade-controller binary. `crd` prints the KubernetesCluster CRD, `talos-sim` runs the Talos
+//! node simulator; the controller itself (`run`) arrives with the controller.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Print the KubernetesCluster CustomResourceDefinition (YAML)
+    Crd,
     /// Run simulated Talos nodes that speak the real Talos API over mutual TLS (see docs/simulator.md).
     TalosSim(TalosSimArgs),
 }
@@ -49,6 +51,10 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     match Cli::parse().command {
+        Command::Crd => {
+            print!("{}", talos_upgrade_controller::crd::crd_yaml());
+            Ok(())
+        }
         Command::TalosSim(args) => run_simulator(args).await,
     }
 }
