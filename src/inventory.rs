@@ -101,10 +101,20 @@ pub async fn from_machines(
     Ok(Some(nodes))
 }
 
-/// The workload cluster's Nodes, with their Ready state.
+/// A workload cluster Node as the controller needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadNodeInfo {
+    pub node: InventoryNode,
+    /// The `Ready` condition is `True`.
+    pub ready: bool,
+    /// `status.nodeInfo.kubeletVersion` without the leading `v`, when reported.
+    pub kubelet_version: Option<String>,
+}
+
+/// The workload cluster's Nodes, with their Ready state and kubelet version.
 pub async fn from_workload_nodes(
     workload: kube::Client,
-) -> Result<Vec<(InventoryNode, bool)>, InventoryError> {
+) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
     let nodes: Api<Node> = Api::all(workload);
     let listed = nodes
         .list(&ListParams::default())
@@ -137,22 +147,29 @@ pub async fn from_workload_nodes(
             .filter(|a| a.type_ == "InternalIP")
             .filter_map(|a| a.address.parse::<IpAddr>().ok())
             .find(IpAddr::is_ipv4);
+        let kubelet_version = node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|info| info.kubelet_version.trim_start_matches('v').to_string())
+            .filter(|v| !v.is_empty());
         match address {
-            Some(address) => inventory.push((
-                InventoryNode {
+            Some(address) => inventory.push(WorkloadNodeInfo {
+                node: InventoryNode {
                     name,
                     role,
                     address,
                 },
-                node_ready(node),
-            )),
+                ready: node_ready(node),
+                kubelet_version,
+            }),
             None => without_address.push(name),
         }
     }
     if !without_address.is_empty() {
         return Err(no_address("Node", without_address, " (InternalIP)"));
     }
-    inventory.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    inventory.sort_by(|a, b| a.node.name.cmp(&b.node.name));
     Ok(inventory)
 }
 

@@ -1,5 +1,5 @@
-//! The talos-upgrade-controller binary. `crd` prints the KubernetesCluster CRD, `talos-sim` runs the Talos
-//! node simulator; the controller itself (`run`) arrives with the controller.
+//! The talos-upgrade-controller binary: `run` (the controller), `crd` (print the KubernetesCluster CRD) and
+//! `talos-sim` (the Talos node simulator).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,10 +19,55 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the controller: upgrade Talos clusters as their annotations ask.
+    Run(RunArgs),
     /// Print the KubernetesCluster CustomResourceDefinition (YAML)
     Crd,
     /// Run simulated Talos nodes that speak the real Talos API over mutual TLS (see docs/simulator.md).
     TalosSim(TalosSimArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "TUC_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    admin_listen: SocketAddr,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "TUC_NAMESPACE")]
+    namespace: Option<String>,
+    /// How long one node may take from its upgrade call to being done, e.g. 15m, 900s, 1h.
+    #[arg(long, env = "TUC_NODE_DEADLINE", default_value = "15m", value_parser = parse_duration)]
+    node_deadline: std::time::Duration,
+    /// How often a cluster with an upgrade in flight is looked at again, e.g. 2s or 250ms.
+    #[arg(long, env = "TUC_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    poll_interval: std::time::Duration,
+    /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
+    #[arg(long, env = "TUC_SECRET_NAME_TEMPLATE", default_value = "{clusterId}")]
+    secret_name_template: String,
+}
+
+/// `250ms`, `30s`, `15m`, `1h`.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} needs a unit: ms, s, m or h"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number"))?;
+    let millis = match unit {
+        "ms" => number,
+        "s" => number * 1000,
+        "m" => number * 60_000,
+        "h" => number * 3_600_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use ms, s, m or h"
+            ));
+        }
+    };
+    Ok(std::time::Duration::from_millis(millis))
 }
 
 #[derive(Debug, clap::Args)]
@@ -56,7 +101,52 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::TalosSim(args) => run_simulator(args).await,
+        Command::Run(args) => run_controller(args).await,
     }
+}
+
+async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
+    use talos_upgrade_controller::{admin, controller, metrics::Metrics};
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let metrics = Metrics::new();
+    let health = admin::HealthState::default();
+    let settings = controller::Settings {
+        node_deadline: args.node_deadline,
+        poll_interval: args.poll_interval,
+        secret_name_template: args.secret_name_template,
+        ..controller::Settings::default()
+    };
+    let instance = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "talos-upgrade-controller".to_string());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let admin_server = admin::serve(
+        args.admin_listen,
+        admin::router(metrics.clone(), health.clone()),
+        shutdown.clone().cancelled_owned(),
+    );
+    let controller = controller::run(
+        client,
+        args.namespace,
+        metrics,
+        settings,
+        health,
+        instance,
+        shutdown.clone().cancelled_owned(),
+    );
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        }
+    });
+    let (served, ()) = tokio::join!(admin_server, controller);
+    served.context("admin server")?;
+    Ok(())
 }
 
 async fn run_simulator(args: TalosSimArgs) -> anyhow::Result<()> {

@@ -86,9 +86,17 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
         .expect("node");
     let nodes = from_workload_nodes(ns.client.clone()).await.expect("nodes");
     // Sorted by name.
-    let summary: Vec<(String, NodeRole, String, bool)> = nodes
+    let summary: Vec<(String, NodeRole, String, bool, Option<String>)> = nodes
         .into_iter()
-        .map(|(n, ready)| (n.name, n.role, n.address.to_string(), ready))
+        .map(|n| {
+            (
+                n.node.name,
+                n.node.role,
+                n.node.address.to_string(),
+                n.ready,
+                n.kubelet_version,
+            )
+        })
         .collect();
     assert_eq!(
         summary,
@@ -97,13 +105,15 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
                 "inv-cp-1".into(),
                 NodeRole::ControlPlane,
                 "127.0.8.1".into(),
-                true
+                true,
+                Some("1.34.1".into())
             ),
             (
                 "inv-worker-1".into(),
                 NodeRole::Worker,
                 "127.0.8.2".into(),
-                false
+                false,
+                Some("1.34.1".into())
             ),
         ]
     );

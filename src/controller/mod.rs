@@ -1,0 +1,207 @@
+//! The reconciler: for each `KubernetesCluster`, read the user's intent from its annotations, observe the
+//! cluster, decide (pure, in [`crate::rollout`]), persist the decision, act, and report.
+//!
+//! ```text
+//! annotations ──► intent ─┐
+//! Secret, Machines/Nodes ─┼─► observe (Talos API, workload API) ─► decide ─► persist ─► act ─► report
+//! progress ConfigMap ─────┘
+//! ```
+
+pub mod report;
+mod talos_flow;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use crate::admin::HealthState;
+use crate::crd::KubernetesCluster;
+use crate::intent::UpgradeIntent;
+use crate::metrics::Metrics;
+use crate::observe::TalosFleet;
+use crate::store::ProgressStore;
+use crate::talos::ConnectOptions;
+
+/// The controller's tunables (flags of the `run` command).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long one node may take from its upgrade call to being done.
+    pub node_deadline: Duration,
+    /// How often a cluster with an upgrade in flight is looked at again.
+    pub poll_interval: Duration,
+    /// How often an idle cluster is refreshed (versions) without any change to it.
+    pub idle_interval: Duration,
+    /// Credentials Secret name; `{clusterId}` and `{name}` are replaced by the cluster's values.
+    pub secret_name_template: String,
+    pub talos: ConnectOptions,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            node_deadline: Duration::from_secs(15 * 60),
+            poll_interval: Duration::from_secs(2),
+            idle_interval: Duration::from_secs(5 * 60),
+            secret_name_template: "{clusterId}".to_string(),
+            talos: ConnectOptions::default(),
+        }
+    }
+}
+
+/// (namespace, cluster name) → (resourceVersion of the credentials Secret, its fleet).
+type FleetCache = HashMap<(String, String), (String, Arc<TalosFleet>)>;
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    /// Talos connections per cluster, rebuilt when the credentials Secret changes.
+    fleets: Mutex<FleetCache>,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: Metrics, settings: Settings, instance: String) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "talos-upgrade-controller".into(),
+                instance: Some(instance),
+            },
+        );
+        Context {
+            client,
+            recorder,
+            metrics,
+            settings,
+            fleets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The cached fleet for a cluster if its Secret is unchanged (`version` is the Secret's
+    /// resourceVersion), or a new one built by `build`.
+    fn fleet(
+        &self,
+        key: (String, String),
+        version: &str,
+        build: impl FnOnce() -> TalosFleet,
+    ) -> Arc<TalosFleet> {
+        let mut fleets = self
+            .fleets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match fleets.get(&key) {
+            Some((cached, fleet)) if cached == version => fleet.clone(),
+            _ => {
+                let fleet = Arc::new(build());
+                fleets.insert(key, (version.to_string(), fleet.clone()));
+                fleet
+            }
+        }
+    }
+}
+
+/// Why a reconcile could not finish; retried with backoff. Problems of the cluster itself (bad target,
+/// missing Secret, unreachable nodes) are not errors: they are reported on the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("writing the cluster's annotations or status: {0}")]
+    Report(#[source] kube::Error),
+}
+
+impl Error {
+    /// Low-cardinality label for the reconcile-errors metric.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Store(crate::store::StoreError::Conflict { .. }) => "progress_conflict",
+            Error::Store(_) => "progress_store",
+            Error::Report(_) => "report",
+        }
+    }
+}
+
+/// One reconcile of one cluster.
+pub async fn reconcile(
+    cluster: Arc<KubernetesCluster>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_timer();
+    let namespace = cluster.namespace().unwrap_or_default();
+    let intent = UpgradeIntent::from_annotations(cluster.annotations());
+    let store = ProgressStore::new(ctx.client.clone(), &namespace);
+    let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let now = jiff::Timestamp::now();
+
+    let outcome = talos_flow::reconcile(&cluster, &ctx, &intent, &store, now).await?;
+    report::write(
+        &api,
+        &ctx.recorder,
+        &cluster,
+        &outcome.report,
+        &outcome.notes,
+        now,
+    )
+    .await
+    .map_err(Error::Report)?;
+    Ok(match outcome.requeue {
+        Some(after) => Action::requeue(after),
+        None => Action::requeue(ctx.settings.idle_interval),
+    })
+}
+
+/// Retries failed reconciles: a progress conflict at once (someone else wrote; decide again), anything
+/// else after a pause.
+pub fn error_policy(_cluster: Arc<KubernetesCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.record_reconcile_error(error.category());
+    tracing::warn!(%error, "reconcile failed");
+    match error {
+        Error::Store(crate::store::StoreError::Conflict { .. }) => {
+            Action::requeue(Duration::from_millis(100))
+        }
+        _ => Action::requeue(Duration::from_secs(5)),
+    }
+}
+
+/// Runs the controller until `shutdown` resolves, over every namespace or only `namespace`; marks
+/// `health` ready once the initial list of clusters is in.
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    metrics: Metrics,
+    settings: Settings,
+    health: HealthState,
+    instance: String,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let clusters: Api<KubernetesCluster> = match &namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    let ctx = Arc::new(Context::new(client, metrics, settings, instance));
+    let controller = Controller::new(clusters, watcher::Config::default());
+    let store = controller.store();
+    tokio::spawn(async move {
+        if store.wait_until_ready().await.is_ok() {
+            health.set_ready();
+        }
+    });
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile loop");
+            }
+        })
+        .await;
+}

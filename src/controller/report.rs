@@ -1,0 +1,237 @@
+//! Telling the user: the controller-owned annotations (metadata-only merge patch), `status.phase` and
+//! the upgrade condition (a minimal status merge patch), Events, and metrics.
+//!
+//! Writes happen only when something changed, so the controller's own writes (which wake it up again)
+//! settle after one round.
+
+use std::collections::BTreeMap;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Resource, ResourceExt};
+use serde_json::{Map, Value, json};
+
+use crate::annotations::{self, UpgradeKind, UpgradeStatus};
+use crate::crd::{KubernetesCluster, KubernetesClusterStatus, Phase, set_condition};
+use crate::rollout::talos::{Note, NoteType};
+
+/// What one upgrade kind shows after a reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KindReport {
+    pub kind: UpgradeKind,
+    pub status: UpgradeStatus,
+    pub message: String,
+    /// `done/total`, absent when there is no run.
+    pub progress: Option<(usize, usize)>,
+    pub current: Option<String>,
+    pub failed_nodes: Vec<String>,
+    /// Condition reason (`InProgress`, `Completed`, `Failed`, `Paused`, `Reset`, `Blocked`); `None`
+    /// leaves the condition as it is.
+    pub condition_reason: Option<&'static str>,
+    /// One-shot user annotations to remove (`resume`, the reset key).
+    pub consumed: Vec<&'static str>,
+}
+
+/// The annotation changes `report` asks for, against the object's current annotations: `Some(value)`
+/// sets, `None` removes. Empty when nothing changes.
+pub fn annotation_changes(
+    current: &BTreeMap<String, String>,
+    report: &KindReport,
+) -> BTreeMap<&'static str, Option<String>> {
+    let kind = report.kind;
+    let mut wanted: Vec<(&'static str, Option<String>)> = vec![
+        (kind.status_key(), Some(report.status.as_str().to_string())),
+        (kind.message_key(), Some(report.message.clone())),
+        (
+            kind.progress_key(),
+            report
+                .progress
+                .map(|(done, total)| format!("{done}/{total}")),
+        ),
+    ];
+    if let Some(current_version) = &report.current {
+        wanted.push((kind.current_key(), Some(current_version.clone())));
+    }
+    if kind == UpgradeKind::Talos {
+        wanted.push((
+            annotations::FAILED_NODES,
+            (!report.failed_nodes.is_empty()).then(|| report.failed_nodes.join(",")),
+        ));
+    }
+    for key in &report.consumed {
+        wanted.push((key, None));
+    }
+    wanted
+        .into_iter()
+        .filter(|(key, value)| current.get(*key) != value.as_ref())
+        .collect()
+}
+
+/// The condition type of an upgrade kind.
+pub fn condition_type(kind: UpgradeKind) -> &'static str {
+    match kind {
+        UpgradeKind::Talos => "TalosUpgrade",
+        UpgradeKind::Kubernetes => "KubernetesUpgrade",
+    }
+}
+
+/// The phase an upgrade status puts the cluster in; `None` leaves the phase alone.
+pub fn phase_for(kind: UpgradeKind, status: UpgradeStatus, current: Option<&str>) -> Option<Phase> {
+    let ours = current.is_none_or(|p| p.is_empty() || Phase::parse(p).is_some());
+    match status {
+        UpgradeStatus::InProgress => Some(match kind {
+            UpgradeKind::Talos => Phase::UpgradingTalos,
+            UpgradeKind::Kubernetes => Phase::UpgradingKubernetes,
+        }),
+        UpgradeStatus::Failed => Some(Phase::UpgradeFailed),
+        // Back to Ready only from a phase this controller set: a provisioning operator's phase stays.
+        UpgradeStatus::Completed | UpgradeStatus::Idle if ours => {
+            let upgrading = current
+                .and_then(Phase::parse)
+                .is_some_and(|p| p != Phase::Ready);
+            upgrading.then_some(Phase::Ready)
+        }
+        UpgradeStatus::Completed | UpgradeStatus::Idle | UpgradeStatus::Blocked => None,
+    }
+}
+
+/// Writes `report` to the cluster: annotations, then status, then events.
+pub async fn write(
+    api: &Api<KubernetesCluster>,
+    recorder: &Recorder,
+    cluster: &KubernetesCluster,
+    report: &KindReport,
+    notes: &[Note],
+    now: jiff::Timestamp,
+) -> Result<(), kube::Error> {
+    let name = cluster.name_any();
+    let changes = annotation_changes(cluster.annotations(), report);
+    if !changes.is_empty() {
+        let mut patch = Map::new();
+        for (key, value) in changes {
+            patch.insert(key.to_string(), value.map_or(Value::Null, Value::String));
+        }
+        // Metadata only: the user's keys and everything else on the object are left exactly as they are.
+        api.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": patch}})),
+        )
+        .await?;
+    }
+
+    let current = cluster.status.as_ref();
+    let mut desired = KubernetesClusterStatus {
+        phase: current.and_then(|s| s.phase.clone()),
+        conditions: current.map(|s| s.conditions.clone()).unwrap_or_default(),
+        ..KubernetesClusterStatus::default()
+    };
+    if let Some(phase) = phase_for(
+        report.kind,
+        report.status,
+        current.and_then(|s| s.phase.as_deref()),
+    ) {
+        desired.phase = Some(phase.as_str().to_string());
+    }
+    if let Some(reason) = report.condition_reason {
+        let active = matches!(report.status, UpgradeStatus::InProgress);
+        set_condition(
+            &mut desired.conditions,
+            condition_type(report.kind),
+            active,
+            reason,
+            &report.message,
+            now,
+        );
+    }
+    if let Some(patch) = KubernetesClusterStatus::merge_patch(current, &desired, now) {
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
+
+    let reference = cluster.object_ref(&());
+    for note in notes {
+        let event = Event {
+            type_: match note.type_ {
+                NoteType::Normal => EventType::Normal,
+                NoteType::Warning => EventType::Warning,
+            },
+            reason: note.reason.to_string(),
+            note: Some(note.message.clone()),
+            action: report.kind.name().to_string() + "Upgrade",
+            secondary: None,
+        };
+        // An event that cannot be published is logged, not fatal: the annotations already say it all.
+        if let Err(error) = recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, reason = note.reason, "publishing event");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(status: UpgradeStatus) -> KindReport {
+        KindReport {
+            kind: UpgradeKind::Talos,
+            status,
+            message: "Upgrading node cp-1 (3/5)".into(),
+            progress: Some((2, 5)),
+            current: Some("1.11.6".into()),
+            failed_nodes: Vec::new(),
+            condition_reason: Some("InProgress"),
+            consumed: vec![annotations::RESUME],
+        }
+    }
+
+    #[test]
+    fn only_changed_controller_keys_are_written_and_user_keys_kept() {
+        let current = BTreeMap::from([
+            (annotations::TALOS_TARGET.to_string(), "1.12.0".to_string()),
+            ("team".to_string(), "blue".to_string()),
+            (
+                annotations::TALOS_STATUS.to_string(),
+                "in-progress".to_string(),
+            ),
+            (annotations::RESUME.to_string(), "true".to_string()),
+            (annotations::FAILED_NODES.to_string(), "cp-2".to_string()),
+        ]);
+        let changes = annotation_changes(&current, &report(UpgradeStatus::InProgress));
+        assert_eq!(
+            changes,
+            BTreeMap::from([
+                (
+                    annotations::TALOS_MESSAGE,
+                    Some("Upgrading node cp-1 (3/5)".to_string())
+                ),
+                (annotations::TALOS_PROGRESS, Some("2/5".to_string())),
+                (annotations::TALOS_CURRENT, Some("1.11.6".to_string())),
+                (annotations::FAILED_NODES, None),
+                (annotations::RESUME, None),
+            ])
+        );
+    }
+
+    #[test]
+    fn phases_follow_the_status_and_leave_foreign_phases_alone() {
+        use UpgradeStatus::*;
+        let cases = [
+            (InProgress, Some("Ready"), Some(Phase::UpgradingTalos)),
+            (Failed, Some("UpgradingTalos"), Some(Phase::UpgradeFailed)),
+            (Completed, Some("UpgradingTalos"), Some(Phase::Ready)),
+            (Idle, Some("UpgradeFailed"), Some(Phase::Ready)),
+            (Completed, Some("Ready"), None),
+            (Completed, Some("Provisioning"), None),
+            (Idle, None, None),
+        ];
+        for (status, current, expected) in cases {
+            assert_eq!(
+                phase_for(UpgradeKind::Talos, status, current),
+                expected,
+                "{status:?} from {current:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,691 @@
+//! The Talos OS upgrade of one cluster, one reconcile at a time: intent and persisted progress in,
+//! observation, decision, write-ahead, calls, and a report out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::{Resource, ResourceExt};
+use semver::Version;
+
+use super::Context;
+use super::report::KindReport;
+use crate::annotations::{self, UpgradeKind, UpgradeStatus};
+use crate::crd::KubernetesCluster;
+use crate::credentials::{self, ClusterCredentials};
+use crate::intent::{Target, UpgradeIntent};
+use crate::inventory::{self, WorkloadNodeInfo};
+use crate::observe::{InventoryNode, TalosFleet};
+use crate::rollout::progress::{NodeRole, NodeStep, Outcome, Run};
+use crate::rollout::talos::{
+    self as rollout, Action, Decision, NodeObservation, Note, NoteType, Observation, RunState,
+    Settings, TalosState, UpgradeApi,
+};
+use crate::store::{Progress, ProgressStore};
+use crate::talos::{LegacyUpgradeOptions, RebootMode, TalosError};
+use crate::versions::{self, KubernetesVersion, TalosVersion};
+
+/// What the reconcile reports and when it wants to look again.
+pub struct FlowOutcome {
+    pub report: KindReport,
+    pub notes: Vec<Note>,
+    pub requeue: Option<Duration>,
+}
+
+/// The cluster as observed for the Talos upgrade.
+struct Observed {
+    observation: Observation,
+    fleet: Arc<TalosFleet>,
+    inventory: Vec<InventoryNode>,
+    /// Lowest and highest Talos version among the nodes that answered.
+    talos_range: Option<(Version, Version)>,
+    /// Lowest kubelet version reported by the workload Nodes.
+    kubernetes: Option<String>,
+}
+
+fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
+    KindReport {
+        kind: UpgradeKind::Talos,
+        status,
+        message,
+        progress: None,
+        current: None,
+        failed_nodes: Vec::new(),
+        condition_reason: None,
+        consumed: Vec::new(),
+    }
+}
+
+fn outcome(report: KindReport, notes: Vec<Note>, requeue: Option<Duration>) -> FlowOutcome {
+    FlowOutcome {
+        report,
+        notes,
+        requeue,
+    }
+}
+
+/// A Warning event, announced only when the message is new (the previous message annotation differs),
+/// so a problem that persists over many reconciles is one event, not one per pass.
+fn warn_once(cluster: &KubernetesCluster, reason: &'static str, message: &str) -> Vec<Note> {
+    let previous = cluster.annotations().get(annotations::TALOS_MESSAGE);
+    if previous.map(String::as_str) == Some(message) {
+        return Vec::new();
+    }
+    vec![Note {
+        type_: NoteType::Warning,
+        reason,
+        message: message.to_string(),
+    }]
+}
+
+pub async fn reconcile(
+    cluster: &KubernetesCluster,
+    ctx: &Context,
+    intent: &UpgradeIntent,
+    store: &ProgressStore,
+    now: Timestamp,
+) -> Result<FlowOutcome, super::Error> {
+    let name = cluster.name_any();
+    let mut progress = store.load(&name).await?;
+    let owner = cluster.controller_owner_ref(&());
+
+    // 1. Reset: forget everything about the Talos upgrade, touch no node.
+    if intent.talos_reset {
+        if progress.talos.take().is_some() {
+            store.save(&name, owner, &mut progress).await?;
+        }
+        let mut report = kind_report(
+            UpgradeStatus::Idle,
+            "Talos upgrade state was reset; no node was touched".to_string(),
+        );
+        report.condition_reason = Some("Reset");
+        report.consumed = vec![
+            annotations::TALOS_RESET_UPGRADE_STATE,
+            annotations::TALOS_TARGET,
+        ];
+        let notes = vec![Note {
+            type_: NoteType::Normal,
+            reason: "UpgradeReset",
+            message: report.message.clone(),
+        }];
+        return Ok(outcome(report, notes, None));
+    }
+
+    let raw_target = cluster
+        .annotations()
+        .get(annotations::TALOS_TARGET)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty());
+
+    match (&intent.talos_target, raw_target) {
+        (Target::Absent, _) | (_, None) => {
+            absent(cluster, ctx, &name, owner, store, &mut progress, now).await
+        }
+        (Target::Invalid { reason, .. }, Some(raw)) => {
+            let message = format!(
+                "Invalid talos-target {raw:?}: {reason}. Set a version such as 1.12.0; no node was touched."
+            );
+            decided_failure(
+                cluster,
+                &name,
+                owner,
+                store,
+                &mut progress,
+                &raw,
+                &message,
+                now,
+            )
+            .await
+        }
+        (Target::Version(target), Some(raw)) => {
+            requested(
+                cluster,
+                ctx,
+                intent,
+                &name,
+                owner,
+                store,
+                &mut progress,
+                &raw,
+                target,
+                now,
+            )
+            .await
+        }
+    }
+}
+
+/// No target: finish nodes in flight, then forget the run; report the running version.
+async fn absent(
+    cluster: &KubernetesCluster,
+    ctx: &Context,
+    name: &str,
+    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    store: &ProgressStore,
+    progress: &mut Progress,
+    now: Timestamp,
+) -> Result<FlowOutcome, super::Error> {
+    let in_flight = progress.talos.as_ref().is_some_and(|run| {
+        !run.is_finished()
+            && run
+                .nodes
+                .iter()
+                .any(|n| matches!(n.step, NodeStep::Issued { .. }))
+    });
+    let observed = observe(cluster, ctx).await;
+    if in_flight && let (Ok(observed), Some(run)) = (&observed, progress.talos.as_ref()) {
+        let settings = Settings {
+            paused: true,
+            ..settings(ctx, intent_order_default())
+        };
+        let decision = rollout::advance(run, &settings, &observed.observation, &derive_image, now);
+        if decision.run != *run {
+            progress.talos = Some(decision.run.clone());
+            store.save(name, owner.clone(), progress).await?;
+        }
+        if !decision.report.in_flight.is_empty() {
+            let mut report = kind_report(
+                UpgradeStatus::InProgress,
+                format!(
+                    "Talos target removed: finishing {} before stopping",
+                    decision.report.in_flight.join(", ")
+                ),
+            );
+            report.progress = Some((decision.report.done, decision.report.total));
+            report.condition_reason = Some("InProgress");
+            return Ok(outcome(
+                report,
+                decision.report.notes,
+                Some(ctx.settings.poll_interval),
+            ));
+        }
+    }
+    let stopped = progress
+        .talos
+        .as_ref()
+        .is_some_and(|run| !run.is_finished());
+    if progress.talos.take().is_some() {
+        store.save(name, owner, progress).await?;
+    }
+    let current = observed
+        .as_ref()
+        .ok()
+        .and_then(|o| o.talos_range.as_ref())
+        .map(|(low, _)| low.to_string());
+    let message = match &current {
+        Some(version) => format!("Talos {version} is running; no upgrade requested"),
+        None => "No Talos upgrade requested".to_string(),
+    };
+    let mut report = kind_report(UpgradeStatus::Idle, message);
+    report.current = current;
+    if stopped {
+        report.condition_reason = Some("Reset");
+        report.message = "Talos upgrade stopped: the target was removed".to_string();
+    }
+    Ok(outcome(report, Vec::new(), None))
+}
+
+fn intent_order_default() -> crate::intent::UpgradeOrder {
+    crate::intent::UpgradeOrder::WorkersFirst
+}
+
+/// A target refused before touching any node: recorded once, so it is not decided again until the
+/// annotation changes (or `resume`/reset).
+#[allow(clippy::too_many_arguments)]
+async fn decided_failure(
+    cluster: &KubernetesCluster,
+    name: &str,
+    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    store: &ProgressStore,
+    progress: &mut Progress,
+    raw: &str,
+    message: &str,
+    now: Timestamp,
+) -> Result<FlowOutcome, super::Error> {
+    let already = progress.talos.as_ref().is_some_and(|run| {
+        run.requested == raw && matches!(run.outcome, Some(Outcome::Failed { .. }))
+    });
+    let mut notes = Vec::new();
+    if !already {
+        progress.talos = Some(Run {
+            requested: raw.to_string(),
+            target: String::new(),
+            started_at: now,
+            outcome: Some(Outcome::Failed {
+                at: now,
+                node: None,
+                reason: message.to_string(),
+            }),
+            nodes: Vec::new(),
+        });
+        store.save(name, owner, progress).await?;
+        notes.push(Note {
+            type_: NoteType::Warning,
+            reason: "InvalidTarget",
+            message: message.to_string(),
+        });
+    }
+    let recorded = progress
+        .talos
+        .as_ref()
+        .and_then(|run| match &run.outcome {
+            Some(Outcome::Failed { reason, .. }) => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| message.to_string());
+    let mut report = kind_report(UpgradeStatus::Failed, recorded);
+    report.condition_reason = Some("Failed");
+    let _ = cluster;
+    Ok(outcome(report, notes, None))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn requested(
+    cluster: &KubernetesCluster,
+    ctx: &Context,
+    intent: &UpgradeIntent,
+    name: &str,
+    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    store: &ProgressStore,
+    progress: &mut Progress,
+    raw: &str,
+    target: &TalosVersion,
+    now: Timestamp,
+) -> Result<FlowOutcome, super::Error> {
+    // Bad options stop a run from starting (or going on) until they are fixed.
+    let (order, parallel) = match (&intent.order, &intent.max_parallel_workers) {
+        (Ok(order), Ok(parallel)) => (*order, parallel.get() as usize),
+        (Err(invalid), _) | (_, Err(invalid)) => {
+            let message = format!("Talos upgrade not started: {invalid}");
+            let mut report = kind_report(UpgradeStatus::Failed, message.clone());
+            report.condition_reason = Some("Failed");
+            return Ok(outcome(
+                report,
+                warn_once(cluster, "InvalidOption", &message),
+                None,
+            ));
+        }
+    };
+    let mut consumed = Vec::new();
+    let mut notes = Vec::new();
+    let existing = progress.talos.clone().filter(|run| run.requested == raw);
+
+    // A decision already made for this value stands, unless the user asks to resume a failed run.
+    if let Some(run) = &existing
+        && run.is_finished()
+    {
+        let failed = matches!(run.outcome, Some(Outcome::Failed { .. }));
+        if !(failed && intent.resume && !run.nodes.is_empty()) {
+            if intent.resume {
+                consumed.push(annotations::RESUME);
+            }
+            let decision = rollout::advance(
+                run,
+                &settings(ctx, order),
+                &Observation::default(),
+                &derive_image,
+                now,
+            );
+            let mut report = report_from(&decision);
+            report.consumed = consumed;
+            if run.nodes.is_empty()
+                && let Some(Outcome::Failed { reason, .. }) = &run.outcome
+            {
+                report.message = reason.clone();
+            }
+            return Ok(outcome(report, Vec::new(), None));
+        }
+    }
+
+    let observed = match observe(cluster, ctx).await {
+        Ok(observed) => observed,
+        Err(problem) => {
+            let message = format!("Talos upgrade cannot proceed: {problem}");
+            let mut report = kind_report(
+                if existing.as_ref().is_some_and(|r| !r.is_finished()) {
+                    UpgradeStatus::InProgress
+                } else {
+                    UpgradeStatus::Failed
+                },
+                message.clone(),
+            );
+            report.condition_reason = Some(if report.status == UpgradeStatus::Failed {
+                "Failed"
+            } else {
+                "InProgress"
+            });
+            return Ok(outcome(
+                report,
+                warn_once(cluster, "UpgradeBlocked", &message),
+                Some(ctx.settings.poll_interval.max(Duration::from_secs(5))),
+            ));
+        }
+    };
+    let current = observed
+        .talos_range
+        .as_ref()
+        .map(|(low, _)| low.to_string());
+
+    let mut run = match existing {
+        Some(mut run) if run.is_finished() => {
+            // Resume: the failed node goes back to pending; everything done stays done.
+            for node in &mut run.nodes {
+                if matches!(node.step, NodeStep::Failed { .. }) {
+                    node.step = NodeStep::Pending;
+                }
+            }
+            run.outcome = None;
+            consumed.push(annotations::RESUME);
+            notes.push(Note {
+                type_: NoteType::Normal,
+                reason: "UpgradeResumed",
+                message: format!("Resuming the Talos upgrade to {}", run.target),
+            });
+            run
+        }
+        Some(run) => run,
+        None => {
+            if intent.resume {
+                consumed.push(annotations::RESUME);
+            }
+            let Some((lowest, highest)) = &observed.talos_range else {
+                let mut report = kind_report(
+                    UpgradeStatus::InProgress,
+                    "Waiting: no node's Talos API answers yet".to_string(),
+                );
+                report.condition_reason = Some("InProgress");
+                report.consumed = consumed;
+                return Ok(outcome(
+                    report,
+                    Vec::new(),
+                    Some(ctx.settings.poll_interval),
+                ));
+            };
+            let lowest = TalosVersion::from_semver(lowest.clone());
+            let highest = TalosVersion::from_semver(highest.clone());
+            let refusal = versions::check_talos_upgrade_across(&lowest, &highest, target)
+                .err()
+                .map(|e| e.to_string())
+                .or_else(|| {
+                    let running = observed
+                        .kubernetes
+                        .as_deref()
+                        .and_then(|v| KubernetesVersion::parse(v).ok())?;
+                    versions::check_talos_target_supports(target, &running)
+                        .err()
+                        .map(|e| e.to_string())
+                });
+            if let Some(reason) = refusal {
+                let message = format!("Talos upgrade refused: {reason}. No node was touched.");
+                let mut result =
+                    decided_failure(cluster, name, owner, store, progress, raw, &message, now)
+                        .await?;
+                result.report.current = current;
+                result.report.consumed = consumed;
+                return Ok(result);
+            }
+            let run = rollout::start_run(raw, target.semver(), order, &observed.observation, now);
+            notes.push(Note {
+                type_: NoteType::Normal,
+                reason: "UpgradeStarted",
+                message: format!(
+                    "Upgrading Talos from {lowest} to {target} on {} nodes ({} already on {target})",
+                    run.nodes.len(),
+                    run.counts().0
+                ),
+            });
+            run
+        }
+    };
+
+    let settings = Settings {
+        max_parallel_workers: parallel,
+        paused: intent.paused,
+        ..settings(ctx, order)
+    };
+    let mut decision = rollout::advance(&run, &settings, &observed.observation, &derive_image, now);
+    // Write-ahead: the run, with every call about to be made recorded as issued, is saved first.
+    if progress.talos.as_ref() != Some(&decision.run) {
+        progress.talos = Some(decision.run.clone());
+        store.save(name, owner.clone(), progress).await?;
+    }
+    run = decision.run.clone();
+    let mut failed_call = None;
+    for action in &decision.actions {
+        if let Err((node, reason)) = execute(&observed, action).await {
+            failed_call = Some((node, reason));
+            break;
+        }
+    }
+    if let Some((node, reason)) = failed_call {
+        rollout::fail_node(&mut run, &node, &reason, now);
+        progress.talos = Some(run.clone());
+        store.save(name, owner, progress).await?;
+        let mut failed =
+            rollout::advance(&run, &settings, &observed.observation, &derive_image, now);
+        // `advance` on an already-failed run announces nothing; this failure is new.
+        failed.report.notes.push(Note {
+            type_: NoteType::Warning,
+            reason: "UpgradeFailed",
+            message: failed.report.message.clone(),
+        });
+        decision = Decision {
+            actions: Vec::new(),
+            ..failed
+        };
+    }
+    notes.append(&mut decision.report.notes);
+    let mut report = report_from(&decision);
+    report.current = current;
+    report.consumed = consumed;
+    let requeue = match decision.report.state {
+        RunState::InProgress | RunState::Paused => Some(ctx.settings.poll_interval),
+        RunState::Completed | RunState::Failed => None,
+    };
+    Ok(outcome(report, notes, requeue))
+}
+
+fn settings(ctx: &Context, order: crate::intent::UpgradeOrder) -> Settings {
+    Settings {
+        order,
+        max_parallel_workers: 1,
+        paused: false,
+        node_deadline: ctx.settings.node_deadline,
+    }
+}
+
+fn derive_image(current: &str, target: &Version) -> Result<String, String> {
+    versions::installer_image_for(current, &TalosVersion::from_semver(target.clone()))
+        .map_err(|e| e.to_string())
+}
+
+fn report_from(decision: &Decision) -> KindReport {
+    let r = &decision.report;
+    let (status, reason) = match r.state {
+        RunState::InProgress => (UpgradeStatus::InProgress, "InProgress"),
+        RunState::Paused => (UpgradeStatus::InProgress, "Paused"),
+        RunState::Completed => (UpgradeStatus::Completed, "Completed"),
+        RunState::Failed => (UpgradeStatus::Failed, "Failed"),
+    };
+    KindReport {
+        kind: UpgradeKind::Talos,
+        status,
+        message: r.message.clone(),
+        progress: (r.total > 0).then_some((r.done, r.total)),
+        current: None,
+        failed_nodes: r.failed_nodes.clone(),
+        condition_reason: Some(reason),
+        consumed: Vec::new(),
+    }
+}
+
+/// Makes one call. `Err((node, reason))` means the node refused for good and the run must fail; a
+/// node that drops the connection mid-call (it is going down to reboot) counts as called.
+async fn execute(observed: &Observed, action: &Action) -> Result<(), (String, String)> {
+    let node_name = match action {
+        Action::ForfeitEtcdLeadership { node } | Action::Upgrade { node, .. } => node,
+    };
+    let Some(node) = observed.inventory.iter().find(|n| &n.name == node_name) else {
+        return Err((
+            node_name.clone(),
+            "is no longer in the node inventory".to_string(),
+        ));
+    };
+    let client = observed
+        .fleet
+        .client(node.address)
+        .map_err(|e| (node_name.clone(), format!("cannot be reached: {e}")))?;
+    let result = match action {
+        Action::ForfeitEtcdLeadership { .. } => {
+            // Best effort: if it fails, the next reconcile sees the same leader and tries again.
+            if let Err(error) = client.etcd_forfeit_leadership().await {
+                tracing::warn!(node = %node_name, %error, "moving etcd leadership");
+            }
+            return Ok(());
+        }
+        Action::Upgrade {
+            installer_image,
+            api: UpgradeApi::Legacy,
+            ..
+        } => client
+            .upgrade_legacy(
+                installer_image,
+                &LegacyUpgradeOptions {
+                    preserve: true,
+                    ..LegacyUpgradeOptions::default()
+                },
+            )
+            .await
+            .map(|_| ()),
+        Action::Upgrade {
+            installer_image,
+            api: UpgradeApi::Lifecycle,
+            ..
+        } => {
+            let installed = async {
+                client.image_pull(installer_image).await?;
+                client.lifecycle_upgrade(installer_image).await?;
+                client.reboot(RebootMode::Default).await
+            };
+            installed.await.map(|_| ())
+        }
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(error) if error.is_unreachable() => Ok(()),
+        Err(error) => Err((
+            node_name.clone(),
+            format!("refused the upgrade: {}", call_reason(&error)),
+        )),
+    }
+}
+
+/// The part of a Talos error worth showing a user.
+fn call_reason(error: &TalosError) -> String {
+    error.to_string()
+}
+
+/// Credentials, inventory and the nodes' state; a problem is a sentence for the user.
+async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed, String> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let cluster_id = cluster
+        .cluster_id()
+        .map(str::to_string)
+        .unwrap_or_else(|| name.clone());
+    let secret_name = cluster
+        .annotations()
+        .get(annotations::CREDENTIALS_SECRET)
+        .cloned()
+        .unwrap_or_else(|| {
+            ctx.settings
+                .secret_name_template
+                .replace("{clusterId}", &cluster_id)
+                .replace("{name}", &name)
+        });
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
+        .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
+    let ClusterCredentials {
+        talos, workload, ..
+    } = credentials::parse(&secret, &namespace, &secret_name).map_err(|e| e.to_string())?;
+    let workload = workload.ok_or_else(|| {
+        format!(
+            "credentials Secret {namespace}/{secret_name} has no {:?} key (needed to check Node readiness)",
+            credentials::KUBECONFIG_KEY
+        )
+    })?;
+    let workload_client = credentials::workload_client(workload).await?;
+    let secret_version = secret.resource_version().unwrap_or_default();
+    let fleet = ctx.fleet((namespace.clone(), name.clone()), &secret_version, || {
+        TalosFleet::new(talos, ctx.settings.talos.clone())
+    });
+
+    let workload_nodes = inventory::from_workload_nodes(workload_client)
+        .await
+        .map_err(|e| e.to_string())?;
+    let inventory = match inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Some(machines) => machines,
+        None => workload_nodes.iter().map(|n| n.node.clone()).collect(),
+    };
+    let ready = |name: &str| {
+        workload_nodes
+            .iter()
+            .any(|n: &WorkloadNodeInfo| n.node.name == name && n.ready)
+    };
+    let kubernetes = workload_nodes
+        .iter()
+        .filter_map(|n| {
+            n.kubelet_version
+                .as_deref()
+                .and_then(|v| Version::parse(v).ok())
+        })
+        .min()
+        .map(|v| v.to_string());
+
+    let states =
+        futures::future::join_all(inventory.iter().map(|node| fleet.observe_node(node))).await;
+    let control_planes: Vec<InventoryNode> = inventory
+        .iter()
+        .filter(|n| n.role == NodeRole::ControlPlane)
+        .cloned()
+        .collect();
+    let etcd = fleet.observe_etcd(&control_planes).await;
+    let nodes: Vec<NodeObservation> = inventory
+        .iter()
+        .zip(states)
+        .map(|(node, talos)| NodeObservation {
+            name: node.name.clone(),
+            role: node.role,
+            kubernetes_ready: ready(&node.name),
+            talos,
+        })
+        .collect();
+    let versions: Vec<&Version> = nodes
+        .iter()
+        .filter_map(|n| match &n.talos {
+            TalosState::Up { version, .. } => Some(version),
+            TalosState::Unreachable { .. } => None,
+        })
+        .collect();
+    let talos_range = versions
+        .iter()
+        .min()
+        .zip(versions.iter().max())
+        .map(|(low, high)| ((*low).clone(), (*high).clone()));
+    Ok(Observed {
+        observation: Observation { nodes, etcd },
+        fleet,
+        inventory,
+        talos_range,
+        kubernetes,
+    })
+}

@@ -1,0 +1,94 @@
+//! The user guide's Talos upgrade, verbatim, against a real API server, the real kubectl, the controller
+//! and a simulated five-node cluster: annotate, watch, `kubectl wait`, then check what the user sees and
+//! what the nodes received.
+
+mod e2e_common;
+
+use e2e_common::{World, WorldSpec};
+use talos_upgrade_controller::sim::{Role, max_concurrently_down};
+
+#[tokio::test]
+async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
+    let world = World::start("talos-e2e", WorldSpec::default()).await;
+
+    // Step 1 of the guide: the controller shows the running version before anything is asked.
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    assert_eq!(world.annotation("talos-status").await, "idle");
+
+    // Step 2: trigger.
+    world
+        .ns
+        .kubectl_ok(&[
+            "annotate",
+            "kubernetescluster",
+            &world.cluster,
+            "upgrade.vitistack.io/talos-target=1.12.0",
+        ])
+        .await;
+
+    // Step 3/4: wait for completion as the guide does.
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.annotation("talos-current").await, "1.12.0");
+    assert_eq!(world.annotation("talos-progress").await, "5/5");
+    assert_eq!(
+        world.annotation("talos-message").await,
+        "Talos upgrade completed: now running 1.12.0"
+    );
+    assert_eq!(world.jsonpath("{.status.phase}").await, "Ready");
+    assert_eq!(
+        world
+            .jsonpath("{.status.conditions[?(@.type==\"TalosUpgrade\")].reason}")
+            .await,
+        "Completed"
+    );
+
+    // What the nodes received: each node exactly once, every worker before any control plane, never two
+    // control planes down at once.
+    let calls = world.upgrade_calls();
+    assert_eq!(calls.len(), 5, "{calls:?}");
+    let unique: std::collections::BTreeSet<_> = calls.iter().collect();
+    assert_eq!(
+        unique.len(),
+        5,
+        "each node upgraded exactly once: {calls:?}"
+    );
+    let first_cp = calls.iter().position(|n| n.contains("-cp-")).expect("cp");
+    let last_worker = calls
+        .iter()
+        .rposition(|n| n.contains("-worker-"))
+        .expect("worker");
+    assert!(last_worker < first_cp, "workers first: {calls:?}");
+    assert_eq!(
+        max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),
+        1
+    );
+    for node in world.sim.snapshots() {
+        assert_eq!(node.talos_version, "1.12.0", "{}", node.name);
+    }
+
+    // The story in Events, as `kubectl describe` shows it.
+    let events = world
+        .ns
+        .kubectl_ok(&[
+            "get",
+            "events",
+            "-o",
+            "jsonpath={range .items[*]}{.reason}{\"\\n\"}{end}",
+        ])
+        .await;
+    for reason in [
+        "UpgradeStarted",
+        "NodeUpgradeStarted",
+        "NodeUpgraded",
+        "UpgradeCompleted",
+    ] {
+        assert!(
+            events.lines().any(|l| l == reason),
+            "no {reason} event in:\n{events}"
+        );
+    }
+}
