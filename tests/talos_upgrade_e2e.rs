@@ -70,6 +70,49 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
         assert_eq!(node.talos_version, "1.12.0", "{}", node.name);
     }
 
+    // The same story in /metrics.
+    let metrics = world.metrics.encode();
+    let sample = |name: &str, labels: &[&str]| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
+            .unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{metrics}"))
+            .rsplit(' ')
+            .next()
+            .expect("value")
+            .to_string()
+    };
+    let cluster_labels = [r#"cluster="my-cluster""#, r#"kind="talos""#];
+    assert_eq!(
+        sample(
+            "talos_upgrade_runs_total",
+            &[
+                cluster_labels[0],
+                cluster_labels[1],
+                r#"result="completed""#
+            ]
+        ),
+        "1"
+    );
+    assert_eq!(
+        sample("talos_upgrade_cluster_nodes_completed", &cluster_labels),
+        "5"
+    );
+    assert_eq!(
+        sample(
+            "talos_upgrade_cluster_status",
+            &[cluster_labels[0], r#"status="completed""#]
+        ),
+        "1"
+    );
+    assert_eq!(
+        sample(
+            "talos_upgrade_cluster_phase",
+            &[cluster_labels[0], r#"phase="Ready""#]
+        ),
+        "1"
+    );
+
     // The story in Events, as `kubectl describe` shows it.
     let events = world
         .ns

@@ -153,10 +153,73 @@ pub async fn reconcile(
     )
     .await
     .map_err(Error::Report)?;
+    export_metrics(&ctx.metrics, &cluster, &namespace, &outcome, now);
     Ok(match outcome.requeue {
         Some(after) => Action::requeue(after),
         None => Action::requeue(ctx.settings.idle_interval),
     })
+}
+
+/// Mirrors what the reconcile reported into the per-cluster metrics.
+fn export_metrics(
+    metrics: &Metrics,
+    cluster: &KubernetesCluster,
+    namespace: &str,
+    outcome: &talos_flow::FlowOutcome,
+    now: jiff::Timestamp,
+) {
+    use crate::annotations::UpgradeKind;
+    use crate::metrics::{ClusterKey, ClusterUpgradeGauges, RunResult};
+    let key = ClusterKey::new(namespace, cluster.name_any());
+    let report = &outcome.report;
+    if let Some(phase) = report::phase_for(
+        report.kind,
+        report.status,
+        cluster.status.as_ref().and_then(|s| s.phase.as_deref()),
+    )
+    .map(|p| p.as_str().to_string())
+    .or_else(|| cluster.status.as_ref().and_then(|s| s.phase.clone()))
+    {
+        metrics.set_cluster_phase(&key, &phase);
+    }
+    let (done, total) = report.progress.unwrap_or((0, 0));
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    metrics.set_cluster_state(
+        &key,
+        UpgradeKind::Talos,
+        &ClusterUpgradeGauges {
+            status: report.status,
+            nodes_total: count(total),
+            nodes_completed: count(done),
+            nodes_failed: count(report.failed_nodes.len()),
+            nodes_in_flight: count(report.in_flight.len()),
+            upgrading_nodes: report.in_flight.clone(),
+            current_version: report.current.clone(),
+            target_version: cluster
+                .annotations()
+                .get(crate::annotations::TALOS_TARGET)
+                .map(|t| t.trim().trim_start_matches('v').to_string()),
+            available_version: None,
+            run_started_at: None,
+        },
+    );
+    // A run ends in exactly one reconcile: the one that announces it.
+    for note in &outcome.notes {
+        match note.reason {
+            "UpgradeCompleted" => {
+                metrics.record_run_result(&key, UpgradeKind::Talos, RunResult::Completed);
+                metrics.record_last_success(
+                    &key,
+                    UpgradeKind::Talos,
+                    now.as_millisecond() as f64 / 1000.0,
+                );
+            }
+            "UpgradeFailed" | "InvalidTarget" => {
+                metrics.record_run_result(&key, UpgradeKind::Talos, RunResult::Failed);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Retries failed reconciles: a progress conflict at once (someone else wrote; decide again), anything

@@ -25,6 +25,8 @@ pub struct KindReport {
     pub progress: Option<(usize, usize)>,
     pub current: Option<String>,
     pub failed_nodes: Vec<String>,
+    /// Nodes upgrading right now (for metrics).
+    pub in_flight: Vec<String>,
     /// Condition reason (`InProgress`, `Completed`, `Failed`, `Paused`, `Reset`, `Blocked`); `None`
     /// leaves the condition as it is.
     pub condition_reason: Option<&'static str>,
@@ -181,6 +183,7 @@ mod tests {
             progress: Some((2, 5)),
             current: Some("1.11.6".into()),
             failed_nodes: Vec::new(),
+            in_flight: Vec::new(),
             condition_reason: Some("InProgress"),
             consumed: vec![annotations::RESUME],
         }

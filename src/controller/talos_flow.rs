@@ -53,6 +53,7 @@ fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
         progress: None,
         current: None,
         failed_nodes: Vec::new(),
+        in_flight: Vec::new(),
         condition_reason: None,
         consumed: Vec::new(),
     }
@@ -516,6 +517,7 @@ fn report_from(decision: &Decision) -> KindReport {
         progress: (r.total > 0).then_some((r.done, r.total)),
         current: None,
         failed_nodes: r.failed_nodes.clone(),
+        in_flight: r.in_flight.clone(),
         condition_reason: Some(reason),
         consumed: Vec::new(),
     }
