@@ -291,7 +291,10 @@ impl WorkloadMirror {
     /// stay `Terminating` for ever on a cluster with no kubelet.
     pub async fn run_kubelet(&self, node_names: BTreeSet<String>) -> Result<(), WorkloadError> {
         let all_pods: Api<Pod> = Api::all(self.client.clone());
+        // Backoff between failed watch attempts: without it a watch against an API server that went away
+        // fails instantly, over and over, and the task never yields.
         let mut changes = watcher::watcher(all_pods, watcher::Config::default())
+            .default_backoff()
             .applied_objects()
             .boxed();
         loop {
