@@ -36,14 +36,8 @@ fn widget_resource() -> ApiResource {
 }
 
 async fn install_widget_crd(ns: &testenv::TestNamespace) {
-    ns.kubectl_apply(WIDGET_CRD).await;
-    ns.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/widgets.smoke.testenv.example",
-        "--timeout=60s",
-    ])
-    .await;
+    ns.install_crd(WIDGET_CRD, "widgets.smoke.testenv.example")
+        .await;
 }
 
 fn is_forbidden(result: &Result<impl std::fmt::Debug, kube::Error>) -> bool {

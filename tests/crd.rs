@@ -100,13 +100,7 @@ async fn install_crd(ns: &TestNamespace) {
 }
 
 async fn wait_established(ns: &TestNamespace, crd_name: &str) {
-    ns.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        &format!("crd/{crd_name}"),
-        "--timeout=60s",
-    ])
-    .await;
+    ns.wait_crd_established(crd_name).await;
 }
 
 fn example(namespace: &str) -> Value {

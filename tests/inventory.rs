@@ -119,14 +119,7 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
     );
 
     // vitistack's Machine CRD, with Machines labelled for two clusters.
-    ns.kubectl_apply(MACHINE_CRD).await;
-    ns.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/machines.vitistack.io",
-        "--timeout=60s",
-    ])
-    .await;
+    ns.install_crd(MACHINE_CRD, "machines.vitistack.io").await;
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
         "machines",

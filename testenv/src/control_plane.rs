@@ -535,6 +535,54 @@ impl TestNamespace {
         output.stdout
     }
 
+    /// Installs a CustomResourceDefinition with `kubectl apply` and waits until the API server has
+    /// established it. Tests of one binary may install the same CRD at once: when two applies race to
+    /// create it, the loser's `AlreadyExists` is retried (the retry updates it instead).
+    pub async fn install_crd(&self, yaml: &str, name: &str) {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let output = self
+                .kubectl_with(&self.kubeconfig, &["apply", "-f", "-"], Some(yaml))
+                .await;
+            if output.success {
+                break;
+            }
+            assert!(
+                attempts < 3 && output.stderr.contains("AlreadyExists"),
+                "kubectl apply of CRD {name} failed:\nstdout: {}\nstderr: {}",
+                output.stdout,
+                output.stderr
+            );
+        }
+        self.wait_crd_established(name).await;
+    }
+
+    /// Waits until the CRD `name` is established. (`kubectl wait --for=condition=Established` right after
+    /// an apply can fail while the new CRD has no conditions yet, so this polls the CRD itself.)
+    pub async fn wait_crd_established(&self, name: &str) {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let established = crds.get_opt(name).await.ok().flatten().is_some_and(|crd| {
+                crd.status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+            if established {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "CRD {name} was not established within 60s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Runs `kubectl` and panics with its output unless it succeeds; returns stdout.
     pub async fn kubectl_ok(&self, args: &[&str]) -> String {
         let output = self.kubectl(args).await;

@@ -59,14 +59,7 @@ impl Default for WorldSpec {
 }
 
 async fn install_crd(ns: &TestNamespace, yaml: &str, name: &str) {
-    ns.kubectl_apply(yaml).await;
-    ns.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        &format!("crd/{name}"),
-        "--timeout=60s",
-    ])
-    .await;
+    ns.install_crd(yaml, name).await;
 }
 
 impl World {
