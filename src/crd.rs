@@ -587,73 +587,11 @@ mod tests {
 
     /// The realistic object of vitistack-compat.md §2: what vitistack's operator writes, with fields this
     /// type does not model (storage, metadata, autoscaling, taint, status.state, a `Valid` condition).
-    const VITISTACK_EXAMPLE: &str = r#"
-apiVersion: vitistack.io/v1alpha1
-kind: KubernetesCluster
-metadata:
-  name: t-test-001-4y8e
-  namespace: team-viti
-  finalizers: [kubernetescluster.vitistack.io/finalizer]
-  annotations:
-    upgrade.vitistack.io/talos-current: "v1.12.7"
-    upgrade.vitistack.io/talos-available: "1.13.7"
-    upgrade.vitistack.io/talos-target: "v1.13.7"
-    upgrade.vitistack.io/talos-status: "in-progress"
-    upgrade.vitistack.io/talos-message: "Upgrading node t-test-001-4y8e-ctp0 (1/4)"
-    upgrade.vitistack.io/talos-progress: "1/4"
-    upgrade.vitistack.io/kubernetes-current: "1.35.4"
-    upgrade.vitistack.io/kubernetes-status: "idle"
-spec:
-  data: {clusterUid: "a30fbc8d-596f-48d0-8541-dbc23bca28a1", clusterId: "t-test-001-4y8e", provider: talos,
-         environment: dev, datacenter: test-south-az1, region: south, zone: "az1", project: simple-project,
-         workspace: simple-workspace, workorder: simple-workorder, networkNamespaceName: t-test001}
-  topology:
-    version: "1.35.4"
-    controlplane: {replicas: 1, version: "1.35.4", provider: kubevirt, machineClass: small, architecture: amd64,
-                   storage: [{class: standard, path: /var/lib/vitistack/kubevirt, size: 20Gi}],
-                   metadata: {labels: {environment: development}, annotations: {}}}
-    workers:
-      nodePools:
-        - {name: wp, replicas: 3, version: "1.35.4", provider: kubevirt, machineClass: medium, taint: [],
-           architecture: amd64,
-           autoscaling: {enabled: false, minReplicas: 1, maxReplicas: 5, scalingRules: [cpu]},
-           metadata: {labels: {}, annotations: {}},
-           storage: [{class: standard, path: /var/lib/vitistack/kubevirt, size: 20Gi}]}
-status:
-  phase: UpgradingTalos
-  message: ""
-  workers: 3
-  conditions:
-    - {type: Valid, status: "True", reason: ValidationPassed, message: "Cluster spec is valid", lastTransitionTime: "2026-07-23T10:00:00Z"}
-    - {type: TalosUpgrade, status: "True", reason: InProgress, message: "Upgrading node t-test-001-4y8e-ctp0 (1/4 nodes completed)", lastTransitionTime: "2026-07-23T10:05:00Z"}
-  state:
-    lastUpdatedBy: talos-operator
-    lastUpdated: "2026-07-23T10:05:00Z"
-    created: "2026-07-01T08:00:00Z"
-    egressIP: 10.0.0.1
-    endpoints: [{name: api, address: "https://10.0.0.10:6443"}]
-    versions: [{name: talos, version: v1.12.7, branch: main}]
-    cluster:
-      externalId: ext-1
-      price: {monthly: 100, yearly: 1200}
-      nodepools: []
-      resources:
-        cpu: {capacity: "8", used: 2500m, percentage: 31}
-        memory: {capacity: 32Gi, used: 12Gi, percentage: 37}
-        gpu: {capacity: 0, used: 0, percentage: 0}
-        disk: {capacity: 200Gi, used: 20Gi, percentage: 10}
-      controlplane:
-        status: ready
-        message: ""
-        scale: 1
-        machineClass: small
-        nodes: [t-test-001-4y8e-ctp0]
-        resources:
-          cpu: {capacity: "2", used: 500m, percentage: 25}
-          memory: {capacity: 8Gi, used: 3Gi, percentage: 37}
-          gpu: {capacity: 0, used: 0, percentage: 0}
-          disk: {capacity: 20Gi, used: 5Gi, percentage: 25}
-"#;
+    /// The same object the integration tests install (tests/fixtures), with a namespace filled in.
+    fn vitistack_example() -> String {
+        include_str!("../tests/fixtures/vitistack-kubernetescluster.yaml")
+            .replace("NAMESPACE", "team-viti")
+    }
 
     fn at(rfc3339: &str) -> jiff::Timestamp {
         rfc3339.parse().unwrap()
@@ -678,8 +616,8 @@ status:
 
     #[test]
     fn deserializes_the_vitistack_example_and_keeps_every_field() {
-        let original: Value = serde_yaml::from_str(VITISTACK_EXAMPLE).unwrap();
-        let kc: KubernetesCluster = serde_yaml::from_str(VITISTACK_EXAMPLE).unwrap();
+        let original: Value = serde_yaml::from_str(&vitistack_example()).unwrap();
+        let kc: KubernetesCluster = serde_yaml::from_str(&vitistack_example()).unwrap();
 
         assert_eq!(kc.cluster_id(), Some("t-test-001-4y8e"));
         assert_eq!(kc.provider(), Some("talos"));

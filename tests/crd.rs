@@ -20,72 +20,7 @@ const VITISTACK_COPY_GROUP: &str = "vitistack-schema.test";
 /// The realistic object of vitistack-compat.md §2, as vitistack's operator writes it, with the fields
 /// the controller does not model (storage, metadata, autoscaling, taint, status.state, a `Valid`
 /// condition). `NAMESPACE` is replaced by the test's namespace.
-const VITISTACK_EXAMPLE: &str = r#"
-apiVersion: vitistack.io/v1alpha1
-kind: KubernetesCluster
-metadata:
-  name: t-test-001-4y8e
-  namespace: NAMESPACE
-  annotations:
-    upgrade.vitistack.io/talos-current: "v1.12.7"
-    upgrade.vitistack.io/talos-available: "1.13.7"
-    upgrade.vitistack.io/talos-target: "v1.13.7"
-    upgrade.vitistack.io/talos-status: "in-progress"
-    upgrade.vitistack.io/talos-message: "Upgrading node t-test-001-4y8e-ctp0 (1/4)"
-    upgrade.vitistack.io/talos-progress: "1/4"
-    upgrade.vitistack.io/kubernetes-current: "1.35.4"
-    upgrade.vitistack.io/kubernetes-status: "idle"
-spec:
-  data: {clusterUid: "a30fbc8d-596f-48d0-8541-dbc23bca28a1", clusterId: "t-test-001-4y8e", provider: talos,
-         environment: dev, datacenter: test-south-az1, region: south, zone: "az1", project: simple-project,
-         workspace: simple-workspace, workorder: simple-workorder, networkNamespaceName: t-test001}
-  topology:
-    version: "1.35.4"
-    controlplane: {replicas: 1, version: "1.35.4", provider: kubevirt, machineClass: small, architecture: amd64,
-                   storage: [{class: standard, path: /var/lib/vitistack/kubevirt, size: 20Gi}],
-                   metadata: {labels: {environment: development}, annotations: {}}}
-    workers:
-      nodePools:
-        - {name: wp, replicas: 3, version: "1.35.4", provider: kubevirt, machineClass: medium, taint: [],
-           architecture: amd64,
-           autoscaling: {enabled: false, minReplicas: 1, maxReplicas: 5, scalingRules: [cpu]},
-           metadata: {labels: {}, annotations: {}},
-           storage: [{class: standard, path: /var/lib/vitistack/kubevirt, size: 20Gi}]}
-status:
-  phase: UpgradingTalos
-  message: "Upgrading Talos"
-  workers: 3
-  conditions:
-    - {type: Valid, status: "True", reason: ValidationPassed, message: "Cluster spec is valid", lastTransitionTime: "2026-07-23T10:00:00Z"}
-    - {type: TalosUpgrade, status: "True", reason: InProgress, message: "Upgrading node t-test-001-4y8e-ctp0 (1/4 nodes completed)", lastTransitionTime: "2026-07-23T10:05:00Z"}
-  state:
-    lastUpdatedBy: talos-operator
-    lastUpdated: "2026-07-23T10:05:00Z"
-    created: "2026-07-01T08:00:00Z"
-    egressIP: 10.0.0.1
-    endpoints: [{name: api, address: "https://10.0.0.10:6443"}]
-    versions: [{name: talos, version: v1.12.7, branch: main}]
-    cluster:
-      externalId: ext-1
-      price: {monthly: 100, yearly: 1200}
-      nodepools: []
-      resources:
-        cpu: {capacity: "8", used: 2500m, percentage: 31}
-        memory: {capacity: 32Gi, used: 12Gi, percentage: 37}
-        gpu: {capacity: 0, used: 0, percentage: 0}
-        disk: {capacity: 200Gi, used: 20Gi, percentage: 10}
-      controlplane:
-        status: ready
-        message: ""
-        scale: 1
-        machineClass: small
-        nodes: [t-test-001-4y8e-ctp0]
-        resources:
-          cpu: {capacity: "2", used: 500m, percentage: 25}
-          memory: {capacity: 8Gi, used: 3Gi, percentage: 37}
-          gpu: {capacity: 0, used: 0, percentage: 0}
-          disk: {capacity: 20Gi, used: 5Gi, percentage: 25}
-"#;
+const VITISTACK_EXAMPLE: &str = include_str!("fixtures/vitistack-kubernetescluster.yaml");
 
 /// Installs our CRD once per test binary (tests run concurrently; two racing `kubectl apply`s could
 /// both try to create it) and waits until it is served.
