@@ -125,10 +125,10 @@ pub async fn reconcile(
             absent(cluster, ctx, &name, owner, store, &mut progress, now).await
         }
         (Target::Invalid { reason, .. }, Some(raw)) => {
-            let message = format!(
-                "Invalid talos-target {raw:?}: {reason}. Set a version such as 1.12.0; no node was touched."
-            );
-            decided_failure(
+            // The parse error quotes the value and says what to write instead (`"1.12" is not a
+            // version: use MAJOR.MINOR.PATCH, e.g. 1.12.0`).
+            let message = format!("Invalid talos-target: {reason}. No node was touched.");
+            let mut result = decided_failure(
                 cluster,
                 &name,
                 owner,
@@ -138,7 +138,13 @@ pub async fn reconcile(
                 &message,
                 now,
             )
-            .await
+            .await?;
+            // Nothing to resume while the value is not a version: the key is consumed, not left
+            // behind to act on some later target.
+            if intent.resume {
+                result.report.consumed.push(annotations::RESUME);
+            }
+            Ok(result)
         }
         (Target::Version(target), Some(raw)) => {
             requested(
@@ -203,11 +209,14 @@ async fn absent(
             ));
         }
     }
-    let stopped = progress
-        .talos
+    let dropped = progress.talos.take();
+    let stopped = dropped.as_ref().is_some_and(|run| !run.is_finished());
+    // Removing the target of a failed run is the documented way to clear the failure: the condition
+    // must not go on saying `Failed` while the status is `idle` and the phase `Ready`.
+    let cleared_failure = dropped
         .as_ref()
-        .is_some_and(|run| !run.is_finished());
-    if progress.talos.take().is_some() {
+        .is_some_and(|run| matches!(run.outcome, Some(Outcome::Failed { .. })));
+    if dropped.is_some() {
         store.save(name, owner, progress).await?;
     }
     let current = observed
@@ -224,6 +233,8 @@ async fn absent(
     if stopped {
         report.condition_reason = Some("Reset");
         report.message = "Talos upgrade stopped: the target was removed".to_string();
+    } else if cleared_failure {
+        report.condition_reason = Some("Reset");
     }
     Ok(outcome(report, Vec::new(), None))
 }
@@ -311,7 +322,18 @@ async fn requested(
     };
     let mut consumed = Vec::new();
     let mut notes = Vec::new();
-    let existing = progress.talos.clone().filter(|run| run.requested == raw);
+    let mut existing = progress.talos.clone().filter(|run| run.requested == raw);
+    // `resume` on a target refused before any node was touched decides it again from scratch: the
+    // cluster may have changed since (Kubernetes upgraded, a node replaced), and a refusal that still
+    // holds is announced again, since the user asked.
+    if intent.resume
+        && existing.as_ref().is_some_and(|run| {
+            run.nodes.is_empty() && matches!(run.outcome, Some(Outcome::Failed { .. }))
+        })
+    {
+        existing = None;
+        progress.talos = None;
+    }
 
     // A decision already made for this value stands, unless the user asks to resume a failed run.
     if let Some(run) = &existing
@@ -419,6 +441,8 @@ async fn requested(
                         .map(|e| e.to_string())
                 });
             if let Some(reason) = refusal {
+                // The version rules' sentences may end in a full stop of their own.
+                let reason = reason.trim_end_matches('.');
                 let message = format!("Talos upgrade refused: {reason}. No node was touched.");
                 let mut result =
                     decided_failure(cluster, name, owner, store, progress, raw, &message, now)
@@ -643,8 +667,12 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
             .iter()
             .any(|n: &WorkloadNodeInfo| n.node.name == name && n.ready)
     };
+    // The Kubernetes the Talos target must support is what the kubelets of this cluster's Talos nodes
+    // run: a workload Node that is not in the inventory (not a Talos node of this cluster) does not
+    // constrain the Talos target.
     let kubernetes = workload_nodes
         .iter()
+        .filter(|n| inventory.iter().any(|node| node.name == n.node.name))
         .filter_map(|n| {
             n.kubelet_version
                 .as_deref()
@@ -683,6 +711,12 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
         .min()
         .zip(versions.iter().max())
         .map(|(low, high)| ((*low).clone(), (*high).clone()));
+    if talos_range.is_none()
+        && let Some(problem) =
+            credentials_refused(&fleet, &inventory, &namespace, &secret_name).await
+    {
+        return Err(problem);
+    }
     Ok(Observed {
         observation: Observation { nodes, etcd },
         fleet,
@@ -690,4 +724,39 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
         talos_range,
         kubernetes,
     })
+}
+
+/// When no node answers: whether that is because the nodes refuse the Secret's credentials (a client
+/// certificate from another cluster's CA, a server certificate the Secret's CA does not sign, a role
+/// without access) rather than because they are down. Waiting cannot fix that, so it is reported as the
+/// problem, naming the node and the Secret. Asks one node; `None` when it is merely unreachable.
+async fn credentials_refused(
+    fleet: &TalosFleet,
+    inventory: &[InventoryNode],
+    namespace: &str,
+    secret_name: &str,
+) -> Option<String> {
+    let node = inventory.first()?;
+    let refused = |why: String| {
+        format!(
+            "the Talos API of node {} refused the credentials in Secret {namespace}/{secret_name} \
+             ({why}); put this cluster's talosconfig (os:admin) in the Secret's {:?} key",
+            node.name,
+            credentials::TALOSCONFIG_KEY
+        )
+    };
+    let client = match fleet.client(node.address) {
+        Ok(client) => client,
+        Err(error) => return Some(refused(error.to_string())),
+    };
+    match client.version().await {
+        Err(TalosError::Tls { reason, .. }) => {
+            Some(refused(format!("TLS handshake failed: {reason}")))
+        }
+        Err(TalosError::PermissionDenied { message, .. }) => {
+            Some(refused(format!("permission denied: {message}")))
+        }
+        Err(TalosError::Config(reason)) => Some(refused(reason)),
+        _ => None,
+    }
 }

@@ -1,0 +1,545 @@
+//! Talos OS upgrades refused because of what the user gave the controller: a target that is not a
+//! version, a downgrade, a path Talos cannot take in one step, a target that does not support the
+//! running Kubernetes, and missing or unusable credentials. End to end against a real API server, the
+//! real kubectl, the controller in-process and a simulated five-node cluster.
+//!
+//! Each refusal must be visible (`talos-status: failed`, a message that says why and what to do, phase
+//! `UpgradeFailed`, the `TalosUpgrade` condition, a Warning Event) and must touch no node: the simulator's
+//! call record, which holds every mutating Talos call, stays empty. Fixing the input lets the upgrade
+//! proceed. No timing assertions: every wait is `kubectl wait` or polling with generous bounds.
+
+mod e2e_common;
+
+use std::time::{Duration, Instant};
+
+use e2e_common::{World, WorldSpec};
+use talos_upgrade_controller::sim::ClientRole;
+
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// One Event on the cluster as `kubectl get events` shows it; `count` folds a series into one number.
+#[derive(Debug, Clone)]
+struct ClusterEvent {
+    type_: String,
+    reason: String,
+    message: String,
+    count: u64,
+}
+
+/// The Events whose involved object is the KubernetesCluster.
+async fn events(world: &World) -> Vec<ClusterEvent> {
+    let text = world.ns.kubectl_ok(&["get", "events", "-o", "json"]).await;
+    let list: serde_json::Value = serde_json::from_str(&text).expect("events JSON");
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["involvedObject"]["kind"] == "KubernetesCluster"
+                && e["involvedObject"]["name"] == world.cluster.as_str()
+        })
+        .map(|e| ClusterEvent {
+            type_: e["type"].as_str().unwrap_or_default().to_string(),
+            reason: e["reason"].as_str().unwrap_or_default().to_string(),
+            message: e["message"].as_str().unwrap_or_default().to_string(),
+            count: e["series"]["count"]
+                .as_u64()
+                .or_else(|| e["count"].as_u64())
+                .unwrap_or(1)
+                .max(1),
+        })
+        .collect()
+}
+
+/// How many times an Event with `reason` was reported (series folded in).
+async fn occurrences(world: &World, reason: &str) -> u64 {
+    events(world)
+        .await
+        .iter()
+        .filter(|e| e.reason == reason)
+        .map(|e| e.count)
+        .sum()
+}
+
+/// Polls until an Event with `reason` and `message` exists (events are published after the
+/// annotations are written).
+async fn wait_for_event(world: &World, reason: &str, message: &str) -> ClusterEvent {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let all = events(world).await;
+        if let Some(found) = all
+            .iter()
+            .find(|e| e.reason == reason && e.message == message)
+        {
+            return found.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} event saying {message:?} within {PATIENCE:?}: {all:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `kubectl annotate --overwrite kubernetescluster my-cluster <key=value | key->`.
+async fn annotate(world: &World, change: &str) {
+    world
+        .ns
+        .kubectl_ok(&[
+            "annotate",
+            "--overwrite",
+            "kubernetescluster",
+            &world.cluster,
+            change,
+        ])
+        .await;
+}
+
+/// Polls `talos-message` until `check` accepts it; returns it.
+async fn wait_for_message(world: &World, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let message = world.annotation("talos-message").await;
+        if check(&message) {
+            return message;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "talos-message never became {what}; last: {message:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls until the controller has removed the user's one-shot annotation `key`.
+async fn wait_until_consumed(world: &World, key: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    while !world.annotation(key).await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the controller did not remove {key} within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reconciles finished so far (the `_count` of the reconcile-duration histogram).
+fn reconciles(world: &World) -> u64 {
+    world
+        .metrics
+        .encode()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("talos_upgrade_reconcile_duration_seconds_count ")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .map_or(0, |count| count as u64)
+}
+
+/// Makes the controller look at the cluster again (an unrelated annotation changes) and waits until it
+/// has, so a test can then assert that it did nothing new.
+async fn poke_and_wait(world: &World, round: u32) {
+    let before = reconciles(world);
+    annotate(world, &format!("example.com/poke={round}")).await;
+    let deadline = Instant::now() + PATIENCE;
+    while reconciles(world) <= before {
+        assert!(
+            Instant::now() < deadline,
+            "the controller did not reconcile"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The refusal as the user sees it: status, message, phase, condition, and a Warning Event saying the
+/// same; and no mutating call reached any node.
+async fn assert_refused(world: &World, message: &str, event_reason: &str) {
+    assert_refused_state(world, message).await;
+    let event = wait_for_event(world, event_reason, message).await;
+    assert_eq!(event.type_, "Warning");
+}
+
+/// A second refusal with the same event reason: announced once more. Only the count is checked: the
+/// event recorder (kube-runtime 5's `Recorder`) folds an event with the same type, reason and object
+/// into the earlier one's series within its cache TTL, keeping the earlier message.
+async fn assert_refused_again(world: &World, message: &str, event_reason: &str, times: u64) {
+    assert_refused_state(world, message).await;
+    let deadline = Instant::now() + PATIENCE;
+    while occurrences(world, event_reason).await < times {
+        assert!(
+            Instant::now() < deadline,
+            "{event_reason} was not announced {times} times: {:#?}",
+            events(world).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn assert_refused_state(world: &World, message: &str) {
+    assert_eq!(world.annotation("talos-status").await, "failed");
+    assert_eq!(world.annotation("talos-message").await, message);
+    assert_eq!(world.annotation("failed-nodes").await, "");
+    assert_eq!(world.jsonpath("{.status.phase}").await, "UpgradeFailed");
+    assert_eq!(
+        world
+            .jsonpath("{.status.conditions[?(@.type==\"TalosUpgrade\")].reason}")
+            .await,
+        "Failed"
+    );
+    assert_eq!(
+        world
+            .jsonpath("{.status.conditions[?(@.type==\"TalosUpgrade\")].message}")
+            .await,
+        message
+    );
+    let record = world.sim.record();
+    assert!(record.is_empty(), "no node may be touched: {record:#?}");
+}
+
+/// The persisted Talos run (`talos.json` of the progress ConfigMap).
+async fn persisted_run(world: &World) -> serde_json::Value {
+    let text = world
+        .ns
+        .kubectl_ok(&[
+            "get",
+            "configmap",
+            &format!("talos-upgrade-{}", world.cluster),
+            "-o",
+            "jsonpath={.data.talos\\.json}",
+        ])
+        .await;
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("talos.json {text:?}: {e}"))
+}
+
+async fn fix_target_and_complete(world: &World) {
+    annotate(world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.annotation("talos-current").await, "1.12.0");
+    assert_eq!(world.annotation("talos-progress").await, "5/5");
+    assert_eq!(world.jsonpath("{.status.phase}").await, "Ready");
+    let mut calls = world.upgrade_calls();
+    calls.sort();
+    calls.dedup();
+    assert_eq!(calls.len(), 5, "each node upgraded once: {calls:?}");
+    assert_eq!(world.upgrade_calls().len(), 5);
+}
+
+fn secret_name(world: &World) -> String {
+    format!("{}-id", world.ns.name)
+}
+
+/// Writes `talosconfig` into the credentials Secret (a merge patch through `stringData`).
+async fn set_talosconfig(world: &World, talosconfig: &str) {
+    let patch = serde_json::json!({"stringData": {"talosconfig": talosconfig}}).to_string();
+    world
+        .ns
+        .kubectl_ok(&[
+            "patch",
+            "secret",
+            &secret_name(world),
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+        .await;
+}
+
+#[tokio::test]
+async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_proceeds() {
+    let world = World::start("tb-unparsable", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+
+    annotate(&world, "upgrade.vitistack.io/talos-target=1.12").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = "Invalid talos-target: \"1.12\" is not a version: use MAJOR.MINOR.PATCH, e.g. \
+                   1.12.0. No node was touched.";
+    assert_refused(&world, message, "InvalidTarget").await;
+
+    // Decided once: one failed run for that value, remembered in the progress ConfigMap ...
+    let run = persisted_run(&world).await;
+    assert_eq!(run["requested"], "1.12", "{run}");
+    assert_eq!(run["outcome"]["result"], "failed", "{run}");
+    assert_eq!(run["nodes"], serde_json::json!([]), "{run}");
+    // ... so looking again (another annotation changes) neither repeats the event nor touches a node.
+    poke_and_wait(&world, 1).await;
+    poke_and_wait(&world, 2).await;
+    assert_eq!(occurrences(&world, "InvalidTarget").await, 1);
+    assert_eq!(world.annotation("talos-message").await, message);
+    assert_eq!(persisted_run(&world).await, run);
+    assert!(world.sim.record().is_empty());
+
+    // A new value is a new decision: refused again, with its own message and one more event.
+    annotate(&world, "upgrade.vitistack.io/talos-target=latest").await;
+    let latest = wait_for_message(&world, "about \"latest\"", |m| {
+        m.starts_with("Invalid talos-target: \"latest\"")
+    })
+    .await;
+    assert!(
+        latest.starts_with(
+            "Invalid talos-target: \"latest\" is not a version: use MAJOR.MINOR.PATCH, e.g. 1."
+        ) && latest.ends_with(". No node was touched."),
+        "{latest}"
+    );
+    assert_refused_again(&world, &latest, "InvalidTarget", 2).await;
+    poke_and_wait(&world, 3).await;
+    assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
+
+    // `resume` cannot make "latest" a version: the key is consumed and nothing else happens.
+    annotate(&world, "upgrade.vitistack.io/resume=true").await;
+    wait_until_consumed(&world, "resume").await;
+    assert_refused_state(&world, &latest).await;
+    assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
+    assert_eq!(persisted_run(&world).await["requested"], "latest");
+
+    // Fixing the value: the upgrade runs.
+    fix_target_and_complete(&world).await;
+}
+
+#[tokio::test]
+async fn a_downgrade_and_a_path_talos_cannot_take_in_one_step_are_refused() {
+    let world = World::start("tb-path", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+
+    annotate(&world, "upgrade.vitistack.io/talos-target=1.10.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    assert_refused(
+        &world,
+        "Talos upgrade refused: Downgrade from 1.11.6 to 1.10.0 is not supported: choose a target \
+         of 1.11.6 or newer. No node was touched.",
+        "InvalidTarget",
+    )
+    .await;
+
+    // 1.14's installer accepts hosts from 1.12 on: the message names the release to go through.
+    annotate(&world, "upgrade.vitistack.io/talos-target=1.14.0").await;
+    let message = "Talos upgrade refused: Talos 1.11.6 cannot upgrade to 1.14.0 in one step: \
+                   upgrade to 1.13 first. No node was touched.";
+    wait_for_message(&world, "the one-step refusal", |m| m == message).await;
+    assert_refused_again(&world, message, "InvalidTarget", 2).await;
+    poke_and_wait(&world, 1).await;
+    assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
+    assert!(world.sim.record().is_empty());
+    for node in world.sim.snapshots() {
+        assert_eq!(node.talos_version, "1.11.6", "{}", node.name);
+    }
+}
+
+#[tokio::test]
+async fn a_target_that_does_not_support_the_running_kubernetes_is_refused() {
+    // Talos 1.11 runs Kubernetes 1.29 to 1.34; Talos 1.12 needs 1.30 or newer.
+    let world = World::start(
+        "tb-k8s",
+        WorldSpec {
+            kubernetes: "1.29.10",
+            ..Default::default()
+        },
+    )
+    .await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+
+    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = "Talos upgrade refused: Talos 1.12.0 does not support the running Kubernetes \
+                   1.29.10. Upgrade Kubernetes to 1.30 first. No node was touched.";
+    assert_refused(&world, message, "InvalidTarget").await;
+    poke_and_wait(&world, 1).await;
+    assert_eq!(occurrences(&world, "InvalidTarget").await, 1);
+    assert!(world.sim.record().is_empty());
+
+    // `resume` decides the target again (after upgrading Kubernetes it would now start); Kubernetes
+    // is unchanged here, so it is refused again, announced again since the user asked, and the key
+    // is consumed.
+    annotate(&world, "upgrade.vitistack.io/resume=true").await;
+    wait_until_consumed(&world, "resume").await;
+    assert_refused_again(&world, message, "InvalidTarget", 2).await;
+    poke_and_wait(&world, 2).await;
+    assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
+    assert!(world.sim.record().is_empty());
+}
+
+#[tokio::test]
+async fn a_missing_credentials_secret_is_reported_and_restoring_it_lets_the_upgrade_run() {
+    let world = World::start("tb-nosecret", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    let secret = secret_name(&world);
+    world.ns.kubectl_ok(&["delete", "secret", &secret]).await;
+
+    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = format!(
+        "Talos upgrade cannot proceed: credentials Secret {}/{secret} not found",
+        world.ns.name
+    );
+    assert_refused(&world, &message, "UpgradeBlocked").await;
+    poke_and_wait(&world, 1).await;
+    assert_eq!(occurrences(&world, "UpgradeBlocked").await, 1);
+    assert!(world.sim.record().is_empty());
+
+    // Restoring the Secret: the controller, which keeps looking, starts the upgrade by itself.
+    let kubeconfig = std::fs::read_to_string(world.ns.kubeconfig()).expect("kubeconfig");
+    world
+        .ns
+        .kubectl_ok(&[
+            "create",
+            "secret",
+            "generic",
+            &secret,
+            &format!(
+                "--from-literal=talosconfig={}",
+                world.sim.talosconfig(ClientRole::Admin)
+            ),
+            &format!("--from-literal=kube.config={kubeconfig}"),
+        ])
+        .await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.upgrade_calls().len(), 5);
+}
+
+#[tokio::test]
+async fn a_malformed_talosconfig_is_reported_naming_the_secret() {
+    let world = World::start("tb-garbage", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    let secret = secret_name(&world);
+    set_talosconfig(&world, "this is: [not a talosconfig").await;
+
+    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = world.annotation("talos-message").await;
+    let prefix = format!(
+        "Talos upgrade cannot proceed: the talosconfig in Secret {}/{secret} is not usable: ",
+        world.ns.name
+    );
+    assert!(message.starts_with(&prefix), "{message}");
+    assert!(
+        !message.contains("not a talosconfig"),
+        "the Secret's contents are never quoted: {message}"
+    );
+    assert_refused(&world, &message, "UpgradeBlocked").await;
+
+    set_talosconfig(&world, &world.sim.talosconfig(ClientRole::Admin)).await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.upgrade_calls().len(), 5);
+}
+
+#[tokio::test]
+async fn a_talosconfig_from_another_ca_is_reported_as_refused_credentials() {
+    let world = World::start("tb-otherca", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    let secret = secret_name(&world);
+    set_talosconfig(&world, &world.sim.talosconfig_from_other_ca()).await;
+
+    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = world.annotation("talos-message").await;
+    let first = world.node("cp-1");
+    let prefix = format!(
+        "Talos upgrade cannot proceed: the Talos API of node {first} refused the credentials in \
+         Secret {}/{secret} (TLS handshake failed: ",
+        world.ns.name
+    );
+    assert!(message.starts_with(&prefix), "{message}");
+    assert!(
+        message.ends_with(
+            "put this cluster's talosconfig (os:admin) in the Secret's \"talosconfig\" key"
+        ),
+        "{message}"
+    );
+    assert_refused(&world, &message, "UpgradeBlocked").await;
+    poke_and_wait(&world, 1).await;
+    assert_eq!(occurrences(&world, "UpgradeBlocked").await, 1);
+    assert!(world.sim.record().is_empty());
+
+    set_talosconfig(&world, &world.sim.talosconfig(ClientRole::Admin)).await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.upgrade_calls().len(), 5);
+}
+
+#[tokio::test]
+async fn an_invalid_option_stops_the_run_from_starting_until_it_is_fixed() {
+    let world = World::start("tb-option", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+
+    annotate(&world, "upgrade.vitistack.io/max-parallel-workers=0").await;
+    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = "Talos upgrade not started: Annotation upgrade.vitistack.io/max-parallel-workers \
+                   has the invalid value \"0\": use a whole number of 1 or more (the default is 1)";
+    assert_refused(&world, message, "InvalidOption").await;
+    poke_and_wait(&world, 1).await;
+    assert_eq!(occurrences(&world, "InvalidOption").await, 1);
+    assert!(world.sim.record().is_empty());
+
+    // Removing the bad value is enough: the upgrade starts with the default batch size.
+    annotate(&world, "upgrade.vitistack.io/max-parallel-workers-").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.upgrade_calls().len(), 5);
+}
+
+#[tokio::test]
+async fn a_target_equal_to_the_running_version_completes_at_once_without_touching_a_node() {
+    let world = World::start("tb-same", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+
+    // Not bad input: the protocol says it completes at once. `v` prefixes are accepted.
+    annotate(&world, "upgrade.vitistack.io/talos-target=v1.11.6").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "60s")
+        .await;
+    assert_eq!(
+        world.annotation("talos-message").await,
+        "Talos upgrade completed: now running 1.11.6"
+    );
+    assert_eq!(world.annotation("talos-progress").await, "5/5");
+    assert_eq!(
+        world
+            .jsonpath("{.status.conditions[?(@.type==\"TalosUpgrade\")].reason}")
+            .await,
+        "Completed"
+    );
+    // The phase never left what it was (the world has no provisioning operator to set one).
+    assert_ne!(world.jsonpath("{.status.phase}").await, "UpgradingTalos");
+    poke_and_wait(&world, 1).await;
+    let record = world.sim.record();
+    assert!(record.is_empty(), "no node may be touched: {record:#?}");
+    assert!(world.sim.power_events().is_empty());
+}
