@@ -5,36 +5,90 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use talos_upgrade_controller::admin::HealthState;
 use talos_upgrade_controller::controller::{self, Settings};
+use talos_upgrade_controller::crd::KubernetesCluster;
 use talos_upgrade_controller::metrics::Metrics;
 use talos_upgrade_controller::sim::workload::WorkloadMirror;
 use talos_upgrade_controller::sim::{ClientRole, NodeConfig, SimConfig, Simulator, Timings};
 use talos_upgrade_controller::talos::ConnectOptions;
 use testenv::{ControlPlane, TestNamespace};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub const PROJECT_CRD: &str = include_str!("../../deploy/crd.yaml");
 pub const MACHINE_CRD: &str = include_str!("../fixtures/vitistack-crds/vitistack.io_machines.yaml");
 
+/// Every distinct state of the cluster's `upgrade.vitistack.io/` annotations, in the order the API
+/// server saw them (from a watch, so no intermediate state is missed). See [`World::record_annotations`].
+#[derive(Clone, Default)]
+pub struct AnnotationLog {
+    states: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
+}
+
+impl AnnotationLog {
+    /// The states so far, keys without the `upgrade.vitistack.io/` prefix.
+    pub fn states(&self) -> Vec<BTreeMap<String, String>> {
+        self.states
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The successive distinct values of one key (absent reads as "").
+    pub fn values(&self, key: &str) -> Vec<String> {
+        let mut values: Vec<String> = Vec::new();
+        for state in self.states() {
+            let value = state.get(key).cloned().unwrap_or_default();
+            if values.last() != Some(&value) {
+                values.push(value);
+            }
+        }
+        values
+    }
+}
+
 pub struct World {
     pub ns: TestNamespace,
     pub sim: Simulator,
     pub cluster: String,
+    /// The controller's metrics; shared by every controller instance this world starts, so counters
+    /// (e.g. the reconcile count) keep growing across restarts.
     pub metrics: Metrics,
+    /// Stops everything: the simulator's workload mirror and the controller.
     stop: CancellationToken,
+    settings: Settings,
+    /// The running controller, if any (see [`World::stop_controller`] and [`World::start_controller`]).
+    controller: Mutex<Option<RunningController>>,
+    /// How many controller instances were started, to give each its own event reporter instance.
+    generation: Mutex<u32>,
+}
+
+/// One controller instance: its own stop token (a child of the world's) and its task.
+struct RunningController {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
 }
 
 impl Drop for World {
     fn drop(&mut self) {
         self.stop.cancel();
+        if let Some(running) = self
+            .controller
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            running.task.abort();
+        }
     }
 }
 
@@ -44,6 +98,8 @@ pub struct WorldSpec {
     pub talos: &'static str,
     pub kubernetes: &'static str,
     pub node_deadline: Duration,
+    /// The simulated nodes' timings; [`Timings::fast`] by default.
+    pub timings: Timings,
 }
 
 impl Default for WorldSpec {
@@ -54,6 +110,7 @@ impl Default for WorldSpec {
             talos: "1.11.6",
             kubernetes: "1.34.1",
             node_deadline: Duration::from_secs(60),
+            timings: Timings::fast(),
         }
     }
 }
@@ -70,7 +127,7 @@ impl World {
         install_crd(&ns, MACHINE_CRD, "machines.vitistack.io").await;
 
         // Node names are cluster-wide in the API server, so they carry the namespace.
-        let mut config = SimConfig::new(&ns.name).with_timings(Timings::fast());
+        let mut config = SimConfig::new(&ns.name).with_timings(spec.timings);
         for i in 1..=spec.control_planes {
             config = config.with_node(NodeConfig::control_plane(
                 &format!("{}-cp-{i}", ns.name),
@@ -200,22 +257,249 @@ spec:
             },
             ..Settings::default()
         };
-        tokio::spawn(controller::run(
-            ns.client.clone(),
-            Some(ns.name.clone()),
-            metrics.clone(),
-            settings,
-            HealthState::default(),
-            format!("test-{}", ns.name),
-            stop.clone().cancelled_owned(),
-        ));
-        World {
+        let world = World {
             ns,
             sim,
             cluster,
             metrics,
             stop,
+            settings,
+            controller: Mutex::new(None),
+            generation: Mutex::new(0),
+        };
+        world.start_controller();
+        world
+    }
+
+    /// Starts a controller instance (a fresh one: no cache, no queue, nothing remembered but what is
+    /// in the API server). Panics if one is running.
+    pub fn start_controller(&self) {
+        let mut controller = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(controller.is_none(), "a controller is already running");
+        let generation = {
+            let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+            *generation += 1;
+            *generation
+        };
+        let stop = self.stop.child_token();
+        let task = tokio::spawn(controller::run(
+            self.ns.client.clone(),
+            Some(self.ns.name.clone()),
+            self.metrics.clone(),
+            self.settings.clone(),
+            HealthState::default(),
+            format!("test-{}-{generation}", self.ns.name),
+            stop.clone().cancelled_owned(),
+        ));
+        *controller = Some(RunningController { stop, task });
+    }
+
+    /// Stops the controller gracefully, as on SIGTERM: reconciles already running finish, no new one
+    /// starts; returns once it has stopped. The simulator and the workload mirror keep running.
+    pub async fn stop_controller(&self) {
+        let running = self
+            .controller
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .expect("no controller is running");
+        running.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(60), running.task)
+            .await
+            .expect("the controller did not stop within 60s")
+            .expect("the controller task panicked");
+    }
+
+    /// Kills the controller, as a crash or SIGKILL would: its task is dropped wherever it is, in the
+    /// middle of a reconcile or not. Returns once it is gone.
+    pub async fn kill_controller(&self) {
+        let running = self
+            .controller
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .expect("no controller is running");
+        running.task.abort();
+        match running.task.await {
+            Ok(()) => {}
+            Err(error) if error.is_cancelled() => {}
+            Err(error) => panic!("the controller task panicked: {error}"),
         }
+    }
+
+    /// [`World::stop_controller`], then [`World::start_controller`].
+    pub async fn restart_controller(&self) {
+        self.stop_controller().await;
+        self.start_controller();
+    }
+
+    /// Starts recording every change of the cluster's `upgrade.vitistack.io/` annotations, for asserting
+    /// on the whole story a user watching the object would have seen. Returns once the watch has
+    /// delivered the current state.
+    pub async fn record_annotations(&self) -> AnnotationLog {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+
+        let log = AnnotationLog::default();
+        let api: Api<KubernetesCluster> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.cluster));
+        let states = log.states.clone();
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut first = Some(first_tx);
+            let stream = watcher(api, config).default_backoff().applied_objects();
+            futures::pin_mut!(stream);
+            loop {
+                let next = tokio::select! {
+                    next = stream.next() => next,
+                    () = stop.cancelled() => return,
+                };
+                let Some(Ok(cluster)) = next else {
+                    if next.is_none() {
+                        return;
+                    }
+                    continue;
+                };
+                let state: BTreeMap<String, String> = cluster
+                    .metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|(k, v)| {
+                        k.strip_prefix("upgrade.vitistack.io/")
+                            .map(|k| (k.to_string(), v))
+                    })
+                    .collect();
+                {
+                    let mut states = states.lock().unwrap_or_else(|p| p.into_inner());
+                    if states.last() != Some(&state) {
+                        states.push(state);
+                    }
+                }
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(60), first_rx)
+            .await
+            .expect("the annotation watch delivered nothing within 60s")
+            .expect("the annotation watch ended");
+        log
+    }
+
+    /// Reconciles finished so far, by every controller instance of this world (the `_count` of
+    /// `talos_upgrade_reconcile_duration_seconds`).
+    pub fn reconciles(&self) -> u64 {
+        let text = self.metrics.encode();
+        text.lines()
+            .find_map(|line| {
+                line.strip_prefix("talos_upgrade_reconcile_duration_seconds_count ")
+                    .and_then(|value| value.trim().parse::<f64>().ok())
+            })
+            .map_or(0, |count| count as u64)
+    }
+
+    /// Waits until at least `more` reconciles finished after this call, so a test can say "the
+    /// controller looked again (n times) and did nothing" without sleeping. Panics after `timeout`.
+    pub async fn wait_for_reconciles(&self, more: u64, timeout: Duration) {
+        let target = self.reconciles() + more;
+        self.poll(timeout, &format!("{more} more reconciles"), || async {
+            self.reconciles() >= target
+        })
+        .await;
+    }
+
+    /// Polls `check` every 50 ms until it is true; panics after `timeout` naming `what`, with the
+    /// cluster's annotations and the simulator's call record.
+    pub async fn poll<F, Fut>(&self, timeout: Duration, what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if check().await {
+                return;
+            }
+            if Instant::now() > deadline {
+                let annotations = self.jsonpath("{.metadata.annotations}").await;
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}\nannotations: {annotations}\nrecord: {}",
+                    self.sim.record_json()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Polls the annotation until `check` accepts its value (absent reads as ""); returns the value.
+    pub async fn wait_for_annotation_matching(
+        &self,
+        key: &str,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let value = self.annotation(key).await;
+            if check(&value) {
+                return value;
+            }
+            if Instant::now() > deadline {
+                let annotations = self.jsonpath("{.metadata.annotations}").await;
+                panic!(
+                    "timed out after {timeout:?} waiting for {key} to be {what} (last: {value:?})\nannotations: {annotations}\nrecord: {}",
+                    self.sim.record_json()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `kubectl annotate --overwrite kubernetescluster my-cluster upgrade.vitistack.io/<key>=<value>`.
+    pub async fn annotate(&self, key: &str, value: &str) {
+        self.ns
+            .kubectl_ok(&[
+                "annotate",
+                "--overwrite",
+                "kubernetescluster",
+                &self.cluster,
+                &format!("upgrade.vitistack.io/{key}={value}"),
+            ])
+            .await;
+    }
+
+    /// `kubectl annotate kubernetescluster my-cluster upgrade.vitistack.io/<key>-`.
+    pub async fn remove_annotation(&self, key: &str) {
+        self.ns
+            .kubectl_ok(&[
+                "annotate",
+                "kubernetescluster",
+                &self.cluster,
+                &format!("upgrade.vitistack.io/{key}-"),
+            ])
+            .await;
+    }
+
+    /// Reasons of the Events on the cluster, oldest first, with their messages: `(reason, message)`.
+    pub async fn events(&self) -> Vec<(String, String)> {
+        let text = self
+            .ns
+            .kubectl_ok(&[
+                "get",
+                "events",
+                "--sort-by=.metadata.creationTimestamp",
+                "-o",
+                "jsonpath={range .items[*]}{.reason}{\"\\t\"}{.message}{\"\\n\"}{end}",
+            ])
+            .await;
+        text.lines()
+            .filter_map(|line| line.split_once('\t'))
+            .map(|(reason, message)| (reason.to_string(), message.to_string()))
+            .collect()
     }
 
     pub fn node(&self, short: &str) -> String {
