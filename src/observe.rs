@@ -140,7 +140,9 @@ impl TalosFleet {
         }
         EtcdObservation {
             problem: (!problems.is_empty()).then(|| problems.join("; ")),
-            leader,
+            // A single member leads by necessity and has no one to hand leadership to (Talos refuses:
+            // "cannot forfeit leadership, only one member"), so there is no leader to move.
+            leader: leader.filter(|_| members_total > 1),
         }
     }
 }
