@@ -113,25 +113,33 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
         "1"
     );
 
-    // The story in Events, as `kubectl describe` shows it.
+    // The story in Events, as `kubectl describe` shows it: one for the run, one per node started and
+    // done, each naming its node.
     let events = world
         .ns
         .kubectl_ok(&[
             "get",
             "events",
             "-o",
-            "jsonpath={range .items[*]}{.reason}{\"\\n\"}{end}",
+            "jsonpath={range .items[*]}{.reason}|{.message}{\"\\n\"}{end}",
         ])
         .await;
-    for reason in [
-        "UpgradeStarted",
-        "NodeUpgradeStarted",
-        "NodeUpgraded",
-        "UpgradeCompleted",
-    ] {
+    let lines: Vec<(&str, &str)> = events.lines().filter_map(|l| l.split_once('|')).collect();
+    for reason in ["UpgradeStarted", "UpgradeCompleted"] {
         assert!(
-            events.lines().any(|l| l == reason),
+            lines.iter().any(|(r, _)| *r == reason),
             "no {reason} event in:\n{events}"
         );
+    }
+    for node in world.sim.nodes() {
+        for reason in ["NodeUpgradeStarted", "NodeUpgraded"] {
+            assert!(
+                lines
+                    .iter()
+                    .any(|(r, m)| *r == reason && m.contains(&format!("{} ", node.name))),
+                "no {reason} event for {} in:\n{events}",
+                node.name
+            );
+        }
     }
 }

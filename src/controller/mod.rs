@@ -204,8 +204,9 @@ fn export_metrics(
         },
     );
     // A run ends in exactly one reconcile: the one that announces it.
-    for note in &outcome.notes {
-        match note.reason {
+    let reasons = outcome.notes.iter().map(|note| note.reason);
+    for reason in reasons.chain(outcome.announced.iter().copied()) {
+        match reason {
             "UpgradeCompleted" => {
                 metrics.record_run_result(&key, UpgradeKind::Talos, RunResult::Completed);
                 metrics.record_last_success(

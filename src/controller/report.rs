@@ -151,6 +151,18 @@ pub async fn write(
             .await?;
     }
 
+    publish(recorder, cluster, report.kind, notes).await;
+    Ok(())
+}
+
+/// Publishes Events on the cluster. An event that cannot be published is logged, not fatal: the
+/// annotations already say it all.
+pub async fn publish(
+    recorder: &Recorder,
+    cluster: &KubernetesCluster,
+    kind: UpgradeKind,
+    notes: &[Note],
+) {
     let reference = cluster.object_ref(&());
     for note in notes {
         let event = Event {
@@ -160,15 +172,27 @@ pub async fn write(
             },
             reason: note.reason.to_string(),
             note: Some(note.message.clone()),
-            action: report.kind.name().to_string() + "Upgrade",
+            action: event_action(kind, &note.message),
             secondary: None,
         };
-        // An event that cannot be published is logged, not fatal: the annotations already say it all.
         if let Err(error) = recorder.publish(&event, &reference).await {
             tracing::warn!(%error, reason = note.reason, "publishing event");
         }
     }
-    Ok(())
+}
+
+/// The event's `action`. kube's recorder folds events with the same type, reason and action into one
+/// series that keeps the first message, so "Upgrading node worker-1" and "Upgrading node worker-2" would
+/// show as one event for worker-1. A digest of the message in the action keeps different messages apart
+/// while an identical repeat still counts up one series. (`kubectl describe` does not show the action.)
+pub fn event_action(kind: UpgradeKind, message: &str) -> String {
+    // FNV-1a: stable across processes and releases, unlike the standard library's hasher.
+    let digest = message
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{}Upgrade-{:016x}", kind.name(), digest)
 }
 
 #[cfg(test)]
@@ -215,6 +239,18 @@ mod tests {
                 (annotations::RESUME, None),
             ])
         );
+    }
+
+    #[test]
+    fn event_actions_differ_by_message_and_repeat_for_the_same_one() {
+        let a = event_action(UpgradeKind::Talos, "Upgrading node worker-1");
+        let b = event_action(UpgradeKind::Talos, "Upgrading node worker-2");
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            event_action(UpgradeKind::Talos, "Upgrading node worker-1")
+        );
+        assert!(a.starts_with("TalosUpgrade-") && a.len() <= 128, "{a}");
     }
 
     #[test]

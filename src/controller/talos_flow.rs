@@ -11,7 +11,7 @@ use kube::{Resource, ResourceExt};
 use semver::Version;
 
 use super::Context;
-use super::report::KindReport;
+use super::report::{self, KindReport};
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::crd::KubernetesCluster;
 use crate::credentials::{self, ClusterCredentials};
@@ -30,7 +30,10 @@ use crate::versions::{self, KubernetesVersion, TalosVersion};
 /// What the reconcile reports and when it wants to look again.
 pub struct FlowOutcome {
     pub report: KindReport,
+    /// Events still to publish.
     pub notes: Vec<Note>,
+    /// Reasons of events this reconcile already published (before its calls).
+    pub announced: Vec<&'static str>,
     pub requeue: Option<Duration>,
 }
 
@@ -63,6 +66,7 @@ fn outcome(report: KindReport, notes: Vec<Note>, requeue: Option<Duration>) -> F
     FlowOutcome {
         report,
         notes,
+        announced: Vec::new(),
         requeue,
     }
 }
@@ -477,6 +481,11 @@ async fn requested(
         store.save(name, owner.clone(), progress).await?;
     }
     run = decision.run.clone();
+    // Announce what is about to happen before doing it: if the controller dies during the calls, the
+    // next one resumes from the saved run and would never tell these events.
+    notes.append(&mut decision.report.notes);
+    report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
+    let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
     let mut failed_call = None;
     for action in &decision.actions {
         if let Err((node, reason)) = execute(&observed, action).await {
@@ -505,11 +514,24 @@ async fn requested(
     let mut report = report_from(&decision);
     report.current = current;
     report.consumed = consumed;
+    // A hold (preflight, etcd, pause) is announced once when it starts or changes, not on every pass.
+    if decision.actions.is_empty()
+        && report.message.starts_with("Waiting:")
+        && cluster.annotations().get(annotations::TALOS_MESSAGE) != Some(&report.message)
+    {
+        notes.push(Note {
+            type_: NoteType::Normal,
+            reason: "UpgradeWaiting",
+            message: report.message.clone(),
+        });
+    }
     let requeue = match decision.report.state {
         RunState::InProgress | RunState::Paused => Some(ctx.settings.poll_interval),
         RunState::Completed | RunState::Failed => None,
     };
-    Ok(outcome(report, notes, requeue))
+    let mut result = outcome(report, notes, requeue);
+    result.announced = announced;
+    Ok(result)
 }
 
 fn settings(ctx: &Context, order: crate::intent::UpgradeOrder) -> Settings {
