@@ -12,48 +12,15 @@ mod e2e_common;
 
 use std::time::{Duration, Instant};
 
-use e2e_common::{World, WorldSpec};
+use e2e_common::{ClusterEvent, World, WorldSpec};
 use talos_upgrade_controller::sim::ClientRole;
 
 const PATIENCE: Duration = Duration::from_secs(120);
 
-/// One Event on the cluster as `kubectl get events` shows it; `count` folds a series into one number.
-#[derive(Debug, Clone)]
-struct ClusterEvent {
-    type_: String,
-    reason: String,
-    message: String,
-    count: u64,
-}
-
-/// The Events whose involved object is the KubernetesCluster.
-async fn events(world: &World) -> Vec<ClusterEvent> {
-    let text = world.ns.kubectl_ok(&["get", "events", "-o", "json"]).await;
-    let list: serde_json::Value = serde_json::from_str(&text).expect("events JSON");
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| {
-            e["involvedObject"]["kind"] == "KubernetesCluster"
-                && e["involvedObject"]["name"] == world.cluster.as_str()
-        })
-        .map(|e| ClusterEvent {
-            type_: e["type"].as_str().unwrap_or_default().to_string(),
-            reason: e["reason"].as_str().unwrap_or_default().to_string(),
-            message: e["message"].as_str().unwrap_or_default().to_string(),
-            count: e["series"]["count"]
-                .as_u64()
-                .or_else(|| e["count"].as_u64())
-                .unwrap_or(1)
-                .max(1),
-        })
-        .collect()
-}
-
 /// How many times an Event with `reason` was reported (series folded in).
 async fn occurrences(world: &World, reason: &str) -> u64 {
-    events(world)
+    world
+        .cluster_events()
         .await
         .iter()
         .filter(|e| e.reason == reason)
@@ -66,7 +33,7 @@ async fn occurrences(world: &World, reason: &str) -> u64 {
 async fn wait_for_event(world: &World, reason: &str, message: &str) -> ClusterEvent {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let all = events(world).await;
+        let all = world.cluster_events().await;
         if let Some(found) = all
             .iter()
             .find(|e| e.reason == reason && e.message == message)
@@ -79,20 +46,6 @@ async fn wait_for_event(world: &World, reason: &str, message: &str) -> ClusterEv
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// `kubectl annotate --overwrite kubernetescluster my-cluster <key=value | key->`.
-async fn annotate(world: &World, change: &str) {
-    world
-        .ns
-        .kubectl_ok(&[
-            "annotate",
-            "--overwrite",
-            "kubernetescluster",
-            &world.cluster,
-            change,
-        ])
-        .await;
 }
 
 /// Polls `talos-message` until `check` accepts it; returns it.
@@ -123,34 +76,6 @@ async fn wait_until_consumed(world: &World, key: &str) {
     }
 }
 
-/// Reconciles finished so far (the `_count` of the reconcile-duration histogram).
-fn reconciles(world: &World) -> u64 {
-    world
-        .metrics
-        .encode()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("talos_upgrade_reconcile_duration_seconds_count ")
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })
-        .map_or(0, |count| count as u64)
-}
-
-/// Makes the controller look at the cluster again (an unrelated annotation changes) and waits until it
-/// has, so a test can then assert that it did nothing new.
-async fn poke_and_wait(world: &World, round: u32) {
-    let before = reconciles(world);
-    annotate(world, &format!("example.com/poke={round}")).await;
-    let deadline = Instant::now() + PATIENCE;
-    while reconciles(world) <= before {
-        assert!(
-            Instant::now() < deadline,
-            "the controller did not reconcile"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The refusal as the user sees it: status, message, phase, condition, and a Warning Event saying the
 /// same; and no mutating call reached any node.
 async fn assert_refused(world: &World, message: &str, event_reason: &str) {
@@ -169,7 +94,7 @@ async fn assert_refused_again(world: &World, message: &str, event_reason: &str, 
         assert!(
             Instant::now() < deadline,
             "{event_reason} was not announced {times} times: {:#?}",
-            events(world).await
+            world.cluster_events().await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -212,7 +137,9 @@ async fn persisted_run(world: &World) -> serde_json::Value {
 }
 
 async fn fix_target_and_complete(world: &World) {
-    annotate(world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "completed", "180s")
         .await;
@@ -253,7 +180,9 @@ async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_pro
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
@@ -267,15 +196,17 @@ async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_pro
     assert_eq!(run["outcome"]["result"], "failed", "{run}");
     assert_eq!(run["nodes"], serde_json::json!([]), "{run}");
     // ... so looking again (another annotation changes) neither repeats the event nor touches a node.
-    poke_and_wait(&world, 1).await;
-    poke_and_wait(&world, 2).await;
+    world.poke_and_wait(1).await;
+    world.poke_and_wait(2).await;
     assert_eq!(occurrences(&world, "InvalidTarget").await, 1);
     assert_eq!(world.annotation("talos-message").await, message);
     assert_eq!(persisted_run(&world).await, run);
     assert!(world.sim.record().is_empty());
 
     // A new value is a new decision: refused again, with its own message and one more event.
-    annotate(&world, "upgrade.vitistack.io/talos-target=latest").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=latest")
+        .await;
     let latest = wait_for_message(&world, "about \"latest\"", |m| {
         m.starts_with("Invalid talos-target: \"latest\"")
     })
@@ -287,11 +218,11 @@ async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_pro
         "{latest}"
     );
     assert_refused_again(&world, &latest, "InvalidTarget", 2).await;
-    poke_and_wait(&world, 3).await;
+    world.poke_and_wait(3).await;
     assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
 
     // `resume` cannot make "latest" a version: the key is consumed and nothing else happens.
-    annotate(&world, "upgrade.vitistack.io/resume=true").await;
+    world.annotate_raw("upgrade.vitistack.io/resume=true").await;
     wait_until_consumed(&world, "resume").await;
     assert_refused_state(&world, &latest).await;
     assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
@@ -308,7 +239,9 @@ async fn a_downgrade_and_a_path_talos_cannot_take_in_one_step_are_refused() {
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.10.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.10.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
@@ -321,12 +254,14 @@ async fn a_downgrade_and_a_path_talos_cannot_take_in_one_step_are_refused() {
     .await;
 
     // 1.14's installer accepts hosts from 1.12 on: the message names the release to go through.
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.14.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.14.0")
+        .await;
     let message = "Talos upgrade refused: Talos 1.11.6 cannot upgrade to 1.14.0 in one step: \
                    upgrade to 1.13 first. No node was touched.";
     wait_for_message(&world, "the one-step refusal", |m| m == message).await;
     assert_refused_again(&world, message, "InvalidTarget", 2).await;
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
     assert!(world.sim.record().is_empty());
     for node in world.sim.snapshots() {
@@ -349,24 +284,26 @@ async fn a_target_that_does_not_support_the_running_kubernetes_is_refused() {
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
     let message = "Talos upgrade refused: Talos 1.12.0 does not support the running Kubernetes \
                    1.29.10. Upgrade Kubernetes to 1.30 first. No node was touched.";
     assert_refused(&world, message, "InvalidTarget").await;
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     assert_eq!(occurrences(&world, "InvalidTarget").await, 1);
     assert!(world.sim.record().is_empty());
 
     // `resume` decides the target again (after upgrading Kubernetes it would now start); Kubernetes
     // is unchanged here, so it is refused again, announced again since the user asked, and the key
     // is consumed.
-    annotate(&world, "upgrade.vitistack.io/resume=true").await;
+    world.annotate_raw("upgrade.vitistack.io/resume=true").await;
     wait_until_consumed(&world, "resume").await;
     assert_refused_again(&world, message, "InvalidTarget", 2).await;
-    poke_and_wait(&world, 2).await;
+    world.poke_and_wait(2).await;
     assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
     assert!(world.sim.record().is_empty());
 }
@@ -380,7 +317,9 @@ async fn a_missing_credentials_secret_is_reported_and_restoring_it_lets_the_upgr
     let secret = secret_name(&world);
     world.ns.kubectl_ok(&["delete", "secret", &secret]).await;
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
@@ -389,7 +328,7 @@ async fn a_missing_credentials_secret_is_reported_and_restoring_it_lets_the_upgr
         world.ns.name
     );
     assert_refused(&world, &message, "UpgradeBlocked").await;
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     assert_eq!(occurrences(&world, "UpgradeBlocked").await, 1);
     assert!(world.sim.record().is_empty());
 
@@ -424,7 +363,9 @@ async fn a_malformed_talosconfig_is_reported_naming_the_secret() {
     let secret = secret_name(&world);
     set_talosconfig(&world, "this is: [not a talosconfig").await;
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
@@ -456,7 +397,9 @@ async fn a_talosconfig_from_another_ca_is_reported_as_refused_credentials() {
     let secret = secret_name(&world);
     set_talosconfig(&world, &world.sim.talosconfig_from_other_ca()).await;
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
@@ -475,7 +418,7 @@ async fn a_talosconfig_from_another_ca_is_reported_as_refused_credentials() {
         "{message}"
     );
     assert_refused(&world, &message, "UpgradeBlocked").await;
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     assert_eq!(occurrences(&world, "UpgradeBlocked").await, 1);
     assert!(world.sim.record().is_empty());
 
@@ -493,20 +436,26 @@ async fn an_invalid_option_stops_the_run_from_starting_until_it_is_fixed() {
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;
 
-    annotate(&world, "upgrade.vitistack.io/max-parallel-workers=0").await;
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/max-parallel-workers=0")
+        .await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
     let message = "Talos upgrade not started: Annotation upgrade.vitistack.io/max-parallel-workers \
                    has the invalid value \"0\": use a whole number of 1 or more (the default is 1)";
     assert_refused(&world, message, "InvalidOption").await;
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     assert_eq!(occurrences(&world, "InvalidOption").await, 1);
     assert!(world.sim.record().is_empty());
 
     // Removing the bad value is enough: the upgrade starts with the default batch size.
-    annotate(&world, "upgrade.vitistack.io/max-parallel-workers-").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/max-parallel-workers-")
+        .await;
     world
         .wait_for_annotation("talos-status", "completed", "180s")
         .await;
@@ -521,7 +470,9 @@ async fn a_target_equal_to_the_running_version_completes_at_once_without_touchin
         .await;
 
     // Not bad input: the protocol says it completes at once. `v` prefixes are accepted.
-    annotate(&world, "upgrade.vitistack.io/talos-target=v1.11.6").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=v1.11.6")
+        .await;
     world
         .wait_for_annotation("talos-status", "completed", "60s")
         .await;
@@ -538,7 +489,7 @@ async fn a_target_equal_to_the_running_version_completes_at_once_without_touchin
     );
     // The phase never left what it was (the world has no provisioning operator to set one).
     assert_ne!(world.jsonpath("{.status.phase}").await, "UpgradingTalos");
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     let record = world.sim.record();
     assert!(record.is_empty(), "no node may be touched: {record:#?}");
     assert!(world.sim.power_events().is_empty());

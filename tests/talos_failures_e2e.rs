@@ -10,50 +10,16 @@ mod e2e_common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use e2e_common::{World, WorldSpec};
+use e2e_common::{ClusterEvent, World, WorldSpec};
 use talos_upgrade_controller::sim::{Fault, Role, max_concurrently_down};
 
 const PATIENCE: Duration = Duration::from_secs(120);
-
-/// One Event on the cluster as `kubectl get events` shows it; `count` folds a series into one number.
-#[derive(Debug, Clone)]
-struct ClusterEvent {
-    type_: String,
-    reason: String,
-    message: String,
-    count: u64,
-}
-
-/// The Events whose involved object is the KubernetesCluster.
-async fn events(world: &World) -> Vec<ClusterEvent> {
-    let text = world.ns.kubectl_ok(&["get", "events", "-o", "json"]).await;
-    let list: serde_json::Value = serde_json::from_str(&text).expect("events JSON");
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| {
-            e["involvedObject"]["kind"] == "KubernetesCluster"
-                && e["involvedObject"]["name"] == world.cluster.as_str()
-        })
-        .map(|e| ClusterEvent {
-            type_: e["type"].as_str().unwrap_or_default().to_string(),
-            reason: e["reason"].as_str().unwrap_or_default().to_string(),
-            message: e["message"].as_str().unwrap_or_default().to_string(),
-            count: e["series"]["count"]
-                .as_u64()
-                .or_else(|| e["count"].as_u64())
-                .unwrap_or(1)
-                .max(1),
-        })
-        .collect()
-}
 
 /// Polls until an Event with `reason` exists (events are published after the annotations are written).
 async fn wait_for_event(world: &World, reason: &str) -> ClusterEvent {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let all = events(world).await;
+        let all = world.cluster_events().await;
         if let Some(found) = all.iter().find(|e| e.reason == reason) {
             return found.clone();
         }
@@ -62,48 +28,6 @@ async fn wait_for_event(world: &World, reason: &str) -> ClusterEvent {
             "no {reason} event within {PATIENCE:?}: {all:#?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// `kubectl annotate --overwrite kubernetescluster my-cluster <key=value | key->`.
-async fn annotate(world: &World, change: &str) {
-    world
-        .ns
-        .kubectl_ok(&[
-            "annotate",
-            "--overwrite",
-            "kubernetescluster",
-            &world.cluster,
-            change,
-        ])
-        .await;
-}
-
-/// Reconciles finished so far (the `_count` of the reconcile-duration histogram).
-fn reconciles(world: &World) -> u64 {
-    world
-        .metrics
-        .encode()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("talos_upgrade_reconcile_duration_seconds_count ")
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })
-        .map_or(0, |count| count as u64)
-}
-
-/// Makes the controller look at the cluster again (an unrelated annotation changes) and waits until it
-/// has, so a test can then assert that it did nothing new.
-async fn poke_and_wait(world: &World, round: u32) {
-    let before = reconciles(world);
-    annotate(world, &format!("example.com/poke={round}")).await;
-    let deadline = Instant::now() + PATIENCE;
-    while reconciles(world) <= before {
-        assert!(
-            Instant::now() < deadline,
-            "the controller did not reconcile"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -158,7 +82,9 @@ async fn a_node_that_never_comes_back_fails_the_run_and_a_retry_does_not_upgrade
         .inject_fault(&lost, Fault::NeverReturns)
         .expect("fault");
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "120s")
         .await;
@@ -172,10 +98,11 @@ async fn a_node_that_never_comes_back_fails_the_run_and_a_retry_does_not_upgrade
     // The run stopped at the lost node: it got the one upgrade call, nobody else got any, and looking
     // again does not change that.
     assert_eq!(world.upgrade_calls(), vec![lost.clone()]);
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     assert_eq!(world.upgrade_calls(), vec![lost.clone()]);
     assert_eq!(world.annotation("talos-status").await, "failed");
-    let failures: u64 = events(&world)
+    let failures: u64 = world
+        .cluster_events()
         .await
         .iter()
         .filter(|e| e.reason == "UpgradeFailed")
@@ -185,7 +112,9 @@ async fn a_node_that_never_comes_back_fails_the_run_and_a_retry_does_not_upgrade
 
     // The documented retry: remove the target, then set it again. Removing a failed target clears the
     // failure (status idle, phase Ready, condition Reset) and touches no node.
-    annotate(&world, "upgrade.vitistack.io/talos-target-").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target-")
+        .await;
     world
         .wait_for_annotation("talos-status", "idle", "60s")
         .await;
@@ -196,7 +125,9 @@ async fn a_node_that_never_comes_back_fails_the_run_and_a_retry_does_not_upgrade
     // The node comes back, on the target (its install had finished before the power-off). Setting the
     // target again at once, while it may still be down, is what a user would do.
     world.sim.clear_faults(&lost).expect("clear");
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "completed", "180s")
         .await;
@@ -236,7 +167,9 @@ async fn a_node_that_falls_back_to_its_old_version_fails_the_run_and_resume_retr
         .inject_fault(&node, Fault::BootsOldVersion)
         .expect("fault");
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "120s")
         .await;
@@ -251,7 +184,7 @@ async fn a_node_that_falls_back_to_its_old_version_fails_the_run_and_resume_retr
     assert_failed_naming(&world, &node, &message).await;
     // The node really did reboot (and fall back), and was never asked again.
     assert_eq!(world.upgrade_calls(), vec![node.clone()]);
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     assert_eq!(world.upgrade_calls(), vec![node.clone()]);
     assert_eq!(
         world.sim.node_snapshot(&node).expect("node").talos_version,
@@ -262,7 +195,7 @@ async fn a_node_that_falls_back_to_its_old_version_fails_the_run_and_resume_retr
     // failed node. Upgrading that node a second time is exactly what `resume` asks for; the
     // never-twice rule holds within one attempt, and `resume` is the user's explicit new attempt.
     world.sim.clear_faults(&node).expect("clear");
-    annotate(&world, "upgrade.vitistack.io/resume=true").await;
+    world.annotate_raw("upgrade.vitistack.io/resume=true").await;
     world
         .wait_for_annotation("talos-status", "completed", "180s")
         .await;
@@ -303,7 +236,9 @@ async fn a_bad_installer_image_fails_the_run_at_the_first_node_without_touching_
         .inject_fault(&node, Fault::InstallerPullFails)
         .expect("fault");
 
-    annotate(&world, "upgrade.vitistack.io/talos-target=1.12.0").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
     world
         .wait_for_annotation("talos-status", "failed", "120s")
         .await;
@@ -318,7 +253,7 @@ async fn a_bad_installer_image_fails_the_run_at_the_first_node_without_touching_
     assert_eq!(world.annotation("talos-progress").await, "0/5");
 
     // One refused call to that node, no successful upgrade anywhere, no call to any other node.
-    poke_and_wait(&world, 1).await;
+    world.poke_and_wait(1).await;
     let record = world.sim.record();
     assert_eq!(record.len(), 1, "{record:#?}");
     assert_eq!(record[0].node, node);

@@ -56,6 +56,16 @@ impl AnnotationLog {
     }
 }
 
+/// One Event on the cluster as `kubectl get events` shows it.
+#[derive(Debug, Clone)]
+pub struct ClusterEvent {
+    pub type_: String,
+    pub reason: String,
+    pub message: String,
+    /// Occurrences: a series of repeats counts as its count.
+    pub count: u64,
+}
+
 pub struct World {
     pub ns: TestNamespace,
     pub sim: Simulator,
@@ -482,6 +492,60 @@ spec:
                 &format!("upgrade.vitistack.io/{key}-"),
             ])
             .await;
+    }
+
+    /// `kubectl annotate --overwrite kubernetescluster my-cluster <key=value | key->` for any key (not only
+    /// the controller's own prefix).
+    pub async fn annotate_raw(&self, change: &str) {
+        self.ns
+            .kubectl_ok(&[
+                "annotate",
+                "--overwrite",
+                "kubernetescluster",
+                &self.cluster,
+                change,
+            ])
+            .await;
+    }
+
+    /// Makes the controller look at the cluster again (an unrelated annotation changes) and waits until
+    /// it has, so a test can then assert that it did nothing new.
+    pub async fn poke_and_wait(&self, round: u32) {
+        let before = self.reconciles();
+        self.annotate_raw(&format!("example.com/poke={round}"))
+            .await;
+        self.poll(
+            Duration::from_secs(120),
+            "the controller to reconcile",
+            || async { self.reconciles() > before },
+        )
+        .await;
+    }
+
+    /// The Events whose involved object is the cluster, with their counts (a series folded into one
+    /// number).
+    pub async fn cluster_events(&self) -> Vec<ClusterEvent> {
+        let text = self.ns.kubectl_ok(&["get", "events", "-o", "json"]).await;
+        let list: serde_json::Value = serde_json::from_str(&text).expect("events JSON");
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e["involvedObject"]["kind"] == "KubernetesCluster"
+                    && e["involvedObject"]["name"] == self.cluster.as_str()
+            })
+            .map(|e| ClusterEvent {
+                type_: e["type"].as_str().unwrap_or_default().to_string(),
+                reason: e["reason"].as_str().unwrap_or_default().to_string(),
+                message: e["message"].as_str().unwrap_or_default().to_string(),
+                count: e["series"]["count"]
+                    .as_u64()
+                    .or_else(|| e["count"].as_u64())
+                    .unwrap_or(1)
+                    .max(1),
+            })
+            .collect()
     }
 
     /// Reasons of the Events on the cluster, oldest first, with their messages: `(reason, message)`.
