@@ -98,6 +98,23 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
         sample("talos_upgrade_cluster_nodes_completed", &cluster_labels),
         "5"
     );
+    // Every node's upgrade time went into the histogram: 2 workers and 3 control planes.
+    for (role, nodes) in [("worker", "2"), ("control-plane", "3")] {
+        assert_eq!(
+            sample(
+                "talos_upgrade_node_upgrade_duration_seconds_count",
+                &[cluster_labels[0], &format!(r#"role="{role}""#)]
+            ),
+            nodes
+        );
+    }
+    assert_ne!(
+        sample(
+            "talos_upgrade_cluster_run_started_timestamp_seconds",
+            &cluster_labels
+        ),
+        "0"
+    );
     assert_eq!(
         sample(
             "talos_upgrade_cluster_status",

@@ -200,9 +200,12 @@ fn export_metrics(
                 .get(crate::annotations::TALOS_TARGET)
                 .map(|t| t.trim().trim_start_matches('v').to_string()),
             available_version: None,
-            run_started_at: None,
+            run_started_at: outcome.run_started_at,
         },
     );
+    for (role, seconds) in &outcome.nodes_finished {
+        metrics.observe_node_upgrade(&key, UpgradeKind::Talos, *role, *seconds);
+    }
     // A run ends in exactly one reconcile: the one that announces it.
     let reasons = outcome.notes.iter().map(|note| note.reason);
     for reason in reasons.chain(outcome.announced.iter().copied()) {

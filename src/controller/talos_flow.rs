@@ -34,6 +34,10 @@ pub struct FlowOutcome {
     pub notes: Vec<Note>,
     /// Reasons of events this reconcile already published (before its calls).
     pub announced: Vec<&'static str>,
+    /// Nodes this reconcile found done, with how long each took from its upgrade call (for metrics).
+    pub nodes_finished: Vec<(NodeRole, f64)>,
+    /// When the run being reported started (Unix seconds).
+    pub run_started_at: Option<f64>,
     pub requeue: Option<Duration>,
 }
 
@@ -67,6 +71,8 @@ fn outcome(report: KindReport, notes: Vec<Note>, requeue: Option<Duration>) -> F
         report,
         notes,
         announced: Vec::new(),
+        nodes_finished: Vec::new(),
+        run_started_at: None,
         requeue,
     }
 }
@@ -362,7 +368,12 @@ async fn requested(
             {
                 report.message = reason.clone();
             }
-            return Ok(outcome(report, Vec::new(), None));
+            let mut result = outcome(report, Vec::new(), None);
+            // Only runs that touched nodes have a start worth showing; a refused target has none.
+            if !run.nodes.is_empty() {
+                result.run_started_at = Some(run.started_at.as_millisecond() as f64 / 1000.0);
+            }
+            return Ok(result);
         }
     }
 
@@ -475,6 +486,7 @@ async fn requested(
         ..settings(ctx, order)
     };
     let mut decision = rollout::advance(&run, &settings, &observed.observation, &derive_image, now);
+    let nodes_finished = newly_done(&run, &decision.run);
     // Write-ahead: the run, with every call about to be made recorded as issued, is saved first.
     if progress.talos.as_ref() != Some(&decision.run) {
         progress.talos = Some(decision.run.clone());
@@ -531,7 +543,30 @@ async fn requested(
     };
     let mut result = outcome(report, notes, requeue);
     result.announced = announced;
+    result.nodes_finished = nodes_finished;
+    result.run_started_at = Some(run.started_at.as_millisecond() as f64 / 1000.0);
     Ok(result)
+}
+
+/// Nodes that were in flight in `before` and are done in `after`, with their upgrade durations.
+fn newly_done(before: &Run, after: &Run) -> Vec<(NodeRole, f64)> {
+    after
+        .nodes
+        .iter()
+        .filter_map(|node| match &node.step {
+            NodeStep::Done {
+                at,
+                started_at: Some(started),
+            } if matches!(
+                before.node(&node.name).map(|n| &n.step),
+                Some(NodeStep::Issued { .. })
+            ) =>
+            {
+                Some((node.role, at.duration_since(*started).as_secs_f64()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn settings(ctx: &Context, order: crate::intent::UpgradeOrder) -> Settings {
