@@ -276,17 +276,16 @@ async fn control_planes_first_upgrades_every_control_plane_before_any_worker() {
     );
 }
 
-/// Scenario 2: `max-parallel-workers: "2"` with four workers: never more than two workers down at once
-/// (that two are ever down together is not guaranteed with fast timings), control planes alone and one
-/// at a time, each node once. Three control planes, not one: a single-control-plane cluster never gets
-/// past its control plane today (the controller keeps asking the only etcd member to forfeit
-/// leadership; see the report).
+/// Scenario 2: `max-parallel-workers: "2"` with four workers and a single control plane: never more
+/// than two workers down at once (that two are ever down together is not guaranteed with fast timings),
+/// the control plane alone, each node once. A single etcd member has no leadership to hand over, so its
+/// upgrade must not wait for one.
 #[tokio::test]
 async fn max_parallel_workers_bounds_the_workers_down_at_once() {
     let world = World::start(
         "order-parallel",
         WorldSpec {
-            control_planes: 3,
+            control_planes: 1,
             workers: 4,
             ..WorldSpec::default()
         },
@@ -300,9 +299,9 @@ async fn max_parallel_workers_bounds_the_workers_down_at_once() {
         &[("max-parallel-workers", "2"), ("talos-target", TARGET)],
     )
     .await;
-    assert_completed(&world, 7).await;
+    assert_completed(&world, 5).await;
 
-    let calls = assert_each_node_upgraded_once(&world, 7);
+    let calls = assert_each_node_upgraded_once(&world, 5);
     // Default order: workers first.
     assert_eq!(
         calls.iter().position(|n| is_control_plane(n)),
