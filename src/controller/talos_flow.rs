@@ -138,17 +138,8 @@ pub async fn reconcile(
             // The parse error quotes the value and says what to write instead (`"1.12" is not a
             // version: use MAJOR.MINOR.PATCH, e.g. 1.12.0`).
             let message = format!("Invalid talos-target: {reason}. No node was touched.");
-            let mut result = decided_failure(
-                cluster,
-                &name,
-                owner,
-                store,
-                &mut progress,
-                &raw,
-                &message,
-                now,
-            )
-            .await?;
+            let mut result =
+                decided_failure(&name, owner, store, &mut progress, &raw, &message, now).await?;
             // Nothing to resume while the value is not a version: the key is consumed, not left
             // behind to act on some later target.
             if intent.resume {
@@ -193,9 +184,10 @@ async fn absent(
     });
     let observed = observe(cluster, ctx).await;
     if in_flight && let (Ok(observed), Some(run)) = (&observed, progress.talos.as_ref()) {
+        // Paused: only the node(s) in flight are followed, so the order plays no part.
         let settings = Settings {
             paused: true,
-            ..settings(ctx, intent_order_default())
+            ..settings(ctx, crate::intent::UpgradeOrder::default())
         };
         let decision = rollout::advance(run, &settings, &observed.observation, &derive_image, now);
         if decision.run != *run {
@@ -249,15 +241,10 @@ async fn absent(
     Ok(outcome(report, Vec::new(), None))
 }
 
-fn intent_order_default() -> crate::intent::UpgradeOrder {
-    crate::intent::UpgradeOrder::WorkersFirst
-}
-
 /// A target refused before touching any node: recorded once, so it is not decided again until the
 /// annotation changes (or `resume`/reset).
 #[allow(clippy::too_many_arguments)]
 async fn decided_failure(
-    cluster: &KubernetesCluster,
     name: &str,
     owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
     store: &ProgressStore,
@@ -299,7 +286,6 @@ async fn decided_failure(
         .unwrap_or_else(|| message.to_string());
     let mut report = kind_report(UpgradeStatus::Failed, recorded);
     report.condition_reason = Some("Failed");
-    let _ = cluster;
     Ok(outcome(report, notes, None))
 }
 
@@ -460,8 +446,7 @@ async fn requested(
                 let reason = reason.trim_end_matches('.');
                 let message = format!("Talos upgrade refused: {reason}. No node was touched.");
                 let mut result =
-                    decided_failure(cluster, name, owner, store, progress, raw, &message, now)
-                        .await?;
+                    decided_failure(name, owner, store, progress, raw, &message, now).await?;
                 result.report.current = current;
                 result.report.consumed = consumed;
                 return Ok(result);
@@ -658,16 +643,8 @@ async fn execute(observed: &Observed, action: &Action) -> Result<(), (String, St
     match result {
         Ok(()) => Ok(()),
         Err(error) if error.is_unreachable() => Ok(()),
-        Err(error) => Err((
-            node_name.clone(),
-            format!("refused the upgrade: {}", call_reason(&error)),
-        )),
+        Err(error) => Err((node_name.clone(), format!("refused the upgrade: {error}"))),
     }
-}
-
-/// The part of a Talos error worth showing a user.
-fn call_reason(error: &TalosError) -> String {
-    error.to_string()
 }
 
 /// Credentials, inventory and the nodes' state; a problem is a sentence for the user.
