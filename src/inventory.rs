@@ -111,9 +111,20 @@ pub struct WorkloadNodeInfo {
     pub kubelet_version: Option<String>,
 }
 
+/// Whether a workload Node without an address is an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressNeed {
+    /// The Nodes are the inventory: a node without an address cannot be upgraded, so it is reported.
+    Required,
+    /// The inventory comes from Machines and the Nodes only tell readiness: a Node without an address
+    /// (one still registering, or another cluster's) is left out.
+    Optional,
+}
+
 /// The workload cluster's Nodes, with their Ready state and kubelet version.
 pub async fn from_workload_nodes(
     workload: kube::Client,
+    addresses: AddressNeed,
 ) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
     let nodes: Api<Node> = Api::all(workload);
     let listed = nodes
@@ -166,7 +177,7 @@ pub async fn from_workload_nodes(
             None => without_address.push(name),
         }
     }
-    if !without_address.is_empty() {
+    if !without_address.is_empty() && addresses == AddressNeed::Required {
         return Err(no_address("Node", without_address, " (InternalIP)"));
     }
     inventory.sort_by(|a, b| a.node.name.cmp(&b.node.name));

@@ -6,7 +6,9 @@ use std::net::Ipv4Addr;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use talos_upgrade_controller::inventory::{InventoryError, from_machines, from_workload_nodes};
+use talos_upgrade_controller::inventory::{
+    AddressNeed, InventoryError, from_machines, from_workload_nodes,
+};
 use talos_upgrade_controller::rollout::progress::NodeRole;
 use talos_upgrade_controller::sim::workload::{WorkloadMirror, WorkloadNode};
 use testenv::ControlPlane;
@@ -84,7 +86,9 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
         .sync(&workload_node("inv-worker-1", 2, false, false))
         .await
         .expect("node");
-    let nodes = from_workload_nodes(ns.client.clone()).await.expect("nodes");
+    let nodes = from_workload_nodes(ns.client.clone(), AddressNeed::Required)
+        .await
+        .expect("nodes");
     // Sorted by name.
     let summary: Vec<(String, NodeRole, String, bool, Option<String>)> = nodes
         .into_iter()
@@ -117,6 +121,28 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
             ),
         ]
     );
+
+    // A Node still registering (no address yet): an error when Nodes are the inventory, left out when
+    // they only tell readiness.
+    let nodes_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(ns.client.clone());
+    let bare: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "inv-registering"}}))
+            .expect("node");
+    nodes_api
+        .create(&PostParams::default(), &bare)
+        .await
+        .expect("create node");
+    let error = from_workload_nodes(ns.client.clone(), AddressNeed::Required)
+        .await
+        .expect_err("a node without an address");
+    assert_eq!(
+        error.to_string(),
+        "Node inv-registering has no IPv4 address (InternalIP)"
+    );
+    let readiness = from_workload_nodes(ns.client.clone(), AddressNeed::Optional)
+        .await
+        .expect("nodes");
+    assert_eq!(readiness.len(), 2, "{readiness:?}");
 
     // vitistack's Machine CRD, with Machines labelled for two clusters.
     ns.install_crd(MACHINE_CRD, "machines.vitistack.io").await;

@@ -686,13 +686,19 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
         TalosFleet::new(talos, ctx.settings.talos.clone())
     });
 
-    let workload_nodes = inventory::from_workload_nodes(workload_client)
+    let machines = inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id)
         .await
         .map_err(|e| e.to_string())?;
-    let inventory = match inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id)
+    // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
+    let need = if machines.is_some() {
+        inventory::AddressNeed::Optional
+    } else {
+        inventory::AddressNeed::Required
+    };
+    let workload_nodes = inventory::from_workload_nodes(workload_client, need)
         .await
-        .map_err(|e| e.to_string())?
-    {
+        .map_err(|e| e.to_string())?;
+    let inventory = match machines {
         Some(machines) => machines,
         None => workload_nodes.iter().map(|n| n.node.clone()).collect(),
     };
