@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver, kubectl, etcd) from the Go module proxy into a cache
+# Builds the test control plane (kube-apiserver, kube-controller-manager, kubectl, etcd) from the Go module proxy into a cache
 # directory outside the repository, keyed by the wrapper modules' go.sum hashes. A warm cache skips the
 # build entirely. Prints the directory holding the binaries as its last line of stdout.
 #
@@ -24,7 +24,7 @@ out="$cache_root/k8s-bins/${k8s_version}-etcd${etcd_version}-${key}"
 
 log() { printf '[build-k8s-bins %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if [[ -x "$out/kube-apiserver" && -x "$out/kubectl" && -x "$out/etcd" ]]; then
+if [[ -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/kubectl" && -x "$out/etcd" ]]; then
   log "cached: $out"
   echo "$out"
   exit 0
@@ -58,10 +58,13 @@ build() {
   log "built $name in $(( $(date +%s) - started ))s"
 }
 
-log "cold build of kube-apiserver $k8s_version, kubectl $k8s_version and etcd $etcd_version into $out"
+log "cold build of kube-apiserver, kube-controller-manager and kubectl $k8s_version and etcd $etcd_version into $out"
 build etcd "$tools/etcd" go.etcd.io/etcd/server/v3 "-s -w"
 build kube-apiserver "$tools/apiserver" k8s.io/kubernetes/cmd/kube-apiserver "$ldflags"
 build kubectl "$tools/apiserver" k8s.io/kubernetes/cmd/kubectl "$ldflags"
+# Only its disruption controller runs in tests: it computes PodDisruptionBudget status, which the eviction
+# API consults when the controller drains a node.
+build kube-controller-manager "$tools/apiserver" k8s.io/kubernetes/cmd/kube-controller-manager "$ldflags"
 
 rm -rf "$out"
 mv "$out.partial" "$out"

@@ -177,3 +177,108 @@ subjects:
         "expected 403, got {robot_denied:?}"
     );
 }
+
+/// The eviction API in front of a PodDisruptionBudget, as the controller's drain meets it: the test control
+/// plane runs the disruption controller, so a budget's status is real and evictions are refused (429) while
+/// it allows no disruption, and granted once it does.
+#[tokio::test]
+async fn evictions_respect_pod_disruption_budgets_computed_by_the_disruption_controller() {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::api::{EvictParams, Patch, PatchParams};
+
+    let ns = ControlPlane::shared().test_namespace("pdb").await;
+    // kube's default client retries 429 answers for minutes; a refused eviction must come back at once.
+    let kubeconfig = kube::config::Kubeconfig::read_from(ns.kubeconfig()).expect("kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    config.default_retry = false;
+    let client = kube::Client::try_from(config).expect("client");
+    let pods: Api<Pod> = Api::namespaced(client, &ns.name);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(ns.client.clone(), &ns.name);
+    let ready_pod = |name: &str| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"app": "web"}},
+            // Bound to a node that has no kubelet: the test plays the kubelet and reports the pod Ready.
+            "spec": {"nodeName": "no-such-node", "containers": [{"name": "web", "image": "web:1"}]},
+        }))
+        .expect("pod")
+    };
+    let make_ready = |name: String| {
+        let pods = pods.clone();
+        async move {
+            pods.create(&PostParams::default(), &ready_pod(&name))
+                .await
+                .expect("create pod");
+            pods.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                }})),
+            )
+            .await
+            .expect("pod status");
+        }
+    };
+    make_ready("web-1".into()).await;
+    let budget: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+    }))
+    .expect("budget");
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .expect("create budget");
+
+    let control_plane = ns.control_plane();
+    let wait_for_allowed = |allowed: i32| {
+        let budgets = budgets.clone();
+        async move {
+            for _ in 0..300 {
+                let status = budgets.get("web").await.expect("get budget").status;
+                if let Some(status) = status
+                    && status.observed_generation == Some(1)
+                    && status.disruptions_allowed == allowed
+                {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            panic!(
+                "the disruption controller never set disruptionsAllowed={allowed} on the budget: {}",
+                control_plane.failure_report()
+            );
+        }
+    };
+    wait_for_allowed(0).await;
+    let refused = pods
+        .evict("web-1", &EvictParams::default())
+        .await
+        .expect_err("eviction must be refused while the budget allows no disruption");
+    match refused {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 429, "{status:?}");
+            assert!(
+                status.message.contains("disruption budget"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("unexpected error: {other}"),
+    }
+
+    make_ready("web-2".into()).await;
+    wait_for_allowed(1).await;
+    pods.evict("web-1", &EvictParams::default())
+        .await
+        .expect("eviction allowed once a second pod is healthy");
+    let evicted = pods.get("web-1").await.expect("web-1");
+    assert!(
+        evicted.metadata.deletion_timestamp.is_some(),
+        "an evicted pod is being deleted"
+    );
+}

@@ -1,14 +1,15 @@
-//! Finding the kube-apiserver, etcd and kubectl binaries built by `scripts/build-k8s-bins.sh`.
+//! Finding the kube-apiserver, kube-controller-manager, etcd and kubectl binaries built by `scripts/build-k8s-bins.sh`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::{Error, Result};
 
-/// Environment variable naming the directory that holds `kube-apiserver`, `etcd` and `kubectl`.
+/// Environment variable naming the directory that holds `kube-apiserver`, `kube-controller-manager`,
+/// `etcd` and `kubectl`.
 pub const BIN_DIR_ENV: &str = "TUC_K8S_BIN_DIR";
 
-/// The three binaries of the test control plane.
+/// The binaries of the test control plane.
 #[derive(Debug, Clone)]
 pub struct Binaries {
     pub dir: PathBuf,
@@ -23,7 +24,12 @@ impl Binaries {
             None => Self::build()?,
         };
         let bins = Binaries { dir };
-        for name in ["kube-apiserver", "etcd", "kubectl"] {
+        for name in [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "etcd",
+            "kubectl",
+        ] {
             let path = bins.dir.join(name);
             if !is_executable(&path) {
                 return Err(Error::Binaries(format!(
@@ -38,6 +44,10 @@ impl Binaries {
 
     pub fn kube_apiserver(&self) -> PathBuf {
         self.dir.join("kube-apiserver")
+    }
+
+    pub fn kube_controller_manager(&self) -> PathBuf {
+        self.dir.join("kube-controller-manager")
     }
 
     pub fn etcd(&self) -> PathBuf {

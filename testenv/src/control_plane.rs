@@ -34,7 +34,8 @@ pub struct ControlPlane {
     admin_kubeconfig: PathBuf,
     bins: Binaries,
     dir: PathBuf,
-    // Field order is drop order: the apiserver stops before its etcd.
+    // Field order is drop order: the controller manager, then the apiserver, then its etcd.
+    controller_manager: ManagedProcess,
     apiserver: ManagedProcess,
     etcd: ManagedProcess,
 }
@@ -70,7 +71,7 @@ impl ControlPlane {
             .spawn(move || {
                 loop {
                     std::thread::sleep(Duration::from_millis(200));
-                    for process in [&self.etcd, &self.apiserver] {
+                    for process in [&self.etcd, &self.apiserver, &self.controller_manager] {
                         if let Some(status) = process.crashed() {
                             // Written to the raw stderr handle: the test harness's output capture would
                             // swallow eprintln! from a process that is about to exit.
@@ -188,7 +189,8 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", sa_key.display()),
             "--service-cluster-ip-range=10.0.0.0/24".to_string(),
             "--allow-privileged=true".to_string(),
-            // No kube-controller-manager runs, so nothing would create the default ServiceAccount pods need.
+            // Only the disruption controller runs (below), so nothing would create the default
+            // ServiceAccount pods need.
             "--disable-admission-plugins=ServiceAccount".to_string(),
             // Flow control only costs CPU on a 2-core test machine with a single client.
             "--enable-priority-and-fairness=false".to_string(),
@@ -197,6 +199,31 @@ impl ControlPlane {
             ManagedProcess::spawn("kube-apiserver", apiserver_cmd, &dir.join("apiserver.log"))?;
 
         let admin_kubeconfig = dir.join("admin.kubeconfig");
+        write_kubeconfig(
+            &admin_kubeconfig,
+            &server,
+            &pki.ca_pem,
+            &Identity::Token(admin_token.clone()),
+            "default",
+        )?;
+        // The eviction API only lets a pod go when its PodDisruptionBudget's status allows it, and that
+        // status is computed by the disruption controller. No other controller runs: the node lifecycle
+        // controller would mark the simulated nodes NotReady, and the rest are not needed.
+        let mut controller_manager_cmd = Command::new(bins.kube_controller_manager());
+        controller_manager_cmd.args([
+            format!("--kubeconfig={}", admin_kubeconfig.display()),
+            "--controllers=disruption".to_string(),
+            "--leader-elect=false".to_string(),
+            // No serving endpoint: nothing scrapes it, and a fixed default port would clash between
+            // test binaries running at once.
+            "--secure-port=0".to_string(),
+            "--use-service-account-credentials=false".to_string(),
+        ]);
+        let controller_manager = ManagedProcess::spawn(
+            "kube-controller-manager",
+            controller_manager_cmd,
+            &dir.join("controller-manager.log"),
+        )?;
         let control_plane = ControlPlane {
             server,
             ca_pem: pki.ca_pem,
@@ -204,14 +231,10 @@ impl ControlPlane {
             admin_kubeconfig,
             bins: bins.clone(),
             dir,
+            controller_manager,
             apiserver,
             etcd,
         };
-        control_plane.write_kubeconfig(
-            &control_plane.admin_kubeconfig,
-            &Identity::Token(control_plane.admin_token.clone()),
-            "default",
-        )?;
         control_plane.wait_ready().await?;
         Ok(control_plane)
     }
@@ -272,7 +295,7 @@ impl ControlPlane {
     /// The tail of the apiserver and etcd logs, for a failing test's output.
     pub fn failure_report(&self) -> String {
         let mut report = String::new();
-        for process in [&self.apiserver, &self.etcd] {
+        for process in [&self.apiserver, &self.etcd, &self.controller_manager] {
             report.push_str(&format!(
                 "===== {} log (pid {}, last {LOG_TAIL_LINES} lines of {}) =====\n{}\n",
                 process.name(),
@@ -375,8 +398,7 @@ impl ControlPlane {
     }
 
     fn write_kubeconfig(&self, path: &Path, identity: &Identity, namespace: &str) -> Result<()> {
-        let yaml = kubeconfig::render(&self.server, &self.ca_pem, identity, namespace);
-        fs::write(path, yaml).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+        write_kubeconfig(path, &self.server, &self.ca_pem, identity, namespace)
     }
 
     /// Creates a fresh namespace `<prefix>-<n>` and returns a guard for one test.
@@ -608,6 +630,17 @@ impl Drop for TestNamespace {
             );
         }
     }
+}
+
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca_pem: &str,
+    identity: &Identity,
+    namespace: &str,
+) -> Result<()> {
+    let yaml = kubeconfig::render(server, ca_pem, identity, namespace);
+    fs::write(path, yaml).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
 fn free_port() -> Result<u16> {
