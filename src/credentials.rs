@@ -159,9 +159,13 @@ fn kubeconfig_error_position(error: &kube::config::KubeconfigError) -> String {
 
 /// A client for the workload cluster described by `kubeconfig`.
 pub async fn workload_client(kubeconfig: Kubeconfig) -> Result<kube::Client, String> {
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("the workload kubeconfig cannot be used: {e}"))?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("the workload kubeconfig cannot be used: {e}"))?;
+    // kube retries 429 answers for minutes by default. An eviction refused by a PodDisruptionBudget is a
+    // 429 the drain must see at once; every other call is retried by the next reconcile anyway.
+    config.default_retry = false;
     kube::Client::try_from(config)
         .map_err(|e| format!("the workload kubeconfig cannot be used: {e}"))
 }

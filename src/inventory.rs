@@ -109,6 +109,8 @@ pub struct WorkloadNodeInfo {
     pub ready: bool,
     /// `status.nodeInfo.kubeletVersion` without the leading `v`, when reported.
     pub kubelet_version: Option<String>,
+    /// `spec.unschedulable`: the node is cordoned.
+    pub unschedulable: bool,
 }
 
 /// Whether a workload Node without an address is an error.
@@ -172,6 +174,11 @@ pub async fn from_workload_nodes(
                     address,
                 },
                 ready: node_ready(node),
+                unschedulable: node
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.unschedulable)
+                    .unwrap_or(false),
                 kubelet_version,
             }),
             None => without_address.push(name),

@@ -6,6 +6,7 @@ pub mod annotations;
 pub mod controller;
 pub mod crd;
 pub mod credentials;
+pub mod drain;
 pub mod intent;
 pub mod inventory;
 pub mod metrics;

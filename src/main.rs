@@ -38,6 +38,10 @@ struct RunArgs {
     /// How long one node may take from its upgrade call to being done, e.g. 15m, 900s, 1h.
     #[arg(long, env = "TUC_NODE_DEADLINE", default_value = "15m", value_parser = parse_duration)]
     node_deadline: std::time::Duration,
+    /// How long draining a node may take before its reboot (Talos >= 1.13, where the controller cordons
+    /// and evicts; PodDisruptionBudgets are respected), e.g. 5m.
+    #[arg(long, env = "TUC_DRAIN_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    drain_timeout: std::time::Duration,
     /// How often a cluster with an upgrade in flight is looked at again, e.g. 2s or 250ms.
     #[arg(long, env = "TUC_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     poll_interval: std::time::Duration,
@@ -114,6 +118,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     let health = admin::HealthState::default();
     let settings = controller::Settings {
         node_deadline: args.node_deadline,
+        drain_timeout: args.drain_timeout,
         poll_interval: args.poll_interval,
         secret_name_template: args.secret_name_template,
         ..controller::Settings::default()

@@ -32,8 +32,10 @@ use crate::talos::ConnectOptions;
 /// The controller's tunables (flags of the `run` command).
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// How long one node may take from its upgrade call to being done.
+    /// How long one node may take from its upgrade call (Talos ≥ 1.13: its reboot) to being done.
     pub node_deadline: Duration,
+    /// How long draining a node before its reboot may take (Talos ≥ 1.13, where the controller drains).
+    pub drain_timeout: Duration,
     /// How often a cluster with an upgrade in flight is looked at again.
     pub poll_interval: Duration,
     /// How often an idle cluster is refreshed (versions) without any change to it.
@@ -47,6 +49,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             node_deadline: Duration::from_secs(15 * 60),
+            drain_timeout: Duration::from_secs(5 * 60),
             poll_interval: Duration::from_secs(2),
             idle_interval: Duration::from_secs(5 * 60),
             secret_name_template: "{clusterId}".to_string(),

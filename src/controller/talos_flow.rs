@@ -15,6 +15,7 @@ use super::report::{self, KindReport};
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::crd::KubernetesCluster;
 use crate::credentials::{self, ClusterCredentials};
+use crate::drain;
 use crate::intent::{Target, UpgradeIntent};
 use crate::inventory::{self, WorkloadNodeInfo};
 use crate::observe::{InventoryNode, TalosFleet};
@@ -50,6 +51,8 @@ struct Observed {
     talos_range: Option<(Version, Version)>,
     /// Lowest kubelet version reported by the workload Nodes.
     kubernetes: Option<String>,
+    /// The workload cluster, for cordon, drain and uncordon.
+    workload: kube::Client,
 }
 
 fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
@@ -363,7 +366,7 @@ async fn requested(
         }
     }
 
-    let observed = match observe(cluster, ctx).await {
+    let mut observed = match observe(cluster, ctx).await {
         Ok(observed) => observed,
         Err(problem) => {
             let message = format!("Talos upgrade cannot proceed: {problem}");
@@ -470,6 +473,7 @@ async fn requested(
         paused: intent.paused,
         ..settings(ctx, order)
     };
+    drain_pass(&run, &mut observed).await;
     let mut decision = rollout::advance(&run, &settings, &observed.observation, &derive_image, now);
     let nodes_finished = newly_done(&run, &decision.run);
     // Write-ahead: the run, with every call about to be made recorded as issued, is saved first.
@@ -484,16 +488,47 @@ async fn requested(
     report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
     let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
     let mut failed_call = None;
+    let mut installed = false;
     for action in &decision.actions {
-        if let Err((node, reason)) = execute(&observed, action).await {
-            failed_call = Some((node, reason));
-            break;
+        match execute(&observed, action).await {
+            Ok(Called::NotReached) => {}
+            Ok(Called::Done) => {
+                if let Action::Upgrade {
+                    node,
+                    api: UpgradeApi::Lifecycle,
+                    ..
+                } = action
+                {
+                    let cordoned = observed
+                        .observation
+                        .nodes
+                        .iter()
+                        .any(|n| &n.name == node && n.cordoned);
+                    rollout::installed(&mut run, node, cordoned, now);
+                    installed = true;
+                }
+            }
+            Err((node, reason)) => {
+                failed_call = Some((node, reason));
+                break;
+            }
         }
     }
+    if installed && failed_call.is_none() {
+        // Draining starts with the next pass; the run must say so before anything else happens.
+        progress.talos = Some(run.clone());
+        store.save(name, owner.clone(), progress).await?;
+        decision.run = run.clone();
+    }
     if let Some((node, reason)) = failed_call {
-        rollout::fail_node(&mut run, &node, &reason, now);
+        let cleanup = rollout::fail_node(&mut run, &node, &reason, now);
         progress.talos = Some(run.clone());
         store.save(name, owner, progress).await?;
+        if let Some(cleanup) = cleanup
+            && let Err((node, reason)) = execute(&observed, &cleanup).await
+        {
+            tracing::warn!(%node, %reason, "uncordoning after a failed upgrade");
+        }
         let mut failed =
             rollout::advance(&run, &settings, &observed.observation, &derive_image, now);
         // `advance` on an already-failed run announces nothing; this failure is new.
@@ -560,6 +595,7 @@ fn settings(ctx: &Context, order: crate::intent::UpgradeOrder) -> Settings {
         max_parallel_workers: 1,
         paused: false,
         node_deadline: ctx.settings.node_deadline,
+        drain_timeout: ctx.settings.drain_timeout,
     }
 }
 
@@ -589,61 +625,111 @@ fn report_from(decision: &Decision) -> KindReport {
     }
 }
 
-/// Makes one call. `Err((node, reason))` means the node refused for good and the run must fail; a
-/// node that drops the connection mid-call (it is going down to reboot) counts as called.
-async fn execute(observed: &Observed, action: &Action) -> Result<(), (String, String)> {
-    let node_name = match action {
-        Action::ForfeitEtcdLeadership { node } | Action::Upgrade { node, .. } => node,
-    };
-    let Some(node) = observed.inventory.iter().find(|n| &n.name == node_name) else {
-        return Err((
-            node_name.clone(),
-            "is no longer in the node inventory".to_string(),
-        ));
+/// How a call went, when the node did not refuse it.
+enum Called {
+    /// The call did what it should (or the node dropped the connection going down to reboot, which is
+    /// what an upgrade or reboot call does).
+    Done,
+    /// The node could not be reached for a call that has to complete to count (an install): the run is
+    /// unchanged and the next pass tries again.
+    NotReached,
+}
+
+/// Makes one call. `Err((node, reason))` means the node refused for good and the run must fail.
+async fn execute(observed: &Observed, action: &Action) -> Result<Called, (String, String)> {
+    let node_name = action.node().to_string();
+    if let Action::Uncordon { .. } = action {
+        // Best effort: while the node is in flight the next pass uncordons it again if this failed.
+        if let Err(error) = drain::uncordon(&observed.workload, &node_name).await {
+            tracing::warn!(node = %node_name, %error, "uncordoning");
+        }
+        return Ok(Called::Done);
+    }
+    let Some(node) = observed.inventory.iter().find(|n| n.name == node_name) else {
+        return Err((node_name, "is no longer in the node inventory".to_string()));
     };
     let client = observed
         .fleet
         .client(node.address)
         .map_err(|e| (node_name.clone(), format!("cannot be reached: {e}")))?;
-    let result = match action {
+    let (result, what) = match action {
+        Action::Uncordon { .. } => return Ok(Called::Done),
         Action::ForfeitEtcdLeadership { .. } => {
             // Best effort: if it fails, the next reconcile sees the same leader and tries again.
             if let Err(error) = client.etcd_forfeit_leadership().await {
                 tracing::warn!(node = %node_name, %error, "moving etcd leadership");
             }
-            return Ok(());
+            return Ok(Called::Done);
         }
         Action::Upgrade {
             installer_image,
             api: UpgradeApi::Legacy,
             ..
-        } => client
-            .upgrade_legacy(
-                installer_image,
-                &LegacyUpgradeOptions {
-                    preserve: true,
-                    ..LegacyUpgradeOptions::default()
-                },
-            )
-            .await
-            .map(|_| ()),
+        } => (
+            client
+                .upgrade_legacy(
+                    installer_image,
+                    &LegacyUpgradeOptions {
+                        preserve: true,
+                        ..LegacyUpgradeOptions::default()
+                    },
+                )
+                .await
+                .map(|_| ()),
+            "the upgrade",
+        ),
         Action::Upgrade {
             installer_image,
             api: UpgradeApi::Lifecycle,
             ..
         } => {
-            let installed = async {
+            let install = async {
                 client.image_pull(installer_image).await?;
-                client.lifecycle_upgrade(installer_image).await?;
-                client.reboot(RebootMode::Default).await
+                client.lifecycle_upgrade(installer_image).await
             };
-            installed.await.map(|_| ())
+            match install.await {
+                Ok(_) => return Ok(Called::Done),
+                // An install that did not finish has not happened: the node runs its old system
+                // untouched, so the next pass installs again.
+                Err(error) if error.is_unreachable() => {
+                    tracing::warn!(node = %node_name, %error, "installing the new system");
+                    return Ok(Called::NotReached);
+                }
+                Err(error) => (Err(error), "the installation"),
+            }
         }
+        Action::Reboot { .. } => (
+            client.reboot(RebootMode::Default).await.map(|_| ()),
+            "the reboot",
+        ),
     };
     match result {
-        Ok(()) => Ok(()),
-        Err(error) if error.is_unreachable() => Ok(()),
-        Err(error) => Err((node_name.clone(), format!("refused the upgrade: {error}"))),
+        Ok(()) => Ok(Called::Done),
+        Err(error) if error.is_unreachable() => Ok(Called::Done),
+        Err(error) => Err((node_name, format!("refused {what}: {error}"))),
+    }
+}
+
+/// Cordons and evicts on every node the run is draining, and records what is left in the observation.
+/// Only nodes whose run record says they are draining are touched, so this happens strictly after the
+/// install was recorded, and never on a node the run has not reached.
+async fn drain_pass(run: &Run, observed: &mut Observed) {
+    for node in rollout::draining(run) {
+        let status = match drain::drain_pass(&observed.workload, node).await {
+            Ok(status) => Some(status),
+            Err(error) => {
+                tracing::warn!(%node, %error, "draining");
+                None
+            }
+        };
+        if let Some(observation) = observed
+            .observation
+            .nodes
+            .iter_mut()
+            .find(|n| n.name == node)
+        {
+            observation.drain = status;
+        }
     }
 }
 
@@ -695,7 +781,7 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
     } else {
         inventory::AddressNeed::Required
     };
-    let workload_nodes = inventory::from_workload_nodes(workload_client, need)
+    let workload_nodes = inventory::from_workload_nodes(workload_client.clone(), need)
         .await
         .map_err(|e| e.to_string())?;
     let inventory = match machines {
@@ -736,6 +822,10 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
             name: node.name.clone(),
             role: node.role,
             kubernetes_ready: ready(&node.name),
+            cordoned: workload_nodes
+                .iter()
+                .any(|n| n.node.name == node.name && n.unschedulable),
+            drain: None,
             talos,
         })
         .collect();
@@ -763,6 +853,7 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
         inventory,
         talos_range,
         kubernetes,
+        workload: workload_client,
     })
 }
 

@@ -91,6 +91,10 @@ pub enum NodeStep {
         boot_id: String,
         from_version: String,
         installer_image: String,
+        /// Talos ≥ 1.13 only, where the controller drives install, drain and reboot itself: how far it
+        /// got. Absent for the legacy single `MachineService.Upgrade` call.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lifecycle: Option<LifecycleStage>,
     },
     /// On the target, rebooted, ready and Ready in Kubernetes.
     Done {
@@ -103,6 +107,39 @@ pub enum NodeStep {
         at: Timestamp,
         reason: String,
     },
+}
+
+/// The stages of a Talos ≥ 1.13 node upgrade, which the controller sequences itself: `ImageService.Pull`
+/// and `LifecycleService.Upgrade` install into the other boot slot without disturbing the node; then the
+/// node is cordoned and drained through the eviction API; then `Reboot`; then, once it is back on the
+/// target and Ready, it is uncordoned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    tag = "stage"
+)]
+pub enum LifecycleStage {
+    /// Pull and install sent (or about to be). Found at the start of a reconcile, it means the controller
+    /// stopped mid-install: installing again is harmless, since the running system is untouched.
+    Installing,
+    /// Installed; the node is cordoned and its pods are being evicted since `since`. `uncordon` is false
+    /// when the node was already cordoned before (by someone else), so it is left as it was found.
+    Draining { since: Timestamp, uncordon: bool },
+    /// Drained; `Reboot` sent (or about to be) at `at`. Never sent twice: the node's deadline counts
+    /// from here. The node stays in flight until it is back, Ready and (if `uncordon`) uncordoned.
+    Rebooting { at: Timestamp, uncordon: bool },
+}
+
+impl LifecycleStage {
+    /// Whether the controller cordoned the node and so must make it schedulable again.
+    pub fn must_uncordon(&self) -> bool {
+        match self {
+            LifecycleStage::Installing => false,
+            LifecycleStage::Draining { uncordon, .. }
+            | LifecycleStage::Rebooting { uncordon, .. } => *uncordon,
+        }
+    }
 }
 
 impl Run {
@@ -162,16 +199,38 @@ mod tests {
                         boot_id: "b1".into(),
                         from_version: "1.11.6".into(),
                         installer_image: "ghcr.io/siderolabs/installer:v1.12.0".into(),
+                        lifecycle: None,
+                    },
+                },
+                NodeProgress {
+                    name: "cp-2".into(),
+                    role: NodeRole::ControlPlane,
+                    step: NodeStep::Issued {
+                        at,
+                        boot_id: "b2".into(),
+                        from_version: "1.13.0".into(),
+                        installer_image: "ghcr.io/siderolabs/installer:v1.13.1".into(),
+                        lifecycle: Some(LifecycleStage::Draining {
+                            since: at,
+                            uncordon: true,
+                        }),
                     },
                 },
             ],
         };
         let json = serde_json::to_value(&run).expect("serialize");
+        // The legacy path records no stage at all, so runs written before stages existed read the same.
+        assert!(json["nodes"][1].get("lifecycle").is_none());
+        assert_eq!(json["nodes"][2]["lifecycle"]["stage"], "draining");
+        assert_eq!(
+            json["nodes"][2]["lifecycle"]["since"],
+            "2026-11-25T10:00:00Z"
+        );
         assert_eq!(json["nodes"][1]["step"], "issued");
         assert_eq!(json["nodes"][1]["bootId"], "b1");
         assert_eq!(json["nodes"][1]["role"], "control-plane");
         let back: Run = serde_json::from_value(json).expect("deserialize");
         assert_eq!(back, run);
-        assert_eq!(run.counts(), (1, 2));
+        assert_eq!(run.counts(), (1, 3));
     }
 }

@@ -11,14 +11,16 @@
 //! - an upgrade call is issued at most once per node and run; the node is done only when it rebooted (new
 //!   boot id), runs the target, reports ready and its Kubernetes Node is Ready;
 //! - a node that comes back on its old version (A/B fallback) or misses its deadline fails the run, which
-//!   then touches no further node.
+//!   then touches no further node;
+//! - on Talos ≥ 1.13 the controller sequences install, cordon and drain (bounded by a timeout), reboot and
+//!   uncordon itself; a node it cordoned stays in flight until it is uncordoned again.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
 use semver::Version;
 
-use super::progress::{NodeProgress, NodeRole, NodeStep, Outcome, Run};
+use super::progress::{LifecycleStage, NodeProgress, NodeRole, NodeStep, Outcome, Run};
 
 /// The order of node roles in a Talos OS run, as the `upgrade-order` annotation gives it.
 pub use crate::intent::UpgradeOrder;
@@ -31,8 +33,10 @@ pub struct Settings {
     pub max_parallel_workers: usize,
     /// Finish the node(s) in flight, start no new one.
     pub paused: bool,
-    /// How long a node may take from its upgrade call to being done.
+    /// How long a node may take from its upgrade call (or, on Talos ≥ 1.13, its reboot) to being done.
     pub node_deadline: Duration,
+    /// How long draining a node (Talos ≥ 1.13) may take before the run fails.
+    pub drain_timeout: Duration,
 }
 
 /// What the controller sees of one node right now.
@@ -43,6 +47,20 @@ pub struct NodeObservation {
     pub talos: TalosState,
     /// The Kubernetes Node's `Ready` condition is `True`.
     pub kubernetes_ready: bool,
+    /// The Kubernetes Node is unschedulable (`spec.unschedulable`).
+    pub cordoned: bool,
+    /// For a node the run is draining: what this pass's evictions left on it.
+    pub drain: Option<DrainStatus>,
+}
+
+/// The pods left on a node being drained, after this pass's evictions.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DrainStatus {
+    /// Pods that still have to go (evicted ones still terminating included); DaemonSet and mirror pods
+    /// never count.
+    pub remaining: usize,
+    /// Why an eviction was refused, naming the pod (a PodDisruptionBudget, usually).
+    pub blocked: Option<String>,
 }
 
 /// The node's Talos API as last seen.
@@ -88,6 +106,7 @@ pub enum UpgradeApi {
     /// `MachineService.Upgrade` (all Talos 1.x; the only one before 1.13).
     Legacy,
     /// `ImageService.Pull` + `LifecycleService.Upgrade`, cordon and drain, then `Reboot` (Talos ≥ 1.13).
+    /// The upgrade action installs only; the reboot is its own action once the node is drained.
     Lifecycle,
 }
 
@@ -106,12 +125,28 @@ impl UpgradeApi {
 pub enum Action {
     /// Move etcd leadership off a control plane before it is upgraded.
     ForfeitEtcdLeadership { node: String },
-    /// Upgrade a node; the run already records it as issued.
+    /// Upgrade a node; the run already records it as issued. With [`UpgradeApi::Lifecycle`] this pulls
+    /// and installs the new system only: draining and [`Action::Reboot`] follow.
     Upgrade {
         node: String,
         installer_image: String,
         api: UpgradeApi,
     },
+    /// Reboot a drained node into its newly installed system (Talos ≥ 1.13); recorded before it is sent.
+    Reboot { node: String },
+    /// Make a node the run cordoned schedulable again.
+    Uncordon { node: String },
+}
+
+impl Action {
+    pub fn node(&self) -> &str {
+        match self {
+            Action::ForfeitEtcdLeadership { node }
+            | Action::Upgrade { node, .. }
+            | Action::Reboot { node }
+            | Action::Uncordon { node } => node,
+        }
+    }
 }
 
 /// Whether an event is routine or needs attention.
@@ -223,10 +258,22 @@ fn role_rank(role: NodeRole, order: UpgradeOrder) -> u8 {
 }
 
 /// Records that a call on `node` failed for good (the node refused the upgrade, the installer image is
-/// bad): the run fails, naming the node.
-pub fn fail_node(run: &mut Run, node: &str, reason: &str, now: Timestamp) {
+/// bad): the run fails, naming the node. Returns the clean-up to do: uncordoning the node if the run had
+/// cordoned it.
+pub fn fail_node(run: &mut Run, node: &str, reason: &str, now: Timestamp) -> Option<Action> {
+    let mut cleanup = None;
     for progress in &mut run.nodes {
         if progress.name == node {
+            if let NodeStep::Issued {
+                lifecycle: Some(stage),
+                ..
+            } = &progress.step
+                && stage.must_uncordon()
+            {
+                cleanup = Some(Action::Uncordon {
+                    node: node.to_string(),
+                });
+            }
             progress.step = NodeStep::Failed {
                 at: now,
                 reason: reason.to_string(),
@@ -238,6 +285,42 @@ pub fn fail_node(run: &mut Run, node: &str, reason: &str, now: Timestamp) {
         node: Some(node.to_string()),
         reason: format!("node {node} {reason}"),
     });
+    cleanup
+}
+
+/// Records that the new system is installed on `node` (Talos ≥ 1.13): draining starts now.
+/// `already_cordoned` says the node was unschedulable before the controller touched it, in which case it
+/// is left cordoned afterwards, as it was found.
+pub fn installed(run: &mut Run, node: &str, already_cordoned: bool, now: Timestamp) {
+    for progress in &mut run.nodes {
+        if progress.name == node
+            && let NodeStep::Issued { lifecycle, .. } = &mut progress.step
+            && *lifecycle == Some(LifecycleStage::Installing)
+        {
+            *lifecycle = Some(LifecycleStage::Draining {
+                since: now,
+                uncordon: !already_cordoned,
+            });
+        }
+    }
+}
+
+/// Nodes the run is draining right now: the reconciler cordons them and evicts their pods, and reports
+/// what is left in [`NodeObservation::drain`].
+pub fn draining(run: &Run) -> Vec<&str> {
+    run.nodes
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.step,
+                NodeStep::Issued {
+                    lifecycle: Some(LifecycleStage::Draining { .. }),
+                    ..
+                }
+            )
+        })
+        .map(|n| n.name.as_str())
+        .collect()
 }
 
 /// Decides the next step of an unfinished or finished run.
@@ -266,23 +349,91 @@ pub fn advance(
     }
 
     // 1. Nodes in flight: done, still going, or failed.
+    let mut actions = Vec::new();
+    let mut details = Vec::new();
     for progress in &mut run.nodes {
+        let name = progress.name.clone();
         let NodeStep::Issued {
             at,
             boot_id,
             from_version,
-            ..
-        } = &progress.step
+            installer_image,
+            lifecycle,
+        } = &mut progress.step
         else {
             continue;
         };
-        let observed = observation.node(&progress.name);
+        let observed = observation.node(&name);
+        // Where the deadline counts from, and whether the node must be uncordoned once back.
+        let (since, uncordon) = match lifecycle {
+            None => (*at, false),
+            Some(LifecycleStage::Installing) => {
+                // The controller stopped during the install call; the node still runs its old system
+                // untouched, so installing again is safe.
+                actions.push(Action::Upgrade {
+                    node: name,
+                    installer_image: installer_image.clone(),
+                    api: UpgradeApi::Lifecycle,
+                });
+                continue;
+            }
+            Some(LifecycleStage::Draining { since, uncordon }) => {
+                let status = observed.and_then(|n| n.drain.as_ref());
+                match status {
+                    Some(status) if status.remaining == 0 => {
+                        notes.push(Note::normal(
+                            "NodeDrained",
+                            format!("Node {name} is drained; rebooting it into Talos {target}"),
+                        ));
+                        *lifecycle = Some(LifecycleStage::Rebooting {
+                            at: now,
+                            uncordon: *uncordon,
+                        });
+                        actions.push(Action::Reboot { node: name });
+                    }
+                    _ if now.duration_since(*since).unsigned_abs() > settings.drain_timeout => {
+                        let why = status
+                            .and_then(|s| s.blocked.as_deref())
+                            .map(|blocked| format!(": {blocked}"))
+                            .unwrap_or_default();
+                        if *uncordon {
+                            actions.push(Action::Uncordon { node: name.clone() });
+                        }
+                        progress.step = NodeStep::Failed {
+                            at: now,
+                            reason: format!(
+                                "could not be drained within {}{why}; it was not rebooted and runs \
+                                 its old version",
+                                human_duration(settings.drain_timeout)
+                            ),
+                        };
+                    }
+                    _ => {
+                        let left = status.map_or(String::from("pods"), |s| {
+                            format!("{} pod{} left", s.remaining, plural(s.remaining))
+                        });
+                        let why = status
+                            .and_then(|s| s.blocked.as_deref())
+                            .map(|blocked| format!("; {blocked}"))
+                            .unwrap_or_default();
+                        details.push(format!("draining {name}, {left}{why}"));
+                    }
+                }
+                continue;
+            }
+            Some(LifecycleStage::Rebooting { at, uncordon }) => (*at, *uncordon),
+        };
         match check_in_flight(observed, &target, boot_id, from_version) {
+            InFlight::Done if uncordon && observed.is_some_and(|n| n.cordoned) => {
+                // Back on the target and Ready: it only has to take pods again.
+                actions.push(Action::Uncordon { node: name.clone() });
+                details.push(format!("uncordoning {name}"));
+            }
             InFlight::Done => {
                 let started = *at;
                 notes.push(Note::normal(
                     "NodeUpgraded",
-                    format!("Node {} is running Talos {target}", progress.name),
+                    format!("Node {name} is running Talos {target}"),
                 ));
                 progress.step = NodeStep::Done {
                     at: now,
@@ -290,13 +441,13 @@ pub fn advance(
                 };
             }
             InFlight::Failed(reason) => {
-                progress.step = NodeStep::Failed {
-                    at: now,
-                    reason: reason.clone(),
-                };
+                if uncordon {
+                    actions.push(Action::Uncordon { node: name.clone() });
+                }
+                progress.step = NodeStep::Failed { at: now, reason };
             }
             InFlight::Waiting(waiting_for) => {
-                let elapsed = now.duration_since(*at).unsigned_abs();
+                let elapsed = now.duration_since(since).unsigned_abs();
                 if elapsed > settings.node_deadline {
                     let reason = match waiting_for {
                         Waiting::Down => format!(
@@ -312,6 +463,9 @@ pub fn advance(
                             human_duration(settings.node_deadline)
                         ),
                     };
+                    if uncordon {
+                        actions.push(Action::Uncordon { node: name.clone() });
+                    }
                     progress.step = NodeStep::Failed { at: now, reason };
                 }
             }
@@ -326,7 +480,9 @@ pub fn advance(
             node: Some(failed.0.clone()),
             reason: format!("node {} {}", failed.0, failed.1),
         });
-        return finish(run, Vec::new(), notes, None, true);
+        // Only clean-up is left to do: nodes this run cordoned are made schedulable again.
+        actions.retain(|action| matches!(action, Action::Uncordon { .. }));
+        return finish(run, actions, notes, None, true);
     }
     if run
         .nodes
@@ -338,7 +494,6 @@ pub fn advance(
     }
 
     // 2. Start the next node(s), unless paused.
-    let mut actions = Vec::new();
     let mut waiting = None;
     if !settings.paused {
         waiting = start_next(
@@ -355,6 +510,9 @@ pub fn advance(
     // A node whose installer image cannot be derived fails the run on the spot.
     let newly_finished = run.outcome.is_some();
     let mut decision = finish(run, actions, notes, waiting, newly_finished);
+    if decision.report.state == RunState::InProgress && !details.is_empty() {
+        decision.report.message = format!("{}: {}", decision.report.message, details.join("; "));
+    }
     if settings.paused && !newly_finished {
         decision.report.state = RunState::Paused;
         decision.report.message = if decision.report.in_flight.is_empty() {
@@ -512,11 +670,16 @@ fn start_next(
                 return None;
             }
         };
+        let api = UpgradeApi::for_running(version);
         run.nodes[index].step = NodeStep::Issued {
             at: now,
             boot_id: boot_id.clone(),
             from_version: version.to_string(),
             installer_image: image.clone(),
+            lifecycle: match api {
+                UpgradeApi::Legacy => None,
+                UpgradeApi::Lifecycle => Some(LifecycleStage::Installing),
+            },
         };
         notes.push(Note::normal(
             "NodeUpgradeStarted",
@@ -525,7 +688,7 @@ fn start_next(
         actions.push(Action::Upgrade {
             node: name.clone(),
             installer_image: image,
-            api: UpgradeApi::for_running(version),
+            api,
         });
         free -= 1;
     }
@@ -600,6 +763,10 @@ fn finish(
             notes,
         },
     }
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 { "" } else { "s" }
 }
 
 /// `15m`, `90s`, `1h`: how the deadline reads in a message.

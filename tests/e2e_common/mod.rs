@@ -108,6 +108,8 @@ pub struct WorldSpec {
     pub talos: &'static str,
     pub kubernetes: &'static str,
     pub node_deadline: Duration,
+    /// How long a drain may take (Talos ≥ 1.13).
+    pub drain_timeout: Duration,
     /// The simulated nodes' timings; [`Timings::fast`] by default.
     pub timings: Timings,
 }
@@ -120,6 +122,7 @@ impl Default for WorldSpec {
             talos: "1.11.6",
             kubernetes: "1.34.1",
             node_deadline: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(60),
             timings: Timings::fast(),
         }
     }
@@ -259,6 +262,7 @@ spec:
         let metrics = Metrics::new();
         let settings = Settings {
             node_deadline: spec.node_deadline,
+            drain_timeout: spec.drain_timeout,
             poll_interval: Duration::from_millis(100),
             talos: ConnectOptions {
                 port: sim.config().port,

@@ -6,6 +6,7 @@ use semver::Version;
 use super::*;
 
 const DEADLINE: Duration = Duration::from_secs(15 * 60);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
 fn t0() -> Timestamp {
     "2026-11-25T10:00:00Z".parse().expect("timestamp")
@@ -21,6 +22,7 @@ fn settings() -> Settings {
         max_parallel_workers: 1,
         paused: false,
         node_deadline: DEADLINE,
+        drain_timeout: DRAIN_TIMEOUT,
     }
 }
 
@@ -45,6 +47,8 @@ fn node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
             installer_image: format!("factory.talos.dev/installer/abc123:v{version}"),
         },
         kubernetes_ready: true,
+        cordoned: false,
+        drain: None,
     }
 }
 
@@ -567,76 +571,404 @@ fn a_failed_call_fails_the_run_once() {
     assert!(decision.actions.is_empty());
 }
 
-/// Drives a simulated cluster through whole runs with every order and batch size, checking the
-/// invariants the brief promises on every step.
+/// Drives a simulated cluster through whole runs with every order and batch size, on both API
+/// generations, checking the invariants the brief promises on every step.
 #[test]
 fn whole_runs_keep_every_promise() {
-    for order in [UpgradeOrder::WorkersFirst, UpgradeOrder::ControlPlanesFirst] {
-        for parallel in 1..=3 {
-            let settings = Settings {
-                order,
-                max_parallel_workers: parallel,
-                ..settings()
-            };
-            let mut obs = cluster("1.11.6");
-            let mut run = start_run("1.12.0", &v("1.12.0"), order, &obs, t0());
-            let mut now = t0();
-            let mut upgrade_calls: Vec<String> = Vec::new();
-            let mut in_flight: Vec<String> = Vec::new();
-            for _ in 0..100 {
-                let decision = decide(&run, &settings, &obs, now);
-                run = decision.run;
-                if decision.report.state == RunState::Completed {
-                    break;
-                }
-                assert_eq!(decision.report.state, RunState::InProgress);
-                for action in &decision.actions {
-                    match action {
-                        Action::Upgrade { node, .. } => {
-                            upgrade_calls.push(node.clone());
-                            in_flight.push(node.clone());
-                            down(&mut obs, node);
-                        }
-                        Action::ForfeitEtcdLeadership { node } => {
-                            let other = if node == "cp-1" { "cp-2" } else { "cp-1" };
-                            obs.etcd.leader = Some(other.into());
-                        }
-                    }
-                }
-                let cps_in_flight = in_flight.iter().filter(|n| n.starts_with("cp-")).count();
-                let workers_in_flight = in_flight.len() - cps_in_flight;
-                assert!(cps_in_flight <= 1, "two control planes down at once");
-                assert!(
-                    cps_in_flight == 0 || workers_in_flight == 0,
-                    "roles never mix in flight"
-                );
-                assert!(
-                    workers_in_flight <= parallel,
-                    "batch larger than {parallel}"
-                );
-                // The nodes come back on the target one step later.
-                now += 3.minutes();
-                for name in in_flight.drain(..) {
-                    rebooted(&mut obs, &name, "1.12.0", true);
-                }
-            }
-            assert_eq!(run.counts(), (5, 5), "{order:?}/{parallel}");
-            let mut sorted = upgrade_calls.clone();
-            sorted.sort();
-            sorted.dedup();
-            assert_eq!(
-                sorted.len(),
-                5,
-                "each node upgraded exactly once: {upgrade_calls:?}"
-            );
-            let first_cp = upgrade_calls.iter().position(|n| n.starts_with("cp-"));
-            let last_worker = upgrade_calls.iter().rposition(|n| n.starts_with("worker-"));
-            match order {
-                UpgradeOrder::WorkersFirst => assert!(last_worker < first_cp),
-                UpgradeOrder::ControlPlanesFirst => {
-                    assert!(first_cp < upgrade_calls.iter().position(|n| n.starts_with("worker-")))
-                }
+    for (from, to) in [("1.11.6", "1.12.0"), ("1.13.0", "1.14.0")] {
+        for order in [UpgradeOrder::WorkersFirst, UpgradeOrder::ControlPlanesFirst] {
+            for parallel in 1..=3 {
+                whole_run(from, to, order, parallel);
             }
         }
     }
+}
+
+fn whole_run(from: &str, to: &str, order: UpgradeOrder, parallel: usize) {
+    let case = format!("{from}->{to} {order:?}/{parallel}");
+    let settings = Settings {
+        order,
+        max_parallel_workers: parallel,
+        ..settings()
+    };
+    let mut obs = cluster(from);
+    let mut run = start_run(to, &v(to), order, &obs, t0());
+    let mut now = t0();
+    let mut upgrade_calls: Vec<String> = Vec::new();
+    let mut reboots: Vec<String> = Vec::new();
+    let mut going_down: Vec<String> = Vec::new();
+    for _ in 0..200 {
+        let decision = decide(&run, &settings, &obs, now);
+        run = decision.run;
+        if decision.report.state == RunState::Completed {
+            break;
+        }
+        assert_eq!(decision.report.state, RunState::InProgress, "{case}");
+        for action in &decision.actions {
+            match action {
+                Action::Upgrade {
+                    node,
+                    api: UpgradeApi::Legacy,
+                    ..
+                } => {
+                    upgrade_calls.push(node.clone());
+                    going_down.push(node.clone());
+                }
+                Action::Upgrade {
+                    node,
+                    api: UpgradeApi::Lifecycle,
+                    ..
+                } => {
+                    upgrade_calls.push(node.clone());
+                    installed(&mut run, node, false, now);
+                    // The next pass cordons and evicts; this cluster has nothing to evict.
+                    drain(&mut obs, node, 0, None);
+                }
+                Action::Reboot { node } => {
+                    reboots.push(node.clone());
+                    going_down.push(node.clone());
+                }
+                Action::Uncordon { node } => set(&mut obs, node, |n| n.cordoned = false),
+                Action::ForfeitEtcdLeadership { node } => {
+                    let other = if node == "cp-1" { "cp-2" } else { "cp-1" };
+                    obs.etcd.leader = Some(other.into());
+                }
+            }
+        }
+        for name in &going_down {
+            down(&mut obs, name);
+        }
+        let down_now: Vec<&str> = obs
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.talos, TalosState::Unreachable { .. }))
+            .map(|n| n.name.as_str())
+            .collect();
+        let cps_down = down_now.iter().filter(|n| n.starts_with("cp-")).count();
+        let workers_down = down_now.len() - cps_down;
+        assert!(cps_down <= 1, "{case}: two control planes down at once");
+        assert!(
+            cps_down == 0 || workers_down == 0,
+            "{case}: roles never mix in flight"
+        );
+        assert!(
+            workers_down <= parallel,
+            "{case}: batch larger than {parallel}"
+        );
+        // The nodes come back on the target one step later.
+        now += 3.minutes();
+        for name in going_down.drain(..) {
+            rebooted(&mut obs, &name, to, true);
+            set(&mut obs, &name, |n| n.drain = None);
+        }
+    }
+    assert_eq!(run.counts(), (5, 5), "{case}");
+    assert!(
+        obs.nodes.iter().all(|n| !n.cordoned),
+        "{case}: no node left cordoned"
+    );
+    let exactly_once = |calls: &[String]| {
+        let mut sorted = calls.to_vec();
+        sorted.sort();
+        sorted.dedup();
+        sorted.len() == 5 && calls.len() == 5
+    };
+    assert!(
+        exactly_once(&upgrade_calls),
+        "{case}: each node upgraded exactly once: {upgrade_calls:?}"
+    );
+    if UpgradeApi::for_running(&v(from)) == UpgradeApi::Lifecycle {
+        assert!(
+            exactly_once(&reboots),
+            "{case}: each node rebooted exactly once: {reboots:?}"
+        );
+    }
+    let first_cp = upgrade_calls.iter().position(|n| n.starts_with("cp-"));
+    let last_worker = upgrade_calls.iter().rposition(|n| n.starts_with("worker-"));
+    match order {
+        UpgradeOrder::WorkersFirst => assert!(last_worker < first_cp, "{case}"),
+        UpgradeOrder::ControlPlanesFirst => assert!(
+            first_cp < upgrade_calls.iter().position(|n| n.starts_with("worker-")),
+            "{case}"
+        ),
+    }
+}
+
+// ----- Talos >= 1.13: install, cordon and drain, reboot, uncordon -----
+
+fn lifecycle_stage(run: &Run, name: &str) -> Option<LifecycleStage> {
+    match &run.node(name).expect("node in run").step {
+        NodeStep::Issued { lifecycle, .. } => lifecycle.clone(),
+        other => panic!("{name} is not in flight: {other:?}"),
+    }
+}
+
+/// A run to 1.14.0 from 1.13.0 whose first node (worker-1) is installed and draining since t0.
+fn draining_run() -> (Run, Observation) {
+    let obs = cluster("1.13.0");
+    let run = start_run(
+        "1.14.0",
+        &v("1.14.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let mut run = decide(&run, &settings(), &obs, t0()).run;
+    installed(&mut run, "worker-1", false, t0());
+    (run, obs)
+}
+
+fn drain(obs: &mut Observation, name: &str, remaining: usize, blocked: Option<&str>) {
+    set(obs, name, |n| {
+        n.cordoned = true;
+        n.drain = Some(DrainStatus {
+            remaining,
+            blocked: blocked.map(String::from),
+        });
+    });
+}
+
+#[test]
+fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
+    let obs = cluster("1.13.0");
+    let run = start_run(
+        "1.14.0",
+        &v("1.14.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let first = decide(&run, &settings(), &obs, t0());
+    assert_eq!(
+        first.actions,
+        vec![Action::Upgrade {
+            node: "worker-1".into(),
+            installer_image: "factory.talos.dev/installer/abc123:v1.14.0".into(),
+            api: UpgradeApi::Lifecycle,
+        }]
+    );
+    assert_eq!(
+        lifecycle_stage(&first.run, "worker-1"),
+        Some(LifecycleStage::Installing)
+    );
+
+    // The install went through: draining starts; a node someone else had cordoned stays cordoned after.
+    for (already_cordoned, uncordon) in [(false, true), (true, false)] {
+        let mut run = first.run.clone();
+        installed(&mut run, "worker-1", already_cordoned, t0() + 1.minutes());
+        assert_eq!(
+            lifecycle_stage(&run, "worker-1"),
+            Some(LifecycleStage::Draining {
+                since: t0() + 1.minutes(),
+                uncordon
+            })
+        );
+        assert_eq!(draining(&run), vec!["worker-1"]);
+    }
+}
+
+#[test]
+fn an_install_found_unfinished_is_made_again_but_a_reboot_never_is() {
+    let obs = cluster("1.13.0");
+    let run = start_run(
+        "1.14.0",
+        &v("1.14.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let first = decide(&run, &settings(), &obs, t0());
+    // A controller restarted mid-install: the node still runs its old system, untouched.
+    let again = decide(&first.run, &settings(), &obs, t0() + 1.minutes());
+    assert_eq!(
+        again.actions,
+        vec![Action::Upgrade {
+            node: "worker-1".into(),
+            installer_image: "factory.talos.dev/installer/abc123:v1.14.0".into(),
+            api: UpgradeApi::Lifecycle,
+        }]
+    );
+
+    let (run, mut obs) = draining_run();
+    drain(&mut obs, "worker-1", 0, None);
+    let drained = decide(&run, &settings(), &obs, t0() + 2.minutes());
+    assert_eq!(
+        drained.actions,
+        vec![Action::Reboot {
+            node: "worker-1".into()
+        }]
+    );
+    // The reboot is recorded before it is sent; whatever is seen next, it is not sent again.
+    let mut gone = obs.clone();
+    down(&mut gone, "worker-1");
+    for now_obs in [obs.clone(), gone] {
+        let later = decide(&drained.run, &settings(), &now_obs, t0() + 3.minutes());
+        assert!(later.actions.is_empty(), "{:?}", later.actions);
+    }
+}
+
+#[test]
+fn draining_waits_for_the_pods_and_says_what_holds_it() {
+    let (run, mut obs) = draining_run();
+    let blocked = "eviction of pod shop/web-1 refused: Cannot evict pod as it would violate the \
+                   pod's disruption budget";
+    let cases = [
+        (
+            2,
+            None,
+            "Upgrading node worker-1 (1/5): draining worker-1, 2 pods left",
+        ),
+        (
+            1,
+            Some(blocked),
+            &*format!("Upgrading node worker-1 (1/5): draining worker-1, 1 pod left; {blocked}"),
+        ),
+    ];
+    for (remaining, why, message) in cases {
+        drain(&mut obs, "worker-1", remaining, why);
+        let decision = decide(&run, &settings(), &obs, t0() + 4.minutes());
+        assert!(decision.actions.is_empty(), "{:?}", decision.actions);
+        assert_eq!(decision.report.message, message);
+        assert_eq!(decision.report.in_flight, vec!["worker-1"]);
+    }
+}
+
+#[test]
+fn a_drain_past_its_timeout_fails_the_run_and_uncordons_the_node() {
+    let (run, mut obs) = draining_run();
+    let blocked = "eviction of pod shop/web-1 refused: Cannot evict pod as it would violate the \
+                   pod's disruption budget";
+    drain(&mut obs, "worker-1", 1, Some(blocked));
+    let decision = decide(&run, &settings(), &obs, t0() + 5.minutes() + 1.seconds());
+    assert_eq!(
+        decision.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert_eq!(
+        decision.report.message,
+        format!(
+            "Talos upgrade failed: node worker-1 could not be drained within 5m: {blocked}; it was \
+             not rebooted and runs its old version"
+        )
+    );
+    assert_eq!(decision.report.failed_nodes, vec!["worker-1"]);
+    assert!(
+        decision
+            .report
+            .notes
+            .iter()
+            .any(|n| n.reason == "UpgradeFailed"),
+        "{:?}",
+        decision.report.notes
+    );
+}
+
+#[test]
+fn a_rebooted_node_is_done_only_once_uncordoned() {
+    let (run, mut obs) = draining_run();
+    drain(&mut obs, "worker-1", 0, None);
+    let rebooting = decide(&run, &settings(), &obs, t0() + 2.minutes()).run;
+    rebooted(&mut obs, "worker-1", "1.14.0", true);
+    set(&mut obs, "worker-1", |n| n.drain = None);
+
+    let back = decide(&rebooting, &settings(), &obs, t0() + 3.minutes());
+    assert_eq!(
+        back.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
+    assert_eq!(back.report.in_flight, vec!["worker-1"]);
+
+    set(&mut obs, "worker-1", |n| n.cordoned = false);
+    let done = decide(&back.run, &settings(), &obs, t0() + 4.minutes());
+    assert!(matches!(
+        done.run.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Done { .. })
+    ));
+    // The next node starts in the same decision: no time is lost between nodes.
+    assert_eq!(upgraded_nodes(&done.actions), vec!["worker-2"]);
+
+    // A node found cordoned before the controller touched it is left cordoned.
+    let (mut run, mut obs) = draining_run();
+    run.nodes[0].step = NodeStep::Issued {
+        at: t0(),
+        boot_id: "worker-1-boot-1".into(),
+        from_version: "1.13.0".into(),
+        installer_image: "factory.talos.dev/installer/abc123:v1.14.0".into(),
+        lifecycle: Some(LifecycleStage::Rebooting {
+            at: t0() + 1.minutes(),
+            uncordon: false,
+        }),
+    };
+    rebooted(&mut obs, "worker-1", "1.14.0", true);
+    set(&mut obs, "worker-1", |n| n.cordoned = true);
+    let done = decide(&run, &settings(), &obs, t0() + 2.minutes());
+    assert!(!done.actions.contains(&Action::Uncordon {
+        node: "worker-1".into()
+    }));
+    assert!(matches!(
+        done.run.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Done { .. })
+    ));
+}
+
+#[test]
+fn the_deadline_counts_from_the_reboot_and_a_late_node_is_uncordoned() {
+    let (run, mut obs) = draining_run();
+    drain(&mut obs, "worker-1", 0, None);
+    // A long drain: the reboot is sent ten minutes after the install.
+    let rebooting = decide(&run, &settings(), &obs, t0() + 10.minutes()).run;
+    down(&mut obs, "worker-1");
+    let cases = [
+        (t0() + 20.minutes(), RunState::InProgress, vec![]),
+        (
+            t0() + 25.minutes() + 1.seconds(),
+            RunState::Failed,
+            vec![Action::Uncordon {
+                node: "worker-1".into(),
+            }],
+        ),
+    ];
+    for (now, state, actions) in cases {
+        let decision = decide(&rebooting, &settings(), &obs, now);
+        assert_eq!(decision.report.state, state, "{}", decision.report.message);
+        assert_eq!(decision.actions, actions);
+    }
+}
+
+#[test]
+fn a_refused_call_on_a_cordoned_node_asks_for_its_uncordon() {
+    let (run, _) = draining_run();
+    let mut refused = run.clone();
+    assert_eq!(
+        fail_node(&mut refused, "worker-1", "refused the reboot: boom", t0()),
+        Some(Action::Uncordon {
+            node: "worker-1".into()
+        })
+    );
+    assert_eq!(refused.failed_nodes(), vec!["worker-1"]);
+
+    let obs = cluster("1.13.0");
+    let fresh = start_run(
+        "1.14.0",
+        &v("1.14.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let mut installing = decide(&fresh, &settings(), &obs, t0()).run;
+    assert_eq!(
+        fail_node(
+            &mut installing,
+            "worker-1",
+            "refused the installation",
+            t0()
+        ),
+        None,
+        "a node that was never cordoned needs no uncordon"
+    );
 }
