@@ -307,12 +307,18 @@ fn role_rank(role: NodeRole) -> u8 {
     }
 }
 
-/// Records that the issued step at `index` succeeded (a pull or the manifest sync: calls with nothing to
-/// observe). Returns false, changing nothing, when that step is not issued (already decided).
+/// Records that the issued step at `index` succeeded: only for a pull or the manifest sync, the calls
+/// with nothing to observe. Returns false, changing nothing, for any other step or one that is not
+/// issued (already decided). The next [`advance`] starts the following step.
 pub fn complete_step(run: &mut KubeRun, index: usize, now: Timestamp) -> bool {
     let Some(progress) = run.steps.get_mut(index) else {
         return false;
     };
+    // A patch is done only when its effect is seen: a successful call proves nothing about the pods.
+    match progress.step {
+        Step::PrePull { .. } | Step::Manifests => {}
+        Step::ControlPlane { .. } | Step::KubeProxy { .. } | Step::Kubelet { .. } => return false,
+    }
     let StepState::Issued { at, .. } = progress.state else {
         return false;
     };
@@ -577,16 +583,12 @@ fn check_issued(
                 node: node.to_string(),
             }),
         },
-        Step::ControlPlane { .. } | Step::KubeProxy { .. } | Step::Kubelet { .. } => {
-            let Some(node_name) = step.node() else {
+        Step::ControlPlane { node: name, .. }
+        | Step::KubeProxy { node: name }
+        | Step::Kubelet { node: name } => {
+            let Some(node) = observation.node(name) else {
                 return Check::Waiting {
-                    missing: step.activity(),
-                    retry: None,
-                };
-            };
-            let Some(node) = observation.node(node_name) else {
-                return Check::Waiting {
-                    missing: format!("node {node_name} was not seen in the cluster"),
+                    missing: format!("node {name} was not seen in the cluster"),
                     retry: None,
                 };
             };
@@ -597,11 +599,12 @@ fn check_issued(
                     Ok(image) => image,
                     Err(error) => {
                         return Check::Waiting {
-                            missing: format!("node {node_name}: {error}"),
+                            missing: format!("node {name}: {error}"),
                             retry: None,
                         };
                     }
                 },
+                // Every patch step has a field; `check_patched` reports the impossible case.
                 (None, None) => String::new(),
             };
             check_patched(step, node, &desired, target)
@@ -741,17 +744,18 @@ fn manifest_node<'a>(run: &'a KubeRun, observation: &Observation) -> Option<&'a 
         .find(|name| observation.node(name).is_some_and(reachable))
 }
 
-/// Whether a step's effect is already there on `node`, so it needs no work.
+/// Nothing to pull when the node's config already names every new image: the node runs them.
+fn already_configured(node: &NodeObservation, images: &[ImagePull]) -> bool {
+    images
+        .iter()
+        .all(|pull| node.images.get(pull.field) == Some(pull.image.as_str()))
+}
+
+/// Whether a step's effect is already there on `node` when the run starts, so it needs no work.
 fn satisfied(step: &Step, node: &NodeObservation, target: &KubernetesVersion) -> bool {
     match step {
-        // Nothing to pull when the node's config already names every new image.
-        Step::PrePull { .. } => {
-            pulls(node, node.role == NodeRole::ControlPlane, target).is_ok_and(|images| {
-                images
-                    .iter()
-                    .all(|pull| node.images.get(pull.field) == Some(pull.image.as_str()))
-            })
-        }
+        Step::PrePull { .. } => pulls(node, node.role == NodeRole::ControlPlane, target)
+            .is_ok_and(|images| already_configured(node, &images)),
         Step::ControlPlane { .. } | Step::KubeProxy { .. } | Step::Kubelet { .. } => {
             let Some(field) = field_of(step) else {
                 return false;
@@ -816,7 +820,7 @@ fn start(
             Ok(images) => images,
             Err(error) => return refuse(error),
         };
-        if satisfied(step, node, target) {
+        if already_configured(node, &images) {
             return Start::Satisfied;
         }
         return Start::Go {
@@ -932,6 +936,17 @@ fn doing(step: &Step, target: &str) -> String {
     }
 }
 
+/// The step as a noun phrase: `the kube-apiserver upgrade on node cp-1`.
+fn work(step: &Step) -> String {
+    match step {
+        Step::PrePull { node } => format!("the image pre-pull on node {node}"),
+        Step::ControlPlane { component, node } => format!("the {component} upgrade on node {node}"),
+        Step::KubeProxy { node } => format!("the kube-proxy upgrade on node {node}"),
+        Step::Kubelet { node } => format!("the kubelet upgrade on node {node}"),
+        Step::Manifests => "the bootstrap manifest sync".to_string(),
+    }
+}
+
 /// Builds the report for `run` after a decision; `announce` adds the completion or failure event (only
 /// when this decision ended the run, so a finished run is announced once).
 fn finish(
@@ -999,7 +1014,7 @@ fn finish(
                     RunState::Paused,
                     format!(
                         "Pausing: finishing {} before holding ({position})",
-                        run.steps[i].step.activity()
+                        work(&run.steps[i].step)
                     ),
                 ),
                 (None, true, _) => (

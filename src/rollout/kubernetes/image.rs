@@ -147,7 +147,11 @@ fn flavour_suffix(tag: &str) -> &str {
         return "";
     }
     // The suffix is the tag's tail after the version core, `-` included.
-    &tag[tag.len() - pre.len() - 1..]
+    tag.len()
+        .checked_sub(pre.len() + 1)
+        .and_then(|start| tag.get(start..))
+        .filter(|suffix| suffix.starts_with('-'))
+        .unwrap_or_default()
 }
 
 /// OCI tag grammar: `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.

@@ -334,6 +334,14 @@ fn calls_with_nothing_to_observe_wait_for_the_executor_and_are_repeated_if_lost(
     assert!(complete_step(&mut run, 0, t0() + 1.minutes()));
     assert!(!complete_step(&mut run, 0, t0() + 1.minutes()), "only once");
     assert!(!complete_step(&mut run, 99, t0()), "no such step");
+    // A patch is verified by what it changes, never by the call's success.
+    let mut patching = issued_at(&obs, "kube-apiserver cp-1", t0());
+    let patch = index_of(&patching, "kube-apiserver cp-1");
+    assert!(!complete_step(&mut patching, patch, t0()));
+    assert!(matches!(
+        patching.steps[patch].state,
+        StepState::Issued { .. }
+    ));
     let next = advance(&run, &settings(), &obs, t0() + 1.minutes());
     assert_eq!(labels(&next.actions), vec!["pull cp-2"]);
     assert_eq!(
@@ -958,7 +966,7 @@ fn a_paused_run_finishes_the_step_in_flight_and_starts_none() {
     assert_eq!(finishing.report.state, RunState::Paused);
     assert_eq!(
         finishing.report.message,
-        "Pausing: finishing updating kube-apiserver on node cp-1 before holding (step 6/23)"
+        "Pausing: finishing the kube-apiserver upgrade on node cp-1 before holding (step 6/23)"
     );
     // The in-flight step's lost call is still made again: finishing it is part of pausing.
     assert_eq!(
