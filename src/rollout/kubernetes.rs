@@ -20,6 +20,16 @@
 //!
 //! Version rules (no minor skipped, Talos supports the target, …) are checked by the reconciler before a
 //! run starts and are not checked again here.
+//!
+//! Wiring, per reconcile:
+//! 1. no run for this `requested` value yet: [`start_run`] (with `from` = [`kubernetes_current`]);
+//! 2. `decision = advance(run, settings, observation, now)`; persist `decision.run`;
+//! 3. execute `decision.actions` (at most one) in order. A pull or a manifest sync that succeeded:
+//!    [`complete_step`]`(run, decision.step, now)`; any call that failed for good (image not found, config
+//!    refused): [`fail_step`], which ends the run, and announce `UpgradeFailed` yourself (as for
+//!    [`super::talos::fail_node`]). A transient error may simply be left: the next decision makes the call
+//!    again until the step deadline. Persist again;
+//! 4. publish `decision.report` (annotations, conditions, metrics, `notes` as Events).
 
 mod image;
 mod progress;

@@ -25,7 +25,9 @@ pub struct KubeRun {
     /// Set once the run ends; a finished run is never decided again for the same `requested` value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Outcome>,
-    /// Every step of the run, in the order they are taken; the order never changes within a run.
+    /// Every step of the run, in the order they are taken; the order never changes within a run. Empty
+    /// for a target refused before any step (the outcome then says why).
+    #[serde(default)]
     pub steps: Vec<StepProgress>,
 }
 

@@ -1040,8 +1040,12 @@ struct FakeCluster {
 
 impl FakeCluster {
     fn new(pod_warmup: u32) -> Self {
+        Self::of(cluster("1.34.1"), pod_warmup)
+    }
+
+    fn of(obs: Observation, pod_warmup: u32) -> Self {
         FakeCluster {
-            obs: cluster("1.34.1"),
+            obs,
             pod_warmup,
             warming: BTreeMap::new(),
         }
@@ -1108,7 +1112,9 @@ impl FakeCluster {
                 .kubelet
                 .as_deref()
                 .and_then(image_tag)
-                .and_then(|tag| KubernetesVersion::parse(tag).ok());
+                // `v1.35.0-fat` runs kubelet v1.35.0.
+                .and_then(|tag| semver::Version::parse(tag.trim_start_matches('v')).ok())
+                .map(|v| KubernetesVersion::new(v.major, v.minor, v.patch));
             if running != node.kubelet_version {
                 node.kubelet_version = running;
             }
@@ -1123,7 +1129,15 @@ fn drive(
     cluster: &mut FakeCluster,
     lose: impl Fn(usize) -> bool,
 ) -> (KubeRun, Vec<String>, Vec<Note>) {
-    let mut run = start(&cluster.obs);
+    let run = start(&cluster.obs);
+    drive_from(cluster, run, lose)
+}
+
+fn drive_from(
+    cluster: &mut FakeCluster,
+    mut run: KubeRun,
+    lose: impl Fn(usize) -> bool,
+) -> (KubeRun, Vec<String>, Vec<Note>) {
     let mut now = t0();
     let mut calls = Vec::new();
     let mut notes = Vec::new();
@@ -1236,4 +1250,96 @@ fn a_whole_run_survives_calls_lost_between_write_ahead_and_execution() {
         23,
         "each step announced once"
     );
+}
+
+#[test]
+fn a_whole_run_tells_the_user_each_step_once() {
+    // One control plane behind a mirror with a port, one worker with a `-fat` kubelet.
+    let mut cp = node("cp-1", NodeRole::ControlPlane, "1.34.1");
+    cp.images.api_server = Some("registry.local:5000/kube-apiserver:v1.34.1".into());
+    pod(&mut cp, Component::KubeApiserver).image =
+        "registry.local:5000/kube-apiserver:v1.34.1".into();
+    let mut worker = node("w-1", NodeRole::Worker, "1.34.1");
+    worker.images.kubelet = Some("ghcr.io/siderolabs/kubelet:v1.34.1-fat".into());
+    let mut cluster = FakeCluster::of(
+        Observation {
+            nodes: vec![cp, worker],
+        },
+        1,
+    );
+    let (run, calls, notes) = drive(&mut cluster, |_| false);
+    assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
+    assert_eq!(
+        calls,
+        vec![
+            "pull cp-1",
+            "pull w-1",
+            "patch kube-apiserver cp-1",
+            "patch kube-controller-manager cp-1",
+            "patch kube-scheduler cp-1",
+            "patch kube-proxy cp-1",
+            "patch kubelet cp-1",
+            "patch kubelet w-1",
+            "sync cp-1",
+        ]
+    );
+    let told: Vec<String> = notes
+        .iter()
+        .map(|n| format!("{}: {}", n.reason, n.message))
+        .collect();
+    assert_eq!(
+        told,
+        vec![
+            "NodeUpgradeStarted: Upgrading Kubernetes on node cp-1 from 1.34.1 to 1.35.0",
+            "StepStarted: Pre-pulling the Kubernetes 1.35.0 images on node cp-1",
+            "NodeUpgradeStarted: Upgrading Kubernetes on node w-1 from 1.34.1 to 1.35.0",
+            "StepStarted: Pre-pulling the Kubernetes 1.35.0 images on node w-1",
+            "StepStarted: Upgrading kube-apiserver on node cp-1 to 1.35.0 (registry.local:5000/kube-apiserver:v1.35.0)",
+            "StepStarted: Upgrading kube-controller-manager on node cp-1 to 1.35.0 (registry.k8s.io/kube-controller-manager:v1.35.0)",
+            "StepStarted: Upgrading kube-scheduler on node cp-1 to 1.35.0 (registry.k8s.io/kube-scheduler:v1.35.0)",
+            "StepStarted: Upgrading kube-proxy on node cp-1 to 1.35.0 (registry.k8s.io/kube-proxy:v1.35.0)",
+            "StepStarted: Upgrading kubelet on node cp-1 to 1.35.0 (ghcr.io/siderolabs/kubelet:v1.35.0)",
+            "NodeUpgraded: Node cp-1 runs Kubernetes 1.35.0",
+            "StepStarted: Upgrading kubelet on node w-1 to 1.35.0 (ghcr.io/siderolabs/kubelet:v1.35.0-fat)",
+            "NodeUpgraded: Node w-1 runs Kubernetes 1.35.0",
+            "StepStarted: Syncing the bootstrap manifests for Kubernetes 1.35.0 from node cp-1",
+            "UpgradeCompleted: Kubernetes upgrade completed: all 2 nodes run 1.35.0",
+        ]
+    );
+    assert_eq!(
+        cluster
+            .obs
+            .node("w-1")
+            .and_then(|n| n.images.kubelet.as_deref()),
+        Some("ghcr.io/siderolabs/kubelet:v1.35.0-fat")
+    );
+}
+
+#[test]
+fn a_run_restarted_from_its_record_at_any_point_makes_the_same_calls() {
+    // The controller restarts after every decision: the run it continues from is the persisted JSON.
+    let mut cluster = FakeCluster::new(1);
+    let mut run = start(&cluster.obs);
+    let mut now = t0();
+    let mut calls = Vec::new();
+    for _ in 0..200 {
+        let json = serde_json::to_string(&run).expect("serialize");
+        run = serde_json::from_str(&json).expect("deserialize");
+        let decision = advance(&run, &settings(), &cluster.obs, now);
+        run = decision.run;
+        if run.is_finished() {
+            break;
+        }
+        for action in &decision.actions {
+            calls.push(action_label(action));
+            cluster.apply(action);
+            if let Action::PullImages { .. } | Action::SyncManifests { .. } = action {
+                assert!(complete_step(&mut run, decision.step.expect("step"), now));
+            }
+        }
+        now += 30.seconds();
+        cluster.tick();
+    }
+    assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
+    assert_eq!(calls, expected_calls());
 }
