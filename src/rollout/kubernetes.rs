@@ -98,12 +98,14 @@ pub enum TalosApi {
     Unreachable { reason: String },
 }
 
-/// Image fields of the node's machine config; `None` when unknown or unset. Control-plane fields are
-/// `None` on workers.
+/// Image fields of the node's machine config. Control-plane fields are `None` on workers.
 ///
-/// Read them from the config Talos actually runs (the `v1alpha1` machine config, or the
-/// `APIServerConfig`/… and `KubeletSpec` resources, which carry the effective image) so a patch shows up
-/// here as soon as Talos accepted it.
+/// `None` means the config leaves the field unset, so Talos runs its default image
+/// ([`ImageField::default_repository`]); the upgrade then sets it explicitly, as talosctl does. It must
+/// never mean "could not read": an observer that cannot read a node's config reports its Talos API as
+/// unreachable instead, or the default repository would be patched in over a mirror. Read the config
+/// Talos actually runs (the `v1alpha1` machine config, or the `APIServerConfig`/… and `KubeletSpec`
+/// resources, which carry the effective image) so a patch shows up here as soon as Talos accepted it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ConfiguredImages {
     pub api_server: Option<String>,
@@ -702,7 +704,8 @@ fn check_patched(
         }
         // talosctl does not wait for kube-proxy: the DaemonSet follows with the manifest sync.
         Step::KubeProxy { .. } => Check::Verified,
-        Step::PrePull { .. } | Step::Manifests => Check::Verified,
+        // Not patch steps (`field_of` already turned them away): never verified here.
+        Step::PrePull { .. } | Step::Manifests => waiting(step.activity()),
     }
 }
 
