@@ -284,11 +284,12 @@ fn redacted(uri: &Uri) -> String {
 enum FetchError {
     #[error("no complete answer within {0:?}")]
     Timeout(Duration),
-    #[error("request to {url} failed: {source}")]
-    Request {
-        url: String,
-        source: hyper_util::client::legacy::Error,
-    },
+    /// `reason` is the error with its causes: hyper's own message ("client error (Connect)") alone
+    /// does not say whether DNS, the connection or certificate verification failed.
+    #[error("request to {url} failed: {reason}")]
+    Request { url: String, reason: String },
+    #[error("cannot build a request for {url}")]
+    InvalidRequest { url: String },
     #[error("{url} answered HTTP {status}")]
     Status { url: String, status: StatusCode },
     #[error("{url} redirected without a usable Location")]
@@ -333,7 +334,7 @@ async fn get(sources: &Sources, start: &Uri, limit: usize) -> Result<Page, Fetch
                 concat!("talos-upgrade-controller/", env!("CARGO_PKG_VERSION")),
             )
             .body(Empty::<Bytes>::new())
-            .map_err(|_| FetchError::BadRedirect {
+            .map_err(|_| FetchError::InvalidRequest {
                 url: redacted(&uri),
             })?;
         let response =
@@ -341,9 +342,9 @@ async fn get(sources: &Sources, start: &Uri, limit: usize) -> Result<Page, Fetch
                 .client
                 .request(request)
                 .await
-                .map_err(|source| FetchError::Request {
+                .map_err(|error| FetchError::Request {
                     url: redacted(&uri),
-                    source,
+                    reason: with_causes(&error),
                 })?;
         let status = response.status();
         if status.is_redirection() {
@@ -407,6 +408,18 @@ async fn get(sources: &Sources, start: &Uri, limit: usize) -> Result<Page, Fetch
     Err(FetchError::TooManyRedirects {
         url: redacted(start),
     })
+}
+
+/// An error and its chain of causes, `outer: inner: innermost`.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }
 
 /// Resolve a `Location` or `Link` target: absolute URLs as they are, absolute paths against the

@@ -420,3 +420,26 @@ fn link_and_location_handling() {
         .expect("uri");
     assert_eq!(redacted(&signed), "https://mirror.example/v2/tags");
 }
+
+#[tokio::test]
+async fn an_unreachable_source_reports_why() {
+    // A port that was just free: nothing listens there.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let base = format!("http://{}", listener.local_addr().expect("local address"));
+    drop(listener);
+    let mut handle =
+        CatalogHandle::start(Catalog::builtin(), &config(Some(&base), None)).expect("start");
+    let state = wait_for(&mut handle, |s| s.rounds >= 1).await;
+    let SourceState::Failed { error, kept: 0 } = &state.talos else {
+        panic!("{:?}", state.talos);
+    };
+    // The cause, not just hyper's "client error (Connect)".
+    assert!(
+        error.contains("/versions") && error.contains("onnect"),
+        "{error}"
+    );
+    assert!(error.len() > "client error (Connect)".len() + 40, "{error}");
+    assert_eq!(*handle.snapshot(), Catalog::builtin());
+}
