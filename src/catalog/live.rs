@@ -149,7 +149,10 @@ impl CatalogHandle {
         if !config.enabled {
             return Ok(CatalogHandle::fixed(base));
         }
-        let sources = Sources::new(config)?;
+        Ok(CatalogHandle::spawn(base, Sources::new(config)?, config))
+    }
+
+    fn spawn(base: Catalog, sources: Sources, config: &LiveConfig) -> CatalogHandle {
         let (sender, state) = watch::channel(Arc::new(LiveState {
             catalog: Arc::new(base.clone()),
             talos: sources
@@ -163,7 +166,7 @@ impl CatalogHandle {
             rounds: 0,
         }));
         tokio::spawn(refresh_loop(base, sources, config.clone(), sender));
-        Ok(CatalogHandle { state })
+        CatalogHandle { state }
     }
 
     /// The current catalog. Never blocks and never touches the network.
@@ -191,6 +194,15 @@ struct Sources {
 
 impl Sources {
     fn new(config: &LiveConfig) -> Result<Sources, LiveConfigError> {
+        Sources::build(config, None)
+    }
+
+    /// `roots`: `None` trusts the platform's root certificates (loaded only when a source uses
+    /// https); `Some` trusts exactly the given ones (tests with their own CA).
+    fn build(
+        config: &LiveConfig,
+        roots: Option<rustls::RootCertStore>,
+    ) -> Result<Sources, LiveConfigError> {
         if config.interval.is_zero() || config.timeout.is_zero() {
             return Err(LiveConfigError::ZeroDuration);
         }
@@ -212,20 +224,19 @@ impl Sources {
         // The ring provider explicitly: the process may have none installed as default, and the
         // project uses ring everywhere. Loopback-only http setups (tests) need no root certificates,
         // and a machine without any must still be able to run them.
-        let builder = if any_https {
-            builder
+        let builder = match roots {
+            None if any_https => builder
                 .with_provider_and_native_roots(rustls::crypto::ring::default_provider())
-                .map_err(LiveConfigError::RootCertificates)?
-        } else {
-            builder.with_tls_config(
+                .map_err(LiveConfigError::RootCertificates)?,
+            roots => builder.with_tls_config(
                 rustls::ClientConfig::builder_with_provider(Arc::new(
                     rustls::crypto::ring::default_provider(),
                 ))
                 .with_safe_default_protocol_versions()
                 .map_err(|e| LiveConfigError::RootCertificates(std::io::Error::other(e)))?
-                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_root_certificates(roots.unwrap_or_else(rustls::RootCertStore::empty))
                 .with_no_client_auth(),
-            )
+            ),
         };
         let connector = builder.https_or_http().enable_http1().build();
         let client = Client::builder(TokioExecutor::new()).build(connector);

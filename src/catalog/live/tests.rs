@@ -443,3 +443,78 @@ async fn an_unreachable_source_reports_why() {
     assert!(error.len() > "client error (Connect)".len() + 40, "{error}");
     assert_eq!(*handle.snapshot(), Catalog::builtin());
 }
+
+/// A one-shot HTTPS server on 127.0.0.1 with a certificate from a fresh CA: it answers every
+/// request with `body`. Returns its base URL and the CA to trust. A hand-written HTTP/1.1 answer
+/// keeps the test to what is under test: the client's TLS verification.
+async fn serve_https(body: &'static str) -> (String, rustls::RootCertStore) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let ca = crate::sim::pki::CertAuthority::generate().expect("CA");
+    let identity = ca
+        .server_identity("releases", std::net::Ipv4Addr::LOCALHOST)
+        .expect("server certificate");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert_der().clone()).expect("CA certificate");
+    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![identity.cert], identity.key)
+    .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let address = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                // A client that rejects the certificate ends the handshake here.
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (format!("https://{address}"), roots)
+}
+
+#[tokio::test]
+async fn https_is_verified() {
+    let (base, ca) = serve_https("[\"v1.14.1\"]").await;
+    let settings = config(Some(&base), None);
+
+    // Trusting the server's CA: the answer counts.
+    let sources = Sources::build(&settings, Some(ca)).expect("sources");
+    let mut trusted = CatalogHandle::spawn(Catalog::builtin(), sources, &settings);
+    let state = wait_for(&mut trusted, |s| s.rounds >= 1).await;
+    assert_eq!(state.talos, SourceState::Ok { releases: 1 });
+
+    // Not trusting it: refused, and nothing is merged.
+    let sources = Sources::build(&settings, Some(rustls::RootCertStore::empty())).expect("sources");
+    let mut untrusted = CatalogHandle::spawn(Catalog::builtin(), sources, &settings);
+    let state = wait_for(&mut untrusted, |s| s.rounds >= 1).await;
+    let SourceState::Failed { error, .. } = &state.talos else {
+        panic!("{:?}", state.talos);
+    };
+    assert!(error.contains("certificate"), "{error}");
+    assert_eq!(*untrusted.snapshot(), Catalog::builtin());
+}
