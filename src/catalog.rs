@@ -97,6 +97,16 @@ impl Catalog {
         )
     }
 
+    /// The built-in catalog with an operator's file applied, when one is given: what the controller
+    /// starts from before any live source answers.
+    pub fn builtin_with_file(file: Option<&std::path::Path>) -> Result<Catalog, CatalogFileError> {
+        let catalog = Catalog::builtin();
+        match file {
+            Some(path) => Ok(catalog.with_override(&CatalogOverride::load(path)?)),
+            None => Ok(catalog),
+        }
+    }
+
     /// A catalog of exactly these releases (pre-releases are dropped).
     pub fn new(
         talos: impl IntoIterator<Item = TalosVersion>,

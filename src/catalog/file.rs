@@ -238,6 +238,13 @@ mod tests {
         std::fs::write(&path, "talos: [\"1.14.2\"]\n").expect("write");
         let file = CatalogOverride::load(&path).expect("valid");
         assert_eq!(file.talos, Some(vec![t(1, 14, 2)]));
+        let catalog = crate::catalog::Catalog::builtin_with_file(Some(&path)).expect("valid");
+        assert!(catalog.talos().any(|v| *v == t(1, 14, 2)));
+        assert!(catalog.talos().any(|v| *v == t(1, 13, 9)));
+        assert_eq!(
+            crate::catalog::Catalog::builtin_with_file(None).expect("no file"),
+            crate::catalog::Catalog::builtin()
+        );
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -149,7 +149,12 @@ impl CatalogHandle {
         if !config.enabled {
             return Ok(CatalogHandle::fixed(base));
         }
-        Ok(CatalogHandle::spawn(base, Sources::new(config)?, config))
+        let sources = Sources::new(config)?;
+        if sources.talos.is_none() && sources.kubernetes.is_none() {
+            // Enabled with every source turned off: nothing to refresh.
+            return Ok(CatalogHandle::fixed(base));
+        }
+        Ok(CatalogHandle::spawn(base, sources, config))
     }
 
     fn spawn(base: Catalog, sources: Sources, config: &LiveConfig) -> CatalogHandle {

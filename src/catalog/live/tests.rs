@@ -330,6 +330,17 @@ async fn disabled_serves_the_base_catalog_without_a_task() {
     assert_eq!(handle.state().talos, SourceState::Disabled);
     // Nothing will ever publish.
     assert!(!handle.changed().await);
+
+    // Enabled, but with both sources turned off: the same.
+    let none = LiveConfig {
+        enabled: true,
+        talos_factory_url: None,
+        kubernetes_tags_url: None,
+        ..LiveConfig::default()
+    };
+    let mut handle = CatalogHandle::start(Catalog::builtin(), &none).expect("start");
+    assert_eq!(handle.state().kubernetes, SourceState::Disabled);
+    assert!(!handle.changed().await);
 }
 
 #[test]
