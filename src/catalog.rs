@@ -212,9 +212,23 @@ pub fn talos_available(
 /// ([`versions::check_kubernetes_target_supported`]). `None` when there is none, and also when
 /// `talos_on_nodes` is empty: with no node's Talos known, support cannot be vouched for (the protocol
 /// shows `kubernetes-available` only once Talos on every node supports it).
+///
+/// With components on different versions use [`kubernetes_available_across`].
 pub fn kubernetes_available(
     catalog: &Catalog,
     current: &KubernetesVersion,
+    talos_on_nodes: &[TalosVersion],
+) -> Option<KubernetesVersion> {
+    kubernetes_available_across(catalog, current, current, talos_on_nodes)
+}
+
+/// [`kubernetes_available`] for components on `lowest`..=`highest`: the lowest decides the path and
+/// no component may be downgraded ([`versions::check_kubernetes_upgrade_across`]). In a cluster left
+/// mixed by an interrupted upgrade, the highest version itself can be the answer.
+pub fn kubernetes_available_across(
+    catalog: &Catalog,
+    lowest: &KubernetesVersion,
+    highest: &KubernetesVersion,
     talos_on_nodes: &[TalosVersion],
 ) -> Option<KubernetesVersion> {
     if talos_on_nodes.is_empty() {
@@ -223,10 +237,10 @@ pub fn kubernetes_available(
     catalog
         .kubernetes()
         .rev()
-        .take_while(|candidate| *candidate > current)
+        .take_while(|candidate| *candidate > lowest)
         .find(|candidate| {
             matches!(
-                versions::check_kubernetes_upgrade(current, candidate),
+                versions::check_kubernetes_upgrade_across(lowest, highest, candidate),
                 Ok(KubernetesStep::Patch | KubernetesStep::Minor)
             ) && talos_on_nodes
                 .iter()

@@ -347,6 +347,47 @@ fn builtin_catalog_is_consistent_with_the_version_rules() {
 }
 
 #[test]
+fn kubernetes_available_across_mixed_components() {
+    let builtin = Catalog::builtin();
+    let on_113 = talos_list(&["1.13.9"]);
+    // (lowest, highest, expected)
+    for (lowest, highest, expected) in [
+        ("1.34.1", "1.34.1", Some("1.35.4")),
+        // Interrupted at 1.35.0: the newest 1.35 finishes it.
+        ("1.34.1", "1.35.0", Some("1.35.4")),
+        // A component already past every 1.35 in the catalog: nothing without a downgrade.
+        ("1.34.1", "1.35.9", None),
+        ("1.35.0", "1.35.4", Some("1.36.3")),
+    ] {
+        assert_eq!(
+            kubernetes_available_across(&builtin, &k(lowest), &k(highest), &on_113),
+            expected.map(k),
+            "{lowest}..{highest}"
+        );
+    }
+    // Every answer is one the controller accepts for that range.
+    for lowest in kubernetes_list(&["1.30.5", "1.33.0", "1.34.1", "1.35.0"]) {
+        for highest in kubernetes_list(&["1.34.1", "1.35.0", "1.35.4", "1.36.0"]) {
+            if highest < lowest {
+                continue;
+            }
+            if let Some(target) = kubernetes_available_across(&builtin, &lowest, &highest, &on_113)
+            {
+                assert!(
+                    matches!(
+                        crate::versions::check_kubernetes_upgrade_across(
+                            &lowest, &highest, &target
+                        ),
+                        Ok(KubernetesStep::Patch | KubernetesStep::Minor)
+                    ),
+                    "{lowest}..{highest} → {target}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn catalog_holds_releases_only() {
     let mut catalog = Catalog::empty();
     assert!(!catalog.insert_talos(t("1.13.0-alpha.1")));
