@@ -298,8 +298,8 @@ fn redacted(uri: &Uri) -> String {
 /// Why one fetch failed. Internal: the refresher logs it and keeps the last good data.
 #[derive(Debug, thiserror::Error)]
 enum FetchError {
-    #[error("no complete answer within {0:?}")]
-    Timeout(Duration),
+    #[error("no complete answer from {url} within {after:?}")]
+    Timeout { url: String, after: Duration },
     /// `reason` is the error with its causes: hyper's own message ("client error (Connect)") alone
     /// does not say whether DNS, the connection or certificate verification failed.
     #[error("request to {url} failed: {reason}")]
@@ -562,11 +562,17 @@ async fn fetch_kubernetes(
 /// Run `fetch` under the source's deadline.
 async fn bounded<T>(
     timeout: Duration,
+    uri: &Uri,
     fetch: impl Future<Output = Result<T, FetchError>>,
 ) -> Result<T, FetchError> {
     tokio::time::timeout(timeout, fetch)
         .await
-        .unwrap_or(Err(FetchError::Timeout(timeout)))
+        .unwrap_or_else(|_| {
+            Err(FetchError::Timeout {
+                url: redacted(uri),
+                after: timeout,
+            })
+        })
 }
 
 /// One source's last good list and state.
@@ -639,16 +645,17 @@ async fn refresh_loop(
             tokio::join!(
                 async {
                     match &talos.uri {
-                        Some(uri) => {
-                            Some(bounded(config.timeout, fetch_talos(&sources, uri, limit)).await)
-                        }
+                        Some(uri) => Some(
+                            bounded(config.timeout, uri, fetch_talos(&sources, uri, limit)).await,
+                        ),
                         None => None,
                     }
                 },
                 async {
                     match &kubernetes.uri {
                         Some(uri) => Some(
-                            bounded(config.timeout, fetch_kubernetes(&sources, uri, limit)).await,
+                            bounded(config.timeout, uri, fetch_kubernetes(&sources, uri, limit))
+                                .await,
                         ),
                         None => None,
                     }
