@@ -56,6 +56,9 @@ pub struct LiveConfig {
     pub kubernetes_tags_url: Option<String>,
     /// Time between the end of one refresh and the start of the next; the first runs at start.
     pub interval: Duration,
+    /// Time before the next refresh when a source failed (capped at `interval`): a controller that
+    /// starts before its network is up should not wait a whole `interval` for its first list.
+    pub retry_interval: Duration,
     /// Deadline for one source's whole fetch (redirects and pages included).
     pub timeout: Duration,
     /// Largest response body accepted, per response.
@@ -70,6 +73,7 @@ impl Default for LiveConfig {
             kubernetes_tags_url: Some(DEFAULT_KUBERNETES_TAGS_URL.to_string()),
             // Releases come out every few weeks; a few fetches a day are plenty and polite.
             interval: Duration::from_secs(6 * 60 * 60),
+            retry_interval: Duration::from_secs(5 * 60),
             timeout: Duration::from_secs(5),
             // registry.k8s.io's kube-apiserver list (every tag since 1.x began) is a few hundred KB.
             max_response_bytes: 4 * 1024 * 1024,
@@ -93,7 +97,7 @@ pub enum LiveConfigError {
     )]
     CredentialsInUrl { host: String },
 
-    #[error("the live release sources need a positive interval and timeout")]
+    #[error("the live release sources need a positive interval, retry interval and timeout")]
     ZeroDuration,
 
     #[error("cannot load the platform's root certificates to verify https release sources: {0}")]
@@ -208,7 +212,8 @@ impl Sources {
         config: &LiveConfig,
         roots: Option<rustls::RootCertStore>,
     ) -> Result<Sources, LiveConfigError> {
-        if config.interval.is_zero() || config.timeout.is_zero() {
+        if config.interval.is_zero() || config.retry_interval.is_zero() || config.timeout.is_zero()
+        {
             return Err(LiveConfigError::ZeroDuration);
         }
         let talos = config
@@ -683,8 +688,16 @@ async fn refresh_loop(
             rounds,
         }));
 
+        let failed = [&talos.state, &kubernetes.state]
+            .iter()
+            .any(|state| matches!(state, SourceState::Failed { .. }));
+        let pause = if failed {
+            config.retry_interval.min(config.interval)
+        } else {
+            config.interval
+        };
         tokio::select! {
-            () = tokio::time::sleep(config.interval) => {}
+            () = tokio::time::sleep(pause) => {}
             () = sender.closed() => return,
         }
     }

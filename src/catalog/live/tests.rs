@@ -34,6 +34,7 @@ fn config(talos: Option<&str>, kubernetes: Option<&str>) -> LiveConfig {
         talos_factory_url: talos.map(str::to_string),
         kubernetes_tags_url: kubernetes.map(|base| format!("{base}{TAGS_PATH}")),
         interval: Duration::from_secs(3600),
+        retry_interval: Duration::from_secs(3600),
         timeout: Duration::from_secs(3600),
         max_response_bytes: 64 * 1024,
     }
@@ -215,6 +216,7 @@ async fn a_failure_keeps_the_last_good_list() {
     .await;
     let mut settings = config(Some(&base), None);
     settings.interval = Duration::from_millis(10);
+    settings.retry_interval = Duration::from_millis(10);
     let mut handle = CatalogHandle::start(Catalog::builtin(), &settings).expect("start");
     let state = wait_for(&mut handle, |s| {
         matches!(s.talos, SourceState::Failed { .. })
@@ -528,4 +530,35 @@ async fn https_is_verified() {
     };
     assert!(error.contains("certificate"), "{error}");
     assert_eq!(*untrusted.snapshot(), Catalog::builtin());
+}
+
+#[tokio::test]
+async fn a_failed_source_is_retried_sooner_than_the_interval() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let base = serve(Router::new().route(
+        TALOS_PATH,
+        get(move || {
+            let counter = counter.clone();
+            async move {
+                if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                    StatusCode::BAD_GATEWAY.into_response()
+                } else {
+                    axum::Json(json!(["v1.14.1"])).into_response()
+                }
+            }
+        }),
+    ))
+    .await;
+    // The regular interval (an hour) would outlast the test; the retry interval does not.
+    let mut settings = config(Some(&base), None);
+    settings.retry_interval = Duration::from_millis(10);
+    let mut handle = CatalogHandle::start(Catalog::builtin(), &settings).expect("start");
+    let state = wait_for(&mut handle, |s| matches!(s.talos, SourceState::Ok { .. })).await;
+    assert_eq!(state.rounds, 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        *state.catalog,
+        builtin_plus(&[TalosVersion::new(1, 14, 1)], &[])
+    );
 }
