@@ -458,6 +458,32 @@ async fn kubelet_patches_pulls_and_refusals() {
         "a pull applies nothing"
     );
 
+    // An image the node cannot find fails the pull for good. The simulator only fails installer pulls,
+    // so an installer reference stands in for a missing Kubernetes image here.
+    cluster
+        .sim
+        .inject_fault(&cp1, Fault::InstallerPullFails)
+        .expect("fault");
+    let missing = "ghcr.io/siderolabs/installer:v1.12.0";
+    let error = cluster
+        .execute(
+            &Action::PullImages {
+                node: cp1.clone(),
+                images: vec![ImagePull {
+                    field: ImageField::Kubelet,
+                    image: missing.into(),
+                }],
+            },
+            ManifestMode::Legacy,
+        )
+        .await
+        .expect_err("not found");
+    assert!(
+        matches!(&error, ExecuteError::Refused(m)
+            if m.contains(&format!("image {missing} not found on node {cp1}"))),
+        "{error:?}"
+    );
+
     // A node that refuses the config: the step fails, naming the node and what Talos said.
     let worker2 = cluster.name("worker-2");
     cluster
@@ -550,6 +576,26 @@ async fn the_kube_proxy_daemonset_follows_the_proxy_image_in_both_modes() {
         .await
         .expect("legacy sync");
     assert_eq!(daemonset_image(client).await.as_deref(), Some(proxy));
+    // Again: the server-defaulted objects compare equal to what a dry-run update makes of the
+    // manifests, so nothing is written.
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let written = daemonsets
+        .get("kube-proxy")
+        .await
+        .expect("kube-proxy")
+        .metadata
+        .resource_version;
+    cluster
+        .execute(&sync, ManifestMode::Legacy)
+        .await
+        .expect("legacy sync again");
+    let again = daemonsets
+        .get("kube-proxy")
+        .await
+        .expect("kube-proxy")
+        .metadata
+        .resource_version;
+    assert_eq!(again, written, "an unchanged DaemonSet is not updated");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kube-system");
     let coredns = deployments.get("coredns").await.expect("coredns");
     assert_eq!(coredns.spec.and_then(|s| s.replicas), Some(2));
@@ -560,7 +606,6 @@ async fn the_kube_proxy_daemonset_follows_the_proxy_image_in_both_modes() {
         .await
         .expect("server-side sync");
     assert_eq!(daemonset_image(client).await.as_deref(), Some(proxy));
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
     let ds = daemonsets.get("kube-proxy").await.expect("kube-proxy");
     assert!(
         managers(&ds.metadata).iter().any(|m| m == "talos"),

@@ -80,6 +80,8 @@ pub async fn apply_objects(
     let mut discovery = Discovery::default();
     let mut summary = SyncSummary::default();
     for object in objects {
+        // Only apiVersion, kind and metadata are typed in a DynamicObject, so a decoding error can
+        // quote those but never a Secret's data.
         let object: DynamicObject = serde_json::from_value(object).map_err(|e| {
             ExecuteError::Refused(format!("a bootstrap manifest object is malformed: {e}"))
         })?;
