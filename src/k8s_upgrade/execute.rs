@@ -48,6 +48,8 @@ pub(super) async fn pull_images(
 ///
 /// Talos has no compare-and-swap for configs: a change someone else applies between our read and our
 /// apply is overwritten. talosctl has the same window; it is short, and the config is only read here.
+/// Like talosctl, the patch starts from the active config, so a config staged for the next boot
+/// (`STAGED` apply) is replaced by the active one plus the new image.
 pub(super) async fn patch_image(
     client: &TalosClient,
     node: &str,
