@@ -10,6 +10,7 @@ pub mod credentials;
 pub mod drain;
 pub mod intent;
 pub mod inventory;
+pub mod k8s_upgrade;
 pub mod metrics;
 pub mod observe;
 pub mod proto;
