@@ -77,7 +77,38 @@ pub struct ConnectOptions {
     /// Verify the server certificate for this name (DNS or IP) instead of the dialled host. For
     /// endpoints behind NAT, a VIP or a load balancer whose address is not in the certificate.
     pub server_name: Option<String>,
+    /// Told the operation and result code of every call (for the Talos API calls metric).
+    pub observer: Option<CallObserver>,
 }
+
+/// Receives `(operation, code)` for every Talos API call a client makes: `code` is `OK` or a gRPC code
+/// name (`Unavailable`, `DeadlineExceeded`, …). Both are fixed strings, so a metric's labels stay bounded.
+#[derive(Clone)]
+pub struct CallObserver(std::sync::Arc<dyn Fn(&'static str, &'static str) + Send + Sync>);
+
+impl CallObserver {
+    pub fn new(observe: impl Fn(&'static str, &'static str) + Send + Sync + 'static) -> Self {
+        CallObserver(std::sync::Arc::new(observe))
+    }
+
+    fn observe(&self, operation: &'static str, code: &'static str) {
+        (self.0)(operation, code)
+    }
+}
+
+impl std::fmt::Debug for CallObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallObserver")
+    }
+}
+
+impl PartialEq for CallObserver {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CallObserver {}
 
 impl Default for ConnectOptions {
     fn default() -> Self {
@@ -90,6 +121,7 @@ impl Default for ConnectOptions {
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(5),
             server_name: None,
+            observer: None,
         }
     }
 }
@@ -111,6 +143,7 @@ pub struct TalosClient {
     node: Option<AsciiMetadataValue>,
     request_timeout: Duration,
     long_request_timeout: Duration,
+    observer: Option<CallObserver>,
 }
 
 impl std::fmt::Debug for TalosClient {
@@ -178,6 +211,7 @@ impl TalosClient {
             node: prepared.node,
             request_timeout: options.request_timeout,
             long_request_timeout: options.long_request_timeout,
+            observer: options.observer.clone(),
         }
     }
 
@@ -714,7 +748,7 @@ impl TalosClient {
     /// A unary call bounded by the request timeout.
     async fn unary<R>(
         &self,
-        op: &str,
+        op: &'static str,
         call: impl Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     ) -> Result<R> {
         self.bounded(op, self.request_timeout, call).await
@@ -722,7 +756,7 @@ impl TalosClient {
 
     async fn bounded<R>(
         &self,
-        op: &str,
+        op: &'static str,
         timeout: Duration,
         call: impl Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     ) -> Result<R> {
@@ -737,17 +771,21 @@ impl TalosClient {
     /// Run `fut` bounded by `timeout`; on expiry the call is dropped (which cancels it on the wire).
     async fn within<R>(
         &self,
-        op: &str,
+        op: &'static str,
         timeout: Duration,
         fut: impl Future<Output = Result<R>>,
     ) -> Result<R> {
-        match tokio::time::timeout(timeout, fut).await {
+        let result = match tokio::time::timeout(timeout, fut).await {
             Ok(result) => result,
             Err(_) => Err(TalosError::Timeout {
                 endpoint: self.endpoint.to_string(),
                 message: format!("{op} did not complete within {timeout:?}"),
             }),
+        };
+        if let Some(observer) = &self.observer {
+            observer.observe(op, result.as_ref().map_or_else(TalosError::code, |_| "OK"));
         }
+        result
     }
 
     /// Await the start of a server stream (response headers).

@@ -86,6 +86,25 @@ pub enum TalosError {
 }
 
 impl TalosError {
+    /// The gRPC code name of the failure, as the Talos API calls metric labels it (`TLS`, `Config` and
+    /// `Decode` for failures that never got a status).
+    pub fn code(&self) -> &'static str {
+        match self {
+            TalosError::Config(_) => "Config",
+            TalosError::Tls { .. } => "TLS",
+            TalosError::Unreachable { .. } => "Unavailable",
+            TalosError::PermissionDenied { .. } => "PermissionDenied",
+            TalosError::NotFound { .. } => "NotFound",
+            TalosError::Unimplemented { .. } => "Unimplemented",
+            TalosError::FailedPrecondition { .. } => "FailedPrecondition",
+            TalosError::InvalidArgument { .. } => "InvalidArgument",
+            TalosError::Timeout { .. } => "DeadlineExceeded",
+            TalosError::Status { code, .. } => crate::metrics::grpc_code_name(*code),
+            TalosError::Decode { .. } | TalosError::Watch { .. } => "Decode",
+            TalosError::UpgradeFailed { .. } => "InstallerFailed",
+        }
+    }
+
     /// True if the node could not be reached (down, rebooting, connection dropped). A caller waiting for
     /// a node to come back treats this as "still down" and retries.
     pub fn is_unreachable(&self) -> bool {

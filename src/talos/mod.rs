@@ -36,7 +36,9 @@ pub mod events;
 mod tls;
 pub mod types;
 
-pub use client::{ConnectOptions, DEFAULT_PORT, MAX_MESSAGE_SIZE, TalosClient, Target};
+pub use client::{
+    CallObserver, ConnectOptions, DEFAULT_PORT, MAX_MESSAGE_SIZE, TalosClient, Target,
+};
 pub use config::{Context, TalosCredentials, Talosconfig};
 pub use cosi::{CosiEvent, CosiEventType, CosiMetadata, CosiResource, CosiWatchStream, resources};
 pub use error::{Result, TalosError};
