@@ -42,7 +42,32 @@ struct RunArgs {
     /// and evicts; PodDisruptionBudgets are respected), e.g. 5m.
     #[arg(long, env = "TUC_DRAIN_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     drain_timeout: std::time::Duration,
-    /// How often a cluster with an upgrade in flight is looked at again, e.g. 2s or 250ms.
+    /// How long one step of a Kubernetes upgrade (one component on one node, one kubelet) may take.
+    #[arg(long, env = "TUC_STEP_DEADLINE", default_value = "10m", value_parser = parse_duration)]
+    step_deadline: std::time::Duration,
+    /// A YAML file of releases that extends (or, with `replace: true`, replaces) the built-in release
+    /// catalog behind talos-available and kubernetes-available. See docs/releases.md.
+    #[arg(long, env = "TUC_RELEASE_CATALOG")]
+    release_catalog: Option<std::path::PathBuf>,
+    /// Also learn releases from the Talos Image Factory and the Kubernetes image registry (off by
+    /// default: the controller needs no outbound access).
+    #[arg(long, env = "TUC_LIVE_RELEASES", default_value_t = false)]
+    live_releases: bool,
+    /// Base URL of the Talos Image Factory for --live-releases.
+    #[arg(
+        long,
+        env = "TUC_TALOS_FACTORY_URL",
+        default_value = "https://factory.talos.dev"
+    )]
+    talos_factory_url: String,
+    /// OCI tag list URL of an image tagged with Kubernetes versions, for --live-releases.
+    #[arg(
+        long,
+        env = "TUC_KUBERNETES_TAGS_URL",
+        default_value = "https://registry.k8s.io/v2/kube-apiserver/tags/list"
+    )]
+    kubernetes_tags_url: String,
+    /// How often",  a cluster with an upgrade in flight is looked at again, e.g. 2s or 250ms.
     #[arg(long, env = "TUC_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     poll_interval: std::time::Duration,
     /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
@@ -109,6 +134,22 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// The release catalog: built in, extended by the operator's file, refreshed from live sources if asked.
+fn release_catalog(
+    args: &RunArgs,
+) -> anyhow::Result<talos_upgrade_controller::catalog::CatalogHandle> {
+    use talos_upgrade_controller::catalog::{Catalog, CatalogHandle, LiveConfig};
+    let base = Catalog::builtin_with_file(args.release_catalog.as_deref())
+        .context("reading the release catalog")?;
+    let live = LiveConfig {
+        enabled: args.live_releases,
+        talos_factory_url: Some(args.talos_factory_url.clone()),
+        kubernetes_tags_url: Some(args.kubernetes_tags_url.clone()),
+        ..LiveConfig::default()
+    };
+    CatalogHandle::start(base, &live).context("configuring live release sources")
+}
+
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     use talos_upgrade_controller::{admin, controller, metrics::Metrics};
     let client = kube::Client::try_default()
@@ -119,6 +160,8 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     let settings = controller::Settings {
         node_deadline: args.node_deadline,
         drain_timeout: args.drain_timeout,
+        step_deadline: args.step_deadline,
+        catalog: release_catalog(&args)?,
         poll_interval: args.poll_interval,
         secret_name_template: args.secret_name_template,
         ..controller::Settings::default()

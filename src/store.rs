@@ -12,9 +12,11 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, PostParams};
 
+use crate::rollout::kubernetes::KubeRun;
 use crate::rollout::progress::Run;
 
 const TALOS_KEY: &str = "talos.json";
+const KUBERNETES_KEY: &str = "kubernetes.json";
 const MANAGED_BY: &str = "talos-upgrade-controller";
 /// Label naming the cluster a progress ConfigMap belongs to.
 pub const CLUSTER_LABEL: &str = "upgrade.vitistack.io/cluster";
@@ -44,6 +46,7 @@ pub enum StoreError {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Progress {
     pub talos: Option<Run>,
+    pub kubernetes: Option<KubeRun>,
     /// Keys written by other versions of the controller are kept as they are.
     other: BTreeMap<String, String>,
     resource_version: Option<String>,
@@ -93,22 +96,33 @@ impl ProgressStore {
             return Ok(Progress::default());
         };
         let mut data = configmap.data.unwrap_or_default();
-        let talos = match data.remove(TALOS_KEY) {
-            Some(json) => Some(
-                serde_json::from_str(&json).map_err(|e| StoreError::Corrupt {
-                    namespace: self.namespace.clone(),
-                    name: name.clone(),
-                    key: TALOS_KEY,
-                    reason: e.to_string(),
-                })?,
-            ),
-            None => None,
-        };
+        let talos = self.decode(&name, &mut data, TALOS_KEY)?;
+        let kubernetes = self.decode(&name, &mut data, KUBERNETES_KEY)?;
         Ok(Progress {
             talos,
+            kubernetes,
             other: data,
             resource_version: configmap.metadata.resource_version,
         })
+    }
+
+    /// Takes one JSON document out of the ConfigMap's data.
+    fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        data: &mut BTreeMap<String, String>,
+        key: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        data.remove(key)
+            .map(|json| {
+                serde_json::from_str(&json).map_err(|e| StoreError::Corrupt {
+                    namespace: self.namespace.clone(),
+                    name: name.to_string(),
+                    key,
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()
     }
 
     /// Writes `progress` if nobody else wrote since it was read (or creates it), and remembers the new
@@ -124,6 +138,12 @@ impl ProgressStore {
         if let Some(run) = &progress.talos {
             data.insert(
                 TALOS_KEY.to_string(),
+                serde_json::to_string_pretty(run).expect("a run always serializes"),
+            );
+        }
+        if let Some(run) = &progress.kubernetes {
+            data.insert(
+                KUBERNETES_KEY.to_string(),
                 serde_json::to_string_pretty(run).expect("a run always serializes"),
             );
         }

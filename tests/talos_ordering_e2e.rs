@@ -471,6 +471,27 @@ async fn an_etcd_failure_mid_phase_holds_the_next_control_plane() {
     let cp1_now = world.sim.node_snapshot(&cp1).expect("cp-1");
     assert_eq!(cp1_now.talos_version, TARGET);
 
+    // The failed check is counted when the hold starts (not on every pass it lasts).
+    let metrics = world.metrics.encode();
+    let etcd_failures: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("talos_upgrade_preflight_failures_total")
+                && l.contains(r#"check="etcd-health""#)
+                && l.contains(r#"kind="talos""#)
+        })
+        .collect();
+    assert_eq!(etcd_failures.len(), 1, "{metrics}");
+    let count: u64 = etcd_failures[0]
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a count");
+    assert!(
+        (1..world.reconciles()).contains(&count),
+        "{count} etcd-health failures"
+    );
+
     world.sim.clear_faults(&cp3).expect("clear");
     assert_completed(&world, 5).await;
     let calls = assert_each_node_upgraded_once(&world, 5);

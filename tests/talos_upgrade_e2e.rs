@@ -129,6 +129,18 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
         ),
         "1"
     );
+    // Every Talos API call is counted by operation and code: one accepted upgrade call per node.
+    assert_eq!(
+        sample(
+            "talos_upgrade_talos_api_calls_total",
+            &[r#"method="Upgrade""#, r#"code="OK""#]
+        ),
+        "5"
+    );
+    assert!(
+        !metrics.contains(r#"method="Upgrade",code="Unavailable""#),
+        "no upgrade call went unanswered:\n{metrics}"
+    );
 
     // The story in Events, as `kubectl describe` shows it: one for the run, one per node started and
     // done, each naming its node.

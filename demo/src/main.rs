@@ -115,8 +115,17 @@ async fn main() -> anyhow::Result<()> {
             let _ = axum_serve(control_listener, router, stop).await;
         }
     });
+    // The releases of the user guide's example, so `talos-available` and `kubernetes-available` read
+    // like the guide (the built-in catalog knows newer releases).
+    let catalog = talos_upgrade_controller::catalog::Catalog::builtin().with_override(
+        &talos_upgrade_controller::catalog::CatalogOverride::parse(
+            include_str!("../../examples/release-catalog.yaml"),
+            "examples/release-catalog.yaml",
+        )?,
+    );
     let settings = Settings {
         poll_interval: Duration::from_millis(500),
+        catalog: talos_upgrade_controller::catalog::CatalogHandle::fixed(catalog),
         ..Settings::default()
     };
     let controller = tokio::spawn(controller::run(

@@ -7,6 +7,8 @@
 //! progress ConfigMap ─────┘
 //! ```
 
+mod access;
+mod kubernetes_flow;
 pub mod report;
 mod talos_flow;
 
@@ -22,6 +24,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use crate::admin::HealthState;
+use crate::catalog::{Catalog, CatalogHandle};
 use crate::crd::KubernetesCluster;
 use crate::intent::UpgradeIntent;
 use crate::metrics::Metrics;
@@ -34,6 +37,8 @@ use crate::talos::ConnectOptions;
 pub struct Settings {
     /// How long one node may take from its upgrade call (Talos ≥ 1.13: its reboot) to being done.
     pub node_deadline: Duration,
+    /// How long one step of a Kubernetes upgrade (a component on one node, a kubelet) may take.
+    pub step_deadline: Duration,
     /// How long draining a node before its reboot may take (Talos ≥ 1.13, where the controller drains).
     pub drain_timeout: Duration,
     /// How often a cluster with an upgrade in flight is looked at again.
@@ -43,6 +48,8 @@ pub struct Settings {
     /// Credentials Secret name; `{clusterId}` and `{name}` are replaced by the cluster's values.
     pub secret_name_template: String,
     pub talos: ConnectOptions,
+    /// Known releases, for `talos-available` and `kubernetes-available`.
+    pub catalog: CatalogHandle,
 }
 
 impl Default for Settings {
@@ -50,10 +57,12 @@ impl Default for Settings {
         Settings {
             node_deadline: Duration::from_secs(15 * 60),
             drain_timeout: Duration::from_secs(5 * 60),
+            step_deadline: Duration::from_secs(10 * 60),
             poll_interval: Duration::from_secs(2),
             idle_interval: Duration::from_secs(5 * 60),
             secret_name_template: "{clusterId}".to_string(),
             talos: ConnectOptions::default(),
+            catalog: CatalogHandle::fixed(Catalog::builtin()),
         }
     }
 }
@@ -72,7 +81,14 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, metrics: Metrics, settings: Settings, instance: String) -> Self {
+    pub fn new(client: Client, metrics: Metrics, mut settings: Settings, instance: String) -> Self {
+        // Every Talos API call of every cluster is counted by operation and result code.
+        if settings.talos.observer.is_none() {
+            let metrics = metrics.clone();
+            settings.talos.observer = Some(crate::talos::CallObserver::new(move |op, code| {
+                metrics.record_talos_call(op, code)
+            }));
+        }
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -145,51 +161,60 @@ pub async fn reconcile(
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let now = jiff::Timestamp::now();
 
-    let outcome = talos_flow::reconcile(&cluster, &ctx, &intent, &store, now).await?;
+    let talos = talos_flow::reconcile(&cluster, &ctx, &intent, &store, now).await?;
+    let gate = kubernetes_flow::TalosGate {
+        upgrading: talos.report.status == crate::annotations::UpgradeStatus::InProgress,
+    };
+    let kubernetes = kubernetes_flow::reconcile(&cluster, &ctx, &intent, &store, gate, now).await?;
     report::write(
         &api,
         &ctx.recorder,
         &cluster,
-        &outcome.report,
-        &outcome.notes,
+        &[
+            (&talos.report, &talos.notes),
+            (&kubernetes.report, &kubernetes.notes),
+        ],
         now,
     )
     .await
     .map_err(Error::Report)?;
-    export_metrics(&ctx.metrics, &cluster, &namespace, &outcome, now);
-    Ok(match outcome.requeue {
-        Some(after) => Action::requeue(after),
-        None => Action::requeue(ctx.settings.idle_interval),
-    })
-}
-
-/// Mirrors what the reconcile reported into the per-cluster metrics.
-fn export_metrics(
-    metrics: &Metrics,
-    cluster: &KubernetesCluster,
-    namespace: &str,
-    outcome: &talos_flow::FlowOutcome,
-    now: jiff::Timestamp,
-) {
-    use crate::annotations::UpgradeKind;
-    use crate::metrics::{ClusterKey, ClusterUpgradeGauges, RunResult};
-    let key = ClusterKey::new(namespace, cluster.name_any());
-    let report = &outcome.report;
-    if let Some(phase) = report::phase_for(
-        report.kind,
-        report.status,
+    let phase = report::combined_phase(
+        &[&talos.report, &kubernetes.report],
         cluster.status.as_ref().and_then(|s| s.phase.as_deref()),
     )
     .map(|p| p.as_str().to_string())
-    .or_else(|| cluster.status.as_ref().and_then(|s| s.phase.clone()))
-    {
-        metrics.set_cluster_phase(&key, &phase);
+    .or_else(|| cluster.status.as_ref().and_then(|s| s.phase.clone()));
+    let key = crate::metrics::ClusterKey::new(&namespace, cluster.name_any());
+    if let Some(phase) = phase {
+        ctx.metrics.set_cluster_phase(&key, &phase);
     }
+    for outcome in [&talos, &kubernetes] {
+        export_metrics(&ctx.metrics, &cluster, &key, outcome, now);
+    }
+    let requeue = [talos.requeue, kubernetes.requeue]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(ctx.settings.idle_interval);
+    Ok(Action::requeue(requeue))
+}
+
+/// Mirrors what the reconcile reported for one upgrade kind into the per-cluster metrics.
+fn export_metrics(
+    metrics: &Metrics,
+    cluster: &KubernetesCluster,
+    key: &crate::metrics::ClusterKey,
+    outcome: &talos_flow::FlowOutcome,
+    now: jiff::Timestamp,
+) {
+    use crate::metrics::{ClusterUpgradeGauges, RunResult};
+    let report = &outcome.report;
+    let kind = report.kind;
     let (done, total) = report.progress.unwrap_or((0, 0));
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     metrics.set_cluster_state(
-        &key,
-        UpgradeKind::Talos,
+        key,
+        kind,
         &ClusterUpgradeGauges {
             status: report.status,
             nodes_total: count(total),
@@ -200,29 +225,28 @@ fn export_metrics(
             current_version: report.current.clone(),
             target_version: cluster
                 .annotations()
-                .get(crate::annotations::TALOS_TARGET)
+                .get(kind.target_key())
                 .map(|t| t.trim().trim_start_matches('v').to_string()),
-            available_version: None,
+            available_version: report.available.clone().flatten(),
             run_started_at: outcome.run_started_at,
         },
     );
     for (role, seconds) in &outcome.nodes_finished {
-        metrics.observe_node_upgrade(&key, UpgradeKind::Talos, *role, *seconds);
+        metrics.observe_node_upgrade(key, kind, *role, *seconds);
+    }
+    if let Some(check) = outcome.preflight_failure {
+        metrics.record_preflight_failure(key, kind, check);
     }
     // A run ends in exactly one reconcile: the one that announces it.
     let reasons = outcome.notes.iter().map(|note| note.reason);
     for reason in reasons.chain(outcome.announced.iter().copied()) {
         match reason {
             "UpgradeCompleted" => {
-                metrics.record_run_result(&key, UpgradeKind::Talos, RunResult::Completed);
-                metrics.record_last_success(
-                    &key,
-                    UpgradeKind::Talos,
-                    now.as_millisecond() as f64 / 1000.0,
-                );
+                metrics.record_run_result(key, kind, RunResult::Completed);
+                metrics.record_last_success(key, kind, now.as_millisecond() as f64 / 1000.0);
             }
             "UpgradeFailed" | "InvalidTarget" => {
-                metrics.record_run_result(&key, UpgradeKind::Talos, RunResult::Failed);
+                metrics.record_run_result(key, kind, RunResult::Failed);
             }
             _ => {}
         }

@@ -24,6 +24,9 @@ pub struct KindReport {
     /// `done/total`, absent when there is no run.
     pub progress: Option<(usize, usize)>,
     pub current: Option<String>,
+    /// `*-available`: `None` leaves the annotation as it is (nothing was learnt this time), `Some(None)`
+    /// removes it, `Some(Some(v))` sets it.
+    pub available: Option<Option<String>>,
     pub failed_nodes: Vec<String>,
     /// Nodes upgrading right now (for metrics).
     pub in_flight: Vec<String>,
@@ -53,6 +56,9 @@ pub fn annotation_changes(
     ];
     if let Some(current_version) = &report.current {
         wanted.push((kind.current_key(), Some(current_version.clone())));
+    }
+    if let Some(available) = &report.available {
+        wanted.push((kind.available_key(), available.clone()));
     }
     if kind == UpgradeKind::Talos {
         wanted.push((
@@ -97,17 +103,43 @@ pub fn phase_for(kind: UpgradeKind, status: UpgradeStatus, current: Option<&str>
     }
 }
 
-/// Writes `report` to the cluster: annotations, then status, then events.
+/// The phase both upgrade kinds put the cluster in together; `None` leaves the phase alone. A kind in
+/// progress shows first (Kubernetes, which starts only after Talos, before Talos), then a failure, then
+/// `Ready` when the controller's own phase is no longer true.
+pub fn combined_phase(reports: &[&KindReport], current: Option<&str>) -> Option<Phase> {
+    let phases: Vec<Phase> = reports
+        .iter()
+        .filter_map(|r| phase_for(r.kind, r.status, current))
+        .collect();
+    [
+        Phase::UpgradingKubernetes,
+        Phase::UpgradingTalos,
+        Phase::UpgradeFailed,
+    ]
+    .into_iter()
+    .find(|p| phases.contains(p))
+    .or_else(|| {
+        // `Ready` only when no kind still holds the phase where it is (a failure stays until cleared).
+        let held = reports
+            .iter()
+            .any(|r| matches!(r.status, UpgradeStatus::Failed | UpgradeStatus::InProgress));
+        (!held && phases.contains(&Phase::Ready)).then_some(Phase::Ready)
+    })
+}
+
+/// Writes the reports of both upgrade kinds to the cluster: annotations, then status, then events.
 pub async fn write(
     api: &Api<KubernetesCluster>,
     recorder: &Recorder,
     cluster: &KubernetesCluster,
-    report: &KindReport,
-    notes: &[Note],
+    reports: &[(&KindReport, &[Note])],
     now: jiff::Timestamp,
 ) -> Result<(), kube::Error> {
     let name = cluster.name_any();
-    let changes = annotation_changes(cluster.annotations(), report);
+    let mut changes = BTreeMap::new();
+    for (report, _) in reports {
+        changes.extend(annotation_changes(cluster.annotations(), report));
+    }
     if !changes.is_empty() {
         let mut patch = Map::new();
         for (key, value) in changes {
@@ -128,30 +160,31 @@ pub async fn write(
         conditions: current.map(|s| s.conditions.clone()).unwrap_or_default(),
         ..KubernetesClusterStatus::default()
     };
-    if let Some(phase) = phase_for(
-        report.kind,
-        report.status,
-        current.and_then(|s| s.phase.as_deref()),
-    ) {
+    let kinds: Vec<&KindReport> = reports.iter().map(|(report, _)| *report).collect();
+    if let Some(phase) = combined_phase(&kinds, current.and_then(|s| s.phase.as_deref())) {
         desired.phase = Some(phase.as_str().to_string());
     }
-    if let Some(reason) = report.condition_reason {
-        let active = matches!(report.status, UpgradeStatus::InProgress);
-        set_condition(
-            &mut desired.conditions,
-            condition_type(report.kind),
-            active,
-            reason,
-            &report.message,
-            now,
-        );
+    for report in &kinds {
+        if let Some(reason) = report.condition_reason {
+            let active = matches!(report.status, UpgradeStatus::InProgress);
+            set_condition(
+                &mut desired.conditions,
+                condition_type(report.kind),
+                active,
+                reason,
+                &report.message,
+                now,
+            );
+        }
     }
     if let Some(patch) = KubernetesClusterStatus::merge_patch(current, &desired, now) {
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
     }
 
-    publish(recorder, cluster, report.kind, notes).await;
+    for (report, notes) in reports {
+        publish(recorder, cluster, report.kind, notes).await;
+    }
     Ok(())
 }
 
@@ -206,6 +239,7 @@ mod tests {
             message: "Upgrading node cp-1 (3/5)".into(),
             progress: Some((2, 5)),
             current: Some("1.11.6".into()),
+            available: None,
             failed_nodes: Vec::new(),
             in_flight: Vec::new(),
             condition_reason: Some("InProgress"),

@@ -5,19 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use semver::Version;
 
 use super::Context;
+use super::access::{self, Access};
 use super::report::{self, KindReport};
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::crd::KubernetesCluster;
-use crate::credentials::{self, ClusterCredentials};
+use crate::credentials;
 use crate::drain;
 use crate::intent::{Target, UpgradeIntent};
-use crate::inventory::{self, WorkloadNodeInfo};
+use crate::inventory::WorkloadNodeInfo;
 use crate::observe::{InventoryNode, TalosFleet};
 use crate::rollout::progress::{NodeRole, NodeStep, Outcome, Run};
 use crate::rollout::talos::{
@@ -39,6 +38,8 @@ pub struct FlowOutcome {
     pub nodes_finished: Vec<(NodeRole, f64)>,
     /// When the run being reported started (Unix seconds).
     pub run_started_at: Option<f64>,
+    /// A preflight check that started holding the run in this reconcile (counted once per hold).
+    pub preflight_failure: Option<&'static str>,
     pub requeue: Option<Duration>,
 }
 
@@ -62,6 +63,7 @@ fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
         message,
         progress: None,
         current: None,
+        available: None,
         failed_nodes: Vec::new(),
         in_flight: Vec::new(),
         condition_reason: None,
@@ -76,6 +78,7 @@ fn outcome(report: KindReport, notes: Vec<Note>, requeue: Option<Duration>) -> F
         announced: Vec::new(),
         nodes_finished: Vec::new(),
         run_started_at: None,
+        preflight_failure: None,
         requeue,
     }
 }
@@ -229,12 +232,15 @@ async fn absent(
         .ok()
         .and_then(|o| o.talos_range.as_ref())
         .map(|(low, _)| low.to_string());
-    let message = match &current {
-        Some(version) => format!("Talos {version} is running; no upgrade requested"),
-        None => "No Talos upgrade requested".to_string(),
+    let available = observed.as_ref().ok().and_then(|o| available(ctx, o));
+    let message = match (&current, &available) {
+        (Some(version), Some(Some(next))) => format!("Upgrade available: {version} → {next}"),
+        (Some(version), _) => format!("Talos {version} is running; no upgrade requested"),
+        (None, _) => "No Talos upgrade requested".to_string(),
     };
     let mut report = kind_report(UpgradeStatus::Idle, message);
     report.current = current;
+    report.available = available;
     if stopped {
         report.condition_reason = Some("Reset");
         report.message = "Talos upgrade stopped: the target was removed".to_string();
@@ -545,12 +551,18 @@ async fn requested(
     notes.append(&mut decision.report.notes);
     let mut report = report_from(&decision);
     report.current = current;
+    report.available = available(ctx, &observed);
     report.consumed = consumed;
     // A hold (preflight, etcd, pause) is announced once when it starts or changes, not on every pass.
-    if decision.actions.is_empty()
+    let hold_started = decision.actions.is_empty()
         && report.message.starts_with("Waiting:")
-        && cluster.annotations().get(annotations::TALOS_MESSAGE) != Some(&report.message)
-    {
+        && cluster.annotations().get(annotations::TALOS_MESSAGE) != Some(&report.message);
+    let preflight_failure = decision
+        .report
+        .hold
+        .filter(|check| hold_started && check.is_failure())
+        .map(|check| check.as_str());
+    if hold_started {
         notes.push(Note {
             type_: NoteType::Normal,
             reason: "UpgradeWaiting",
@@ -564,8 +576,31 @@ async fn requested(
     let mut result = outcome(report, notes, requeue);
     result.announced = announced;
     result.nodes_finished = nodes_finished;
+    result.preflight_failure = preflight_failure;
     result.run_started_at = Some(run.started_at.as_millisecond() as f64 / 1000.0);
     Ok(result)
+}
+
+/// `talos-available` from the release catalog: the newest target the nodes' versions and the running
+/// Kubernetes allow. `None` when the nodes' versions are not known this time (the annotation stays).
+fn available(ctx: &Context, observed: &Observed) -> Option<Option<String>> {
+    let (lowest, highest) = observed.talos_range.as_ref()?;
+    let running: Vec<KubernetesVersion> = observed
+        .kubernetes
+        .as_deref()
+        .and_then(|v| KubernetesVersion::parse(v).ok())
+        .into_iter()
+        .collect();
+    let catalog = ctx.settings.catalog.snapshot();
+    Some(
+        crate::catalog::talos_available(
+            &catalog,
+            &TalosVersion::from_semver(lowest.clone()),
+            &TalosVersion::from_semver(highest.clone()),
+            &running,
+        )
+        .map(|v| v.to_string()),
+    )
 }
 
 /// Nodes that were in flight in `before` and are done in `after`, with their upgrade durations.
@@ -618,6 +653,7 @@ fn report_from(decision: &Decision) -> KindReport {
         message: r.message.clone(),
         progress: (r.total > 0).then_some((r.done, r.total)),
         current: None,
+        available: None,
         failed_nodes: r.failed_nodes.clone(),
         in_flight: r.in_flight.clone(),
         condition_reason: Some(reason),
@@ -735,59 +771,14 @@ async fn drain_pass(run: &Run, observed: &mut Observed) {
 
 /// Credentials, inventory and the nodes' state; a problem is a sentence for the user.
 async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed, String> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let name = cluster.name_any();
-    let cluster_id = cluster
-        .cluster_id()
-        .map(str::to_string)
-        .unwrap_or_else(|| name.clone());
-    let secret_name = cluster
-        .annotations()
-        .get(annotations::CREDENTIALS_SECRET)
-        .cloned()
-        .unwrap_or_else(|| {
-            ctx.settings
-                .secret_name_template
-                .replace("{clusterId}", &cluster_id)
-                .replace("{name}", &name)
-        });
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secret = secrets
-        .get_opt(&secret_name)
-        .await
-        .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
-        .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
-    let ClusterCredentials {
-        talos, workload, ..
-    } = credentials::parse(&secret, &namespace, &secret_name).map_err(|e| e.to_string())?;
-    let workload = workload.ok_or_else(|| {
-        format!(
-            "credentials Secret {namespace}/{secret_name} has no {:?} key (needed to check Node readiness)",
-            credentials::KUBECONFIG_KEY
-        )
-    })?;
-    let workload_client = credentials::workload_client(workload).await?;
-    let secret_version = secret.resource_version().unwrap_or_default();
-    let fleet = ctx.fleet((namespace.clone(), name.clone()), &secret_version, || {
-        TalosFleet::new(talos, ctx.settings.talos.clone())
-    });
-
-    let machines = inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id)
-        .await
-        .map_err(|e| e.to_string())?;
-    // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
-    let need = if machines.is_some() {
-        inventory::AddressNeed::Optional
-    } else {
-        inventory::AddressNeed::Required
-    };
-    let workload_nodes = inventory::from_workload_nodes(workload_client.clone(), need)
-        .await
-        .map_err(|e| e.to_string())?;
-    let inventory = match machines {
-        Some(machines) => machines,
-        None => workload_nodes.iter().map(|n| n.node.clone()).collect(),
-    };
+    let Access {
+        fleet,
+        inventory,
+        workload_nodes,
+        workload: workload_client,
+        namespace,
+        secret_name,
+    } = access::connect(cluster, ctx).await?;
     let ready = |name: &str| {
         workload_nodes
             .iter()

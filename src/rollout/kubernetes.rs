@@ -1044,6 +1044,9 @@ fn finish(
             }
         }
     };
+    // Every hold before a step is a node not Ready, not reachable or missing.
+    let hold = (state == RunState::InProgress && in_flight_step.is_none() && waiting.is_some())
+        .then_some(super::talos::PreflightCheck::NodesReady);
     Decision {
         run,
         step: in_flight_step,
@@ -1056,6 +1059,7 @@ fn finish(
             in_flight,
             failed_nodes,
             notes,
+            hold,
         },
     }
 }

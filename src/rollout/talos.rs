@@ -182,6 +182,38 @@ impl Note {
     }
 }
 
+/// A check made before a node starts, by the name the preflight-failures metric counts it under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreflightCheck {
+    /// The node is in the cluster's inventory.
+    NodeInventory,
+    /// The node's Talos API answers.
+    TalosApi,
+    /// Every other node is up, ready and Ready.
+    NodesReady,
+    /// etcd is healthy and keeps quorum with the node down.
+    EtcdHealth,
+    /// etcd leadership is off the node (not a failure: the controller moves it).
+    EtcdLeader,
+}
+
+impl PreflightCheck {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreflightCheck::NodeInventory => "node-inventory",
+            PreflightCheck::TalosApi => "talos-api",
+            PreflightCheck::NodesReady => "nodes-ready",
+            PreflightCheck::EtcdHealth => "etcd-health",
+            PreflightCheck::EtcdLeader => "etcd-leader",
+        }
+    }
+
+    /// Whether a hold on this check is a failed check (counted), rather than work in progress.
+    pub fn is_failure(self) -> bool {
+        !matches!(self, PreflightCheck::EtcdLeader)
+    }
+}
+
 /// Where the run stands, for annotations, conditions and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunState {
@@ -204,6 +236,8 @@ pub struct Report {
     pub in_flight: Vec<String>,
     pub failed_nodes: Vec<String>,
     pub notes: Vec<Note>,
+    /// The preflight check holding the next node, if one is.
+    pub hold: Option<PreflightCheck>,
 }
 
 /// The outcome of one decision: the run to persist, then the actions to take, then what to report.
@@ -584,7 +618,7 @@ fn start_next(
     now: Timestamp,
     actions: &mut Vec<Action>,
     notes: &mut Vec<Note>,
-) -> Option<String> {
+) -> Option<(PreflightCheck, String)> {
     // The current phase is the role of the first node that is not done; later phases wait for it.
     let phase = run
         .nodes
@@ -616,7 +650,10 @@ fn start_next(
         }
         let name = run.nodes[index].name.clone();
         let Some(node) = observation.node(&name) else {
-            return Some(format!("node {name} is not in the cluster's node list"));
+            return Some((
+                PreflightCheck::NodeInventory,
+                format!("node {name} is not in the cluster's node list"),
+            ));
         };
         let (version, boot_id, installer_image) = match &node.talos {
             TalosState::Up {
@@ -626,7 +663,10 @@ fn start_next(
                 ..
             } => (version, boot_id, installer_image),
             TalosState::Unreachable { reason } => {
-                return Some(format!("node {name}'s Talos API is unreachable: {reason}"));
+                return Some((
+                    PreflightCheck::TalosApi,
+                    format!("node {name}'s Talos API is unreachable: {reason}"),
+                ));
             }
         };
         // Upgraded by someone else meanwhile: nothing to do, it counts as done.
@@ -640,21 +680,26 @@ fn start_next(
         if let Some(blocker) = observation.nodes.iter().find(|other| {
             other.name != name && !in_flight.contains(&other.name) && !is_healthy(other)
         }) {
-            return Some(format!(
-                "waiting for node {} to be ready before upgrading {name}",
-                blocker.name
+            return Some((
+                PreflightCheck::NodesReady,
+                format!(
+                    "waiting for node {} to be ready before upgrading {name}",
+                    blocker.name
+                ),
             ));
         }
         if node.role == NodeRole::ControlPlane {
             if let Some(problem) = &observation.etcd.problem {
-                return Some(format!(
-                    "etcd is not healthy ({problem}); holding before control plane {name}"
+                return Some((
+                    PreflightCheck::EtcdHealth,
+                    format!("etcd is not healthy ({problem}); holding before control plane {name}"),
                 ));
             }
             if observation.etcd.leader.as_deref() == Some(name.as_str()) {
                 actions.push(Action::ForfeitEtcdLeadership { node: name.clone() });
-                return Some(format!(
-                    "moving etcd leadership off {name} before upgrading it"
+                return Some((
+                    PreflightCheck::EtcdLeader,
+                    format!("moving etcd leadership off {name} before upgrading it"),
                 ));
             }
         }
@@ -705,7 +750,7 @@ fn finish(
     run: Run,
     actions: Vec<Action>,
     mut notes: Vec<Note>,
-    waiting: Option<String>,
+    waiting: Option<(PreflightCheck, String)>,
     announce: bool,
 ) -> Decision {
     let (done, total) = run.counts();
@@ -743,12 +788,16 @@ fn finish(
             let message = match (in_flight.as_slice(), &waiting) {
                 ([one], _) => format!("Upgrading node {one} ({}/{total})", done + 1),
                 // The reconciler publishes an event when this message changes, not on every pass.
-                ([], Some(why)) => format!("Waiting: {why} ({done}/{total} done)"),
+                ([], Some((_, why))) => format!("Waiting: {why} ({done}/{total} done)"),
                 ([], None) => format!("Upgrading ({done}/{total} done)"),
                 (many, _) => format!("Upgrading nodes {} ({done}/{total} done)", many.join(", ")),
             };
             (RunState::InProgress, message)
         }
+    };
+    let hold = match (&state, in_flight.is_empty(), &waiting) {
+        (RunState::InProgress, true, Some((check, _))) => Some(*check),
+        _ => None,
     };
     Decision {
         run,
@@ -761,6 +810,7 @@ fn finish(
             in_flight,
             failed_nodes,
             notes,
+            hold,
         },
     }
 }

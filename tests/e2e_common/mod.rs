@@ -14,6 +14,7 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use talos_upgrade_controller::admin::HealthState;
+use talos_upgrade_controller::catalog::{Catalog, CatalogHandle, CatalogOverride};
 use talos_upgrade_controller::controller::{self, Settings};
 use talos_upgrade_controller::crd::KubernetesCluster;
 use talos_upgrade_controller::metrics::Metrics;
@@ -25,10 +26,29 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub const PROJECT_CRD: &str = include_str!("../../deploy/crd.yaml");
+pub const VITISTACK_CLUSTER_CRD: &str =
+    include_str!("../fixtures/vitistack-crds/vitistack.io_kubernetesclusters.yaml");
+/// Selects the KubernetesCluster CRD the end-to-end suites run under: `project` (deploy/crd.yaml, the
+/// default) or `vitistack` (vitistack's own, which prunes unknown fields and requires `phase`,
+/// `conditions` and `state` once a status exists). The two cannot coexist in one API server, and a test
+/// binary has one, so `scripts/test.sh` runs the end-to-end binaries once under each.
+pub const CRD_ENV: &str = "TUC_E2E_CRD";
+
+/// The CRD chosen by [`CRD_ENV`].
+pub fn cluster_crd() -> &'static str {
+    match std::env::var(CRD_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("project") => PROJECT_CRD,
+        Ok("vitistack") => VITISTACK_CLUSTER_CRD,
+        Ok(other) => panic!("{CRD_ENV}={other:?}: use \"project\" or \"vitistack\""),
+    }
+}
 pub const MACHINE_CRD: &str = include_str!("../fixtures/vitistack-crds/vitistack.io_machines.yaml");
 
-/// Every distinct state of the cluster's `upgrade.vitistack.io/` annotations, in the order the API
-/// server saw them (from a watch, so no intermediate state is missed). See [`World::record_annotations`].
+/// The key of `status.phase` in an [`AnnotationLog`] state.
+pub const PHASE_KEY: &str = "status.phase";
+
+/// Every distinct state of the cluster's `upgrade.vitistack.io/` annotations (and its `status.phase`,
+/// under [`PHASE_KEY`]), in the order the API server saw them (from a watch, so no intermediate state is missed). See [`World::record_annotations`].
 #[derive(Clone, Default)]
 pub struct AnnotationLog {
     states: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
@@ -110,6 +130,8 @@ pub struct WorldSpec {
     pub node_deadline: Duration,
     /// How long a drain may take (Talos ≥ 1.13).
     pub drain_timeout: Duration,
+    /// The releases the controller knows; `None`: the user guide's (examples/release-catalog.yaml).
+    pub catalog: Option<CatalogHandle>,
     /// The simulated nodes' timings; [`Timings::fast`] by default.
     pub timings: Timings,
 }
@@ -123,6 +145,7 @@ impl Default for WorldSpec {
             kubernetes: "1.34.1",
             node_deadline: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(60),
+            catalog: None,
             timings: Timings::fast(),
         }
     }
@@ -132,11 +155,23 @@ async fn install_crd(ns: &TestNamespace, yaml: &str, name: &str) {
     ns.install_crd(yaml, name).await;
 }
 
+/// The releases of the user guide's example: Talos 1.11.6 → 1.12.0, Kubernetes 1.34.1 → 1.35.0.
+pub fn guide_catalog() -> CatalogHandle {
+    CatalogHandle::fixed(guide_releases())
+}
+
+/// The releases of [`guide_catalog`], as a catalog.
+pub fn guide_releases() -> Catalog {
+    let file = include_str!("../../examples/release-catalog.yaml");
+    let guide = CatalogOverride::parse(file, "examples/release-catalog.yaml").expect("catalog");
+    Catalog::builtin().with_override(&guide)
+}
+
 impl World {
     pub async fn start(prefix: &str, spec: WorldSpec) -> World {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let ns = ControlPlane::shared().test_namespace(prefix).await;
-        install_crd(&ns, PROJECT_CRD, "kubernetesclusters.vitistack.io").await;
+        install_crd(&ns, cluster_crd(), "kubernetesclusters.vitistack.io").await;
         install_crd(&ns, MACHINE_CRD, "machines.vitistack.io").await;
 
         // Node names are cluster-wide in the API server, so they carry the namespace.
@@ -240,6 +275,8 @@ impl World {
         ])
         .await;
 
+        // A spec as vitistack's operator writes it, so the object is valid under either CRD; no status:
+        // the controller writes the first one.
         ns.kubectl_apply(&format!(
             r#"
 apiVersion: vitistack.io/v1alpha1
@@ -248,14 +285,24 @@ metadata:
   name: {cluster}
   namespace: {namespace}
 spec:
-  data: {{clusterId: {cluster_id}, provider: talos, region: south}}
+  data: {{clusterUid: "a30fbc8d-596f-48d0-8541-dbc23bca28a1", clusterId: {cluster_id}, provider: talos,
+         environment: dev, datacenter: test-south-az1, region: south, zone: az1, project: e2e,
+         workspace: e2e, workorder: e2e, networkNamespaceName: {namespace}}}
   topology:
     version: "{kubernetes}"
-    controlplane: {{replicas: {cps}, version: "{kubernetes}"}}
+    controlplane: {{replicas: {cps}, version: "{kubernetes}", provider: kubevirt, machineClass: small,
+                   architecture: amd64, storage: [], metadata: {{labels: {{}}, annotations: {{}}}}}}
+    workers:
+      nodePools:
+        - {{name: wp, replicas: {workers}, version: "{kubernetes}", provider: kubevirt, machineClass: medium,
+           taint: [], architecture: amd64,
+           autoscaling: {{enabled: false, minReplicas: 1, maxReplicas: 5, scalingRules: [cpu]}},
+           metadata: {{labels: {{}}, annotations: {{}}}}, storage: []}}
 "#,
             namespace = ns.name,
             kubernetes = spec.kubernetes,
             cps = spec.control_planes,
+            workers = spec.workers,
         ))
         .await;
 
@@ -263,6 +310,8 @@ spec:
         let settings = Settings {
             node_deadline: spec.node_deadline,
             drain_timeout: spec.drain_timeout,
+            step_deadline: Duration::from_secs(60),
+            catalog: spec.catalog.unwrap_or_else(guide_catalog),
             poll_interval: Duration::from_millis(100),
             talos: ConnectOptions {
                 port: sim.config().port,
@@ -375,7 +424,7 @@ spec:
                     }
                     continue;
                 };
-                let state: BTreeMap<String, String> = cluster
+                let mut state: BTreeMap<String, String> = cluster
                     .metadata
                     .annotations
                     .unwrap_or_default()
@@ -385,6 +434,10 @@ spec:
                             .map(|k| (k.to_string(), v))
                     })
                     .collect();
+                // The phase goes along, under a key no annotation can have.
+                if let Some(phase) = cluster.status.and_then(|s| s.phase) {
+                    state.insert(PHASE_KEY.to_string(), phase);
+                }
                 {
                     let mut states = states.lock().unwrap_or_else(|p| p.into_inner());
                     if states.last() != Some(&state) {
@@ -500,6 +553,20 @@ spec:
 
     /// `kubectl annotate --overwrite kubernetescluster my-cluster <key=value | key->` for any key (not only
     /// the controller's own prefix).
+    /// Sets two annotations in one `kubectl annotate`, so the controller sees both at once.
+    pub async fn annotate_raw_pair(&self, first: &str, second: &str) {
+        self.ns
+            .kubectl_ok(&[
+                "annotate",
+                "--overwrite",
+                "kubernetescluster",
+                &self.cluster,
+                first,
+                second,
+            ])
+            .await;
+    }
+
     pub async fn annotate_raw(&self, change: &str) {
         self.ns
             .kubectl_ok(&[

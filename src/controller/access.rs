@@ -1,0 +1,92 @@
+//! Reaching one cluster: its credentials Secret, its Talos nodes (a fleet of connections) and its
+//! workload Kubernetes API, and the node inventory. Shared by the Talos and the Kubernetes upgrade.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::Api;
+
+use super::Context;
+use crate::annotations;
+use crate::crd::KubernetesCluster;
+use crate::credentials::{self, ClusterCredentials};
+use crate::inventory::{self, WorkloadNodeInfo};
+use crate::observe::{InventoryNode, TalosFleet};
+
+/// Everything needed to look at and act on one cluster's nodes.
+pub struct Access {
+    pub fleet: Arc<TalosFleet>,
+    /// The nodes to upgrade, from Machines or else the workload Nodes.
+    pub inventory: Vec<InventoryNode>,
+    /// The workload cluster's Nodes (readiness, kubelet versions, cordons).
+    pub workload_nodes: Vec<WorkloadNodeInfo>,
+    pub workload: kube::Client,
+    pub namespace: String,
+    pub secret_name: String,
+}
+
+/// Reads the credentials and the inventory; a problem is one sentence for the user.
+pub async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, String> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let cluster_id = cluster
+        .cluster_id()
+        .map(str::to_string)
+        .unwrap_or_else(|| name.clone());
+    let secret_name = cluster
+        .annotations()
+        .get(annotations::CREDENTIALS_SECRET)
+        .cloned()
+        .unwrap_or_else(|| {
+            ctx.settings
+                .secret_name_template
+                .replace("{clusterId}", &cluster_id)
+                .replace("{name}", &name)
+        });
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
+        .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
+    let ClusterCredentials {
+        talos, workload, ..
+    } = credentials::parse(&secret, &namespace, &secret_name).map_err(|e| e.to_string())?;
+    let workload = workload.ok_or_else(|| {
+        format!(
+            "credentials Secret {namespace}/{secret_name} has no {:?} key (needed to check Node readiness)",
+            credentials::KUBECONFIG_KEY
+        )
+    })?;
+    let workload_client = credentials::workload_client(workload).await?;
+    let secret_version = secret.resource_version().unwrap_or_default();
+    let fleet = ctx.fleet((namespace.clone(), name.clone()), &secret_version, || {
+        TalosFleet::new(talos, ctx.settings.talos.clone())
+    });
+
+    let machines = inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id)
+        .await
+        .map_err(|e| e.to_string())?;
+    // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
+    let need = if machines.is_some() {
+        inventory::AddressNeed::Optional
+    } else {
+        inventory::AddressNeed::Required
+    };
+    let workload_nodes = inventory::from_workload_nodes(workload_client.clone(), need)
+        .await
+        .map_err(|e| e.to_string())?;
+    let inventory = match machines {
+        Some(machines) => machines,
+        None => workload_nodes.iter().map(|n| n.node.clone()).collect(),
+    };
+    Ok(Access {
+        fleet,
+        inventory,
+        workload_nodes,
+        workload: workload_client,
+        namespace,
+        secret_name,
+    })
+}
