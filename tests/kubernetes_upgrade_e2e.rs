@@ -111,6 +111,15 @@ async fn the_user_guides_full_upgrade_workflow_talos_then_kubernetes() {
         .wait_for_annotation("talos-status", "completed", "180s")
         .await;
     assert_eq!(world.annotation("talos-current").await, "1.12.0");
+    // Nothing newer than 1.12.0 among the guide's releases: no Talos upgrade is offered any more.
+    world
+        .wait_for_annotation_matching(
+            "talos-available",
+            Duration::from_secs(60),
+            "absent",
+            str::is_empty,
+        )
+        .await;
 
     // Now Kubernetes 1.35.0 is available.
     world
@@ -360,6 +369,55 @@ async fn both_targets_at_once_upgrade_talos_then_kubernetes_by_themselves() {
     assert!(last_talos < first_change);
     assert_eq!(calls_of(&world, TALOS_UPGRADE).len(), 5);
     assert_eq!(config_changes(&world).len(), 3 * 4 + 5);
+}
+
+/// The controller is killed after every Kubernetes change it makes and started afresh: the persisted
+/// steps carry the run across, and every component and kubelet is still changed exactly once.
+#[tokio::test]
+async fn a_controller_killed_after_every_change_changes_each_component_once() {
+    let world = World::start(
+        "k8s-kill",
+        WorldSpec {
+            talos: "1.12.0",
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    world
+        .wait_for_annotation("kubernetes-available", "1.35.0", "60s")
+        .await;
+    world.annotate("kubernetes-target", "1.35.0").await;
+    let total = 3 * 4 + 5;
+    for n in 1..=total {
+        world
+            .poll(
+                Duration::from_secs(120),
+                &format!("configuration change {n} answered"),
+                || {
+                    let answered = world
+                        .sim
+                        .record()
+                        .iter()
+                        .filter(|c| c.method == APPLY)
+                        .nth(n - 1)
+                        .is_some_and(|c| c.result != "pending");
+                    async move { answered }
+                },
+            )
+            .await;
+        world.kill_controller().await;
+        world.start_controller();
+    }
+    world
+        .wait_for_annotation("kubernetes-status", "completed", "240s")
+        .await;
+    assert_eq!(world.annotation("kubernetes-current").await, "1.35.0");
+    let changes = config_changes(&world);
+    assert_eq!(changes.len(), total, "{changes:?}");
+    assert!(
+        changes.iter().all(|(_, fields)| fields.len() == 1),
+        "one field per change, none repeated: {changes:?}"
+    );
 }
 
 /// Live release sources are asked in the background: one that accepts and never answers does not keep
