@@ -11,6 +11,7 @@ pub mod drain;
 pub mod intent;
 pub mod inventory;
 pub mod k8s_upgrade;
+pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod proto;

@@ -67,7 +67,27 @@ struct RunArgs {
         default_value = "https://registry.k8s.io/v2/kube-apiserver/tags/list"
     )]
     kubernetes_tags_url: String,
-    /// How often",  a cluster with an upgrade in flight is looked at again, e.g. 2s or 250ms.
+    /// Act only while holding a Lease, so that several replicas can run and one acts at a time.
+    #[arg(long, env = "TUC_LEADER_ELECT", default_value_t = false)]
+    leader_elect: bool,
+    /// Namespace of the leader election Lease (default: the pod's namespace from POD_NAMESPACE, else
+    /// talos-upgrade-controller).
+    #[arg(long, env = "TUC_LEADER_ELECTION_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// Name of the leader election Lease.
+    #[arg(
+        long,
+        env = "TUC_LEADER_ELECTION_LEASE",
+        default_value = "talos-upgrade-controller"
+    )]
+    leader_election_lease: String,
+    /// How long the Lease stays held without renewal: a standby takes over after this, e.g. 15s.
+    #[arg(long, env = "TUC_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    lease_duration: std::time::Duration,
+    /// How long before the Lease expires its holder renews it, e.g. 5s.
+    #[arg(long, env = "TUC_LEASE_GRACE", default_value = "5s", value_parser = parse_duration)]
+    lease_grace: std::time::Duration,
+    /// How often a cluster with an upgrade in flight is looked at again, e.g. 2s or 250ms.
     #[arg(long, env = "TUC_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     poll_interval: std::time::Duration,
     /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
@@ -151,7 +171,7 @@ fn release_catalog(
 }
 
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
-    use talos_upgrade_controller::{admin, controller, metrics::Metrics};
+    use talos_upgrade_controller::{admin, controller, leader, metrics::Metrics};
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
@@ -166,35 +186,93 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         secret_name_template: args.secret_name_template,
         ..controller::Settings::default()
     };
-    let instance = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "talos-upgrade-controller".to_string());
+    // The pod name in a cluster; elsewhere the host name and process id, so that two processes on one
+    // machine never share a Lease identity.
+    let instance = std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "talos-upgrade-controller".into());
+        format!("{host}-{}", std::process::id())
+    });
     let shutdown = tokio_util::sync::CancellationToken::new();
     let admin_server = admin::serve(
         args.admin_listen,
         admin::router(metrics.clone(), health.clone()),
         shutdown.clone().cancelled_owned(),
     );
-    let controller = controller::run(
-        client,
-        args.namespace,
-        metrics,
-        settings,
-        health,
-        instance,
-        shutdown.clone().cancelled_owned(),
-    );
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            let _ = tokio::signal::ctrl_c().await;
+            wait_for_signal().await;
             tracing::info!("shutting down");
             shutdown.cancel();
         }
     });
-    let (served, ()) = tokio::join!(admin_server, controller);
+    let namespace = args.namespace;
+    let controller = async {
+        if !args.leader_elect {
+            controller::run(
+                client,
+                namespace,
+                metrics,
+                settings,
+                health,
+                instance,
+                shutdown.clone().cancelled_owned(),
+            )
+            .await;
+            return Ok(());
+        }
+        let election = leader::Election {
+            lease: args.leader_election_lease.clone(),
+            namespace: args
+                .leader_election_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| "talos-upgrade-controller".to_string()),
+            identity: instance.clone(),
+            duration: args.lease_duration,
+            grace: args.lease_grace,
+        };
+        // A standby is ready: it serves its probes and is there to take over.
+        let standby = health.clone();
+        leader::lead(
+            client.clone(),
+            election,
+            shutdown.clone(),
+            move || standby.set_ready(),
+            |term: tokio_util::sync::CancellationToken| {
+                controller::run(
+                    client.clone(),
+                    namespace.clone(),
+                    metrics.clone(),
+                    settings.clone(),
+                    health.clone(),
+                    instance.clone(),
+                    term.cancelled_owned(),
+                )
+            },
+        )
+        .await
+    };
+    let (served, led) = tokio::join!(admin_server, controller);
     served.context("admin server")?;
+    led.context("leader election")?;
     Ok(())
+}
+
+/// SIGTERM (what Kubernetes sends a pod) or Ctrl-C.
+async fn wait_for_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the controller");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 async fn run_simulator(args: TalosSimArgs) -> anyhow::Result<()> {

@@ -132,6 +132,8 @@ pub struct WorldSpec {
     pub drain_timeout: Duration,
     /// The releases the controller knows; `None`: the user guide's (examples/release-catalog.yaml).
     pub catalog: Option<CatalogHandle>,
+    /// Start the in-process controller (tests that run the controller binary themselves say no).
+    pub start_controller: bool,
     /// The simulated nodes' timings; [`Timings::fast`] by default.
     pub timings: Timings,
 }
@@ -146,6 +148,7 @@ impl Default for WorldSpec {
             node_deadline: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(60),
             catalog: None,
+            start_controller: true,
             timings: Timings::fast(),
         }
     }
@@ -330,7 +333,9 @@ spec:
             controller: Mutex::new(None),
             generation: Mutex::new(0),
         };
-        world.start_controller();
+        if spec.start_controller {
+            world.start_controller();
+        }
         world
     }
 
