@@ -157,7 +157,7 @@ async fn only_the_leader_acts_and_a_standby_finishes_after_the_leader_is_killed(
     );
     let after = reporting_instances(&world).await;
     assert!(
-        after.iter().any(|instance| *instance == standby),
+        after.contains(&standby),
         "the standby reported after taking over: {after:?}"
     );
     assert!(
