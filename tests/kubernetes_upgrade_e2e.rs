@@ -238,10 +238,12 @@ async fn the_user_guides_full_upgrade_workflow_talos_then_kubernetes() {
         .and_then(|s| s.containers.first().and_then(|c| c.image.clone()));
     assert_eq!(image.as_deref(), Some("registry.k8s.io/kube-proxy:v1.35.0"));
 
-    // Events tell the story: the run, each node, the end.
-    let events: Vec<(String, String)> = world
-        .cluster_events()
-        .await
+    // Events tell the story: the run, each node, the end; each told once.
+    let all_events = world.cluster_events().await;
+    for event in &all_events {
+        assert_eq!(event.count, 1, "announced more than once: {event:?}");
+    }
+    let events: Vec<(String, String)> = all_events
         .into_iter()
         .map(|e| (e.reason, e.message))
         .collect();
@@ -418,6 +420,64 @@ async fn a_controller_killed_after_every_change_changes_each_component_once() {
         changes.iter().all(|(_, fields)| fields.len() == 1),
         "one field per change, none repeated: {changes:?}"
     );
+}
+
+/// A Talos target set while a Kubernetes upgrade is under way waits for it: never a node reboot while
+/// static pods are being patched.
+#[tokio::test]
+async fn a_talos_target_set_during_a_kubernetes_upgrade_waits_for_it() {
+    let world = World::start(
+        "k8s-then-talos",
+        WorldSpec {
+            talos: "1.12.0",
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    world
+        .wait_for_annotation("kubernetes-available", "1.35.0", "60s")
+        .await;
+    let log = world.record_annotations().await;
+    world.annotate("kubernetes-target", "1.35.0").await;
+    world
+        .poll(
+            Duration::from_secs(120),
+            "the first configuration change",
+            || {
+                let applied = !calls_of(&world, APPLY).is_empty();
+                async move { applied }
+            },
+        )
+        .await;
+    world.annotate("talos-target", "1.13.0").await;
+    world
+        .wait_for_annotation("kubernetes-status", "completed", "240s")
+        .await;
+    world
+        .wait_for_annotation("talos-status", "completed", "240s")
+        .await;
+    assert_eq!(world.annotation("talos-current").await, "1.13.0");
+    let messages = log.values("talos-message");
+    assert!(
+        messages.iter().any(|m| m
+            == "Waiting: the Kubernetes upgrade to 1.35.0 is running; the Talos upgrade starts when it is done"),
+        "{messages:?}"
+    );
+    let record = world.sim.record();
+    let last_change = record
+        .iter()
+        .rposition(|c| c.method == APPLY)
+        .expect("changes");
+    let first_talos = record
+        .iter()
+        .position(|c| c.method == TALOS_UPGRADE)
+        .expect("talos upgrades");
+    assert!(
+        last_change < first_talos,
+        "Kubernetes finished before Talos began"
+    );
+    assert_eq!(config_changes(&world).len(), 3 * 4 + 5);
+    assert_eq!(calls_of(&world, TALOS_UPGRADE).len(), 5);
 }
 
 /// Live release sources are asked in the background: one that accepts and never answers does not keep

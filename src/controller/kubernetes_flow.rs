@@ -82,6 +82,15 @@ pub async fn reconcile(
     // Loaded after the Talos flow saved, so each kind's record is written over the other's latest.
     let mut progress = store.load(&name).await?;
     let owner = cluster.controller_owner_ref(&());
+    // A Talos run that has touched nodes and is not finished holds Kubernetes back even when its status
+    // says otherwise for the moment (a bad option reported as failed mid-run, a lost Secret).
+    let talos = TalosGate {
+        upgrading: talos.upgrading
+            || progress
+                .talos
+                .as_ref()
+                .is_some_and(|run| !run.is_finished() && !run.nodes.is_empty()),
+    };
 
     if intent.kubernetes_reset {
         if progress.kubernetes.take().is_some() {
@@ -426,22 +435,29 @@ async fn requested(
         }
     };
 
-    let mut decision = rollout::advance(&run, &settings, &observation, now);
-    // Write-ahead: the run, with the step about to be called recorded as issued, is saved first.
-    if progress.kubernetes.as_ref() != Some(&decision.run) {
-        progress.kubernetes = Some(decision.run.clone());
-        store.save(name, owner.clone(), progress).await?;
-    }
-    run = decision.run.clone();
-    notes.append(&mut decision.report.notes);
-    report::publish(&ctx.recorder, cluster, UpgradeKind::Kubernetes, &notes).await;
-    let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
-
     let mode = lowest_talos
         .as_ref()
         .map(ManifestMode::for_lowest_talos)
         .unwrap_or(ManifestMode::Legacy);
-    if let (Some(action), Some(index)) = (decision.actions.first(), decision.step) {
+    // Decide, save (write-ahead), announce, call; a step whose call is its whole effect (a pull, the
+    // manifest sync) is completed at once and the next step decided in the same pass, so no time is lost
+    // between steps. A patch is verified by observation, in a later pass.
+    let mut announced: Vec<&'static str> = Vec::new();
+    let mut decision;
+    loop {
+        decision = rollout::advance(&run, &settings, &observation, now);
+        if progress.kubernetes.as_ref() != Some(&decision.run) {
+            progress.kubernetes = Some(decision.run.clone());
+            store.save(name, owner.clone(), progress).await?;
+        }
+        run = decision.run.clone();
+        notes.append(&mut decision.report.notes);
+        report::publish(&ctx.recorder, cluster, UpgradeKind::Kubernetes, &notes).await;
+        announced.extend(notes.drain(..).map(|note| note.reason));
+
+        let (Some(action), Some(index)) = (decision.actions.first(), decision.step) else {
+            break;
+        };
         let result = k8s_upgrade::execute(
             &access.fleet,
             &access.inventory,
@@ -450,42 +466,38 @@ async fn requested(
             mode,
         )
         .await;
-        let recorded = match result {
+        match result {
             Ok(()) => match action {
                 // Nothing to observe for these: the call's success is the step's end.
                 Action::PullImages { .. } | Action::SyncManifests { .. } => {
-                    rollout::complete_step(&mut run, index, now)
+                    if !rollout::complete_step(&mut run, index, now) {
+                        break;
+                    }
                 }
-                Action::PatchImage { .. } => false,
+                Action::PatchImage { .. } => break,
             },
             Err(ExecuteError::Refused(reason)) => {
-                let recorded = rollout::fail_step(&mut run, index, &reason, now);
-                if recorded {
+                if rollout::fail_step(&mut run, index, &reason, now) {
+                    progress.kubernetes = Some(run.clone());
+                    store.save(name, owner.clone(), progress).await?;
                     let failed = rollout::advance(&run, &settings, &observation, now);
                     decision = rollout::Decision {
                         actions: Vec::new(),
                         ..failed
                     };
+                    // `advance` on a finished run announces nothing; this failure is new.
                     notes.push(Note {
                         type_: NoteType::Warning,
                         reason: "UpgradeFailed",
                         message: decision.report.message.clone(),
                     });
                 }
-                recorded
+                break;
             }
             Err(ExecuteError::Transient(reason)) => {
                 // Left as issued: the next pass makes the call again, until the step's deadline.
                 tracing::warn!(cluster = %name, %reason, "Kubernetes upgrade call");
-                false
-            }
-        };
-        if recorded {
-            progress.kubernetes = Some(run.clone());
-            store.save(name, owner, progress).await?;
-            if !matches!(decision.report.state, RunState::Failed) {
-                decision = rollout::advance(&run, &settings, &observation, now);
-                notes.append(&mut decision.report.notes);
+                break;
             }
         }
     }

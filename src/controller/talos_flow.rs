@@ -460,6 +460,32 @@ async fn requested(
                 result.report.consumed = consumed;
                 return Ok(result);
             }
+            // Never both at once: a Kubernetes upgrade under way (static pods being patched, kubelets
+            // restarting) finishes before any node reboots for Talos.
+            if let Some(kubernetes) = progress
+                .kubernetes
+                .as_ref()
+                .filter(|run| !run.is_finished() && !run.steps.is_empty())
+            {
+                let mut report = kind_report(
+                    UpgradeStatus::InProgress,
+                    format!(
+                        "Waiting: the Kubernetes upgrade to {} is running; the Talos upgrade starts when it is done",
+                        kubernetes.target
+                    ),
+                );
+                report.condition_reason = Some("InProgress");
+                report.current = current;
+                report.consumed = consumed;
+                let notes = warn_once(cluster, "UpgradeWaiting", &report.message)
+                    .into_iter()
+                    .map(|note| Note {
+                        type_: NoteType::Normal,
+                        ..note
+                    })
+                    .collect();
+                return Ok(outcome(report, notes, Some(ctx.settings.poll_interval)));
+            }
             let run = rollout::start_run(raw, target.semver(), order, &observed.observation, now);
             notes.push(Note {
                 type_: NoteType::Normal,

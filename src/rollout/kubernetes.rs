@@ -883,13 +883,13 @@ fn unhealthy(observation: &Observation, field: ImageField, node: &str) -> Option
         let who = &other.name;
         match &other.talos {
             TalosApi::Unreachable { reason } => Some(format!(
-                "waiting for node {who}'s Talos API ({reason}) before upgrading {field} on {node}"
+                "node {who}'s Talos API is unreachable ({reason}); holding before upgrading {field} on {node}"
             )),
             TalosApi::Up { ready: false, .. } => Some(format!(
-                "waiting for node {who}'s Talos to be ready before upgrading {field} on {node}"
+                "node {who}'s Talos is not ready; holding before upgrading {field} on {node}"
             )),
             TalosApi::Up { ready: true, .. } if !other.kubernetes_ready => Some(format!(
-                "waiting for node {who} to be Ready before upgrading {field} on {node}"
+                "node {who} is not Ready; holding before upgrading {field} on {node}"
             )),
             TalosApi::Up { ready: true, .. } => None,
         }

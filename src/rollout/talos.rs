@@ -683,7 +683,7 @@ fn start_next(
             return Some((
                 PreflightCheck::NodesReady,
                 format!(
-                    "waiting for node {} to be ready before upgrading {name}",
+                    "node {} is not ready; holding before upgrading {name}",
                     blocker.name
                 ),
             ));

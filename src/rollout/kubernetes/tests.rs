@@ -643,17 +643,17 @@ fn steps_that_restart_something_wait_for_a_healthy_cluster() {
         (
             "kube-apiserver cp-1",
             w1_not_ready.clone(),
-            "Waiting: waiting for node w-1 to be Ready before upgrading kube-apiserver on cp-1 (step 6/23)",
+            "Waiting: node w-1 is not Ready; holding before upgrading kube-apiserver on cp-1 (step 6/23)",
         ),
         (
             "kubelet cp-2",
             w2_unreachable.clone(),
-            "Waiting: waiting for node w-2's Talos API (connection refused) before upgrading kubelet on cp-2 (step 19/23)",
+            "Waiting: node w-2's Talos API is unreachable (connection refused); holding before upgrading kubelet on cp-2 (step 19/23)",
         ),
         (
             "kube-scheduler cp-2",
             cp3_talos_not_ready,
-            "Waiting: waiting for node cp-3's Talos to be ready before upgrading kube-scheduler on cp-2 (step 13/23)",
+            "Waiting: node cp-3's Talos is not ready; holding before upgrading kube-scheduler on cp-2 (step 13/23)",
         ),
         (
             "kube-apiserver cp-1",

@@ -414,7 +414,7 @@ fn preflight_holds_name_the_node_and_the_reason() {
     let cases = [
         (
             worker_not_ready,
-            "Waiting: waiting for node worker-2 to be ready before upgrading cp-1 (2/5 done)",
+            "Waiting: node worker-2 is not ready; holding before upgrading cp-1 (2/5 done)",
         ),
         (
             cp_unreachable,
