@@ -521,9 +521,20 @@ async fn requested(
     let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
     let mut failed_call = None;
     let mut installed = false;
+    let mut unanswered = false;
     for action in &decision.actions {
         match execute(&observed, action).await {
-            Ok(Called::NotReached) => {}
+            Ok(Called::NotReached) => {
+                if let Action::Upgrade {
+                    node,
+                    api: UpgradeApi::Legacy,
+                    ..
+                } = action
+                {
+                    rollout::unanswered(&mut run, node);
+                    unanswered = true;
+                }
+            }
             Ok(Called::Done) => {
                 if let Action::Upgrade {
                     node,
@@ -546,7 +557,7 @@ async fn requested(
             }
         }
     }
-    if installed && failed_call.is_none() {
+    if (installed || unanswered) && failed_call.is_none() {
         // Draining starts with the next pass; the run must say so before anything else happens.
         progress.talos = Some(run.clone());
         store.save(name, owner.clone(), progress).await?;
@@ -765,10 +776,18 @@ async fn execute(observed: &Observed, action: &Action) -> Result<Called, (String
             "the reboot",
         ),
     };
-    match result {
-        Ok(()) => Ok(Called::Done),
-        Err(error) if error.is_unreachable() => Ok(Called::Done),
-        Err(error) => Err((node_name, format!("refused {what}: {error}"))),
+    match (result, action) {
+        (Ok(()), _) => Ok(Called::Done),
+        // The legacy upgrade call answers before the node goes down, so no answer means the node may
+        // never have got it: the run takes it back, and the node, if it did get it, is seen upgrading
+        // (not ready), then back on the target, and is never called twice.
+        (Err(error), Action::Upgrade { .. }) if error.is_unreachable() => {
+            tracing::warn!(node = %node_name, %error, "the upgrade call got no answer");
+            Ok(Called::NotReached)
+        }
+        // A reboot call may be cut off by the reboot itself.
+        (Err(error), _) if error.is_unreachable() => Ok(Called::Done),
+        (Err(error), _) => Err((node_name, format!("refused {what}: {error}"))),
     }
 }
 

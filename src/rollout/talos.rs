@@ -339,6 +339,25 @@ pub fn installed(run: &mut Run, node: &str, already_cordoned: bool, now: Timesta
     }
 }
 
+/// Takes back the legacy upgrade call to `node` that got no answer: the node goes back to pending. If
+/// the call did reach it, the node is seen upgrading (not ready, so it is not called again) and then back
+/// on the target, which counts as done.
+pub fn unanswered(run: &mut Run, node: &str) {
+    for progress in &mut run.nodes {
+        if progress.name == node
+            && matches!(
+                progress.step,
+                NodeStep::Issued {
+                    lifecycle: None,
+                    ..
+                }
+            )
+        {
+            progress.step = NodeStep::Pending;
+        }
+    }
+}
+
 /// Nodes the run is draining right now: the reconciler cordons them and evicts their pods, and reports
 /// what is left in [`NodeObservation::drain`].
 pub fn draining(run: &Run) -> Vec<&str> {
@@ -669,13 +688,21 @@ fn start_next(
                 ));
             }
         };
-        // Upgraded by someone else meanwhile: nothing to do, it counts as done.
+        // Upgraded by someone else meanwhile (or by a call whose answer was lost): it counts as done.
         if version == target {
             run.nodes[index].step = NodeStep::Done {
                 at: now,
                 started_at: None,
             };
             continue;
+        }
+        // A node that is not ready may be in the middle of an upgrade already (a call whose answer was
+        // lost), or broken: it is not called until it is running and ready.
+        if !matches!(node.talos, TalosState::Up { ready: true, .. }) {
+            return Some((
+                PreflightCheck::NodesReady,
+                format!("node {name} is not ready; holding before upgrading it"),
+            ));
         }
         if let Some(blocker) = observation.nodes.iter().find(|other| {
             other.name != name && !in_flight.contains(&other.name) && !is_healthy(other)

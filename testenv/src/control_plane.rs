@@ -37,6 +37,8 @@ pub struct ControlPlane {
     // Field order is drop order: the controller manager, then the apiserver, then its etcd.
     controller_manager: ManagedProcess,
     apiserver: ManagedProcess,
+    /// kube-apiserver's arguments, to start it again the same way (see [`ControlPlane::restart_apiserver`]).
+    apiserver_args: Vec<String>,
     etcd: ManagedProcess,
 }
 
@@ -173,8 +175,7 @@ impl ControlPlane {
 
         let apiserver_port = free_port()?;
         let server = format!("https://127.0.0.1:{apiserver_port}");
-        let mut apiserver_cmd = Command::new(bins.kube_apiserver());
-        apiserver_cmd.args([
+        let apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".to_string(),
             "--advertise-address=127.0.0.1".to_string(),
@@ -194,7 +195,9 @@ impl ControlPlane {
             "--disable-admission-plugins=ServiceAccount".to_string(),
             // Flow control only costs CPU on a 2-core test machine with a single client.
             "--enable-priority-and-fairness=false".to_string(),
-        ]);
+        ];
+        let mut apiserver_cmd = Command::new(bins.kube_apiserver());
+        apiserver_cmd.args(&apiserver_args);
         let apiserver =
             ManagedProcess::spawn("kube-apiserver", apiserver_cmd, &dir.join("apiserver.log"))?;
 
@@ -233,6 +236,7 @@ impl ControlPlane {
             dir,
             controller_manager,
             apiserver,
+            apiserver_args,
             etcd,
         };
         control_plane.wait_ready().await?;
@@ -440,6 +444,15 @@ impl ControlPlane {
             kubeconfig,
             control_plane: self,
         }
+    }
+
+    /// Restarts kube-apiserver on the same port, with the same data (etcd keeps running), and waits until
+    /// it is ready again: what clients see when the API server is upgraded or crashes and comes back.
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        let mut command = Command::new(self.bins.kube_apiserver());
+        command.args(&self.apiserver_args);
+        self.apiserver.restart(command, Duration::from_secs(10))?;
+        self.wait_ready().await
     }
 
     /// Stops etcd (as a test of what the apiserver and our clients do without it).

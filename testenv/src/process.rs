@@ -45,48 +45,30 @@ pub struct ManagedProcess {
 }
 
 impl ManagedProcess {
-    pub fn spawn(name: &'static str, mut command: Command, log: &Path) -> Result<Self> {
+    pub fn spawn(name: &'static str, command: Command, log: &Path) -> Result<Self> {
         let log_file =
             File::create(log).map_err(|e| Error::io(format!("creating {}", log.display()), e))?;
-        let stderr = log_file
-            .try_clone()
-            .map_err(|e| Error::io("duplicating a log file handle", e))?;
-        let parent = std::process::id() as libc::pid_t;
-        command
-            .stdin(Stdio::null())
-            .stdout(log_file)
-            .stderr(stderr)
-            // Own process group: a Ctrl-C in the demo's terminal reaches us, and we stop the children in order.
-            .process_group(0);
-        // SAFETY: the closure runs between fork and exec and calls only async-signal-safe libc functions.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // The parent may have died before prctl took effect.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let (reply_tx, reply_rx) = mpsc::channel();
-        spawner()
-            .lock()
-            .expect("spawner lock")
-            .send((command, reply_tx))
-            .map_err(|_| Error::io(format!("starting {name}"), io::Error::other("spawner gone")))?;
-        let child = reply_rx
-            .recv()
-            .map_err(|_| Error::io(format!("starting {name}"), io::Error::other("spawner gone")))?
-            .map_err(|e| Error::io(format!("starting {name}"), e))?;
+        let child = start_child(name, command, log_file)?;
         Ok(ManagedProcess {
             name,
             child: Mutex::new(child),
             log: log.to_path_buf(),
             stopping: AtomicBool::new(false),
         })
+    }
+
+    /// Stops the process (SIGTERM, then SIGKILL after `grace`) and starts `command` in its place, its
+    /// output appended to the same log. The exit this causes is not reported as a crash.
+    pub fn restart(&self, command: Command, grace: Duration) -> Result<()> {
+        self.stop(grace);
+        let log_file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| Error::io(format!("opening {}", self.log.display()), e))?;
+        let child = start_child(self.name, command, log_file)?;
+        *self.child.lock().expect("child lock") = child;
+        self.stopping.store(false, Ordering::SeqCst);
+        Ok(())
     }
 
     pub fn name(&self) -> &'static str {
@@ -153,6 +135,44 @@ impl Drop for ManagedProcess {
 }
 
 /// Reads at most the last 256 KiB of a file and returns its last `lines` lines.
+/// Starts `command` from the spawner thread, its output going to `log_file`, in its own process group,
+/// killed if this process dies.
+fn start_child(name: &'static str, mut command: Command, log_file: File) -> Result<Child> {
+    let stderr = log_file
+        .try_clone()
+        .map_err(|e| Error::io("duplicating a log file handle", e))?;
+    let parent = std::process::id() as libc::pid_t;
+    command
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(stderr)
+        // Own process group: a Ctrl-C in the demo's terminal reaches us, and we stop the children in order.
+        .process_group(0);
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe libc functions.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let (reply_tx, reply_rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .expect("spawner lock")
+        .send((command, reply_tx))
+        .map_err(|_| Error::io(format!("starting {name}"), io::Error::other("spawner gone")))?;
+    reply_rx
+        .recv()
+        .map_err(|_| Error::io(format!("starting {name}"), io::Error::other("spawner gone")))?
+        .map_err(|e| Error::io(format!("starting {name}"), e))
+}
+
 fn tail_of_file(path: &Path, lines: usize) -> io::Result<String> {
     const WINDOW: u64 = 256 * 1024;
     let mut file = File::open(path)?;

@@ -702,3 +702,87 @@ spec:
             .collect()
     }
 }
+
+/// A small seeded random number generator (xorshift64*), so a chaos run can be replayed from its seed.
+pub struct ChaosRng(u64);
+
+impl ChaosRng {
+    /// From `TUC_CHAOS_SEED` if set, else `default`; prints the seed so a failure can be replayed.
+    pub fn from_env(default: u64) -> ChaosRng {
+        let seed = std::env::var("TUC_CHAOS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default);
+        println!("chaos seed: {seed} (replay with TUC_CHAOS_SEED={seed})");
+        ChaosRng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `range`.
+    pub fn between(&mut self, range: std::ops::Range<u64>) -> u64 {
+        range.start + self.next() % (range.end - range.start).max(1)
+    }
+
+    /// True one time in `n`.
+    pub fn one_in(&mut self, n: u64) -> bool {
+        self.next() % n.max(1) == 0
+    }
+}
+
+impl World {
+    /// What must hold after any Talos upgrade run to `target`, however chaotic: every node rebooted into
+    /// the target exactly once, never two control planes down at once, no node left cordoned, and the
+    /// cluster says completed with the right versions, progress, phase and condition.
+    pub async fn assert_talos_run_kept_its_promises(&self, target: &str) {
+        use talos_upgrade_controller::sim::{PowerKind, Role, max_concurrently_down};
+        let power = self.sim.power_events();
+        for node in self.sim.nodes() {
+            let downs = power
+                .iter()
+                .filter(|e| e.node == node.name && e.kind == PowerKind::Down)
+                .count();
+            assert_eq!(downs, 1, "{} went down {downs} times: {power:?}", node.name);
+            let snapshot = self.sim.node_snapshot(&node.name).expect("node");
+            assert_eq!(snapshot.talos_version, target, "{}", node.name);
+        }
+        assert_eq!(
+            max_concurrently_down(&power, Some(Role::ControlPlane)),
+            1,
+            "never two control planes down at once: {power:?}"
+        );
+        self.poll(Duration::from_secs(30), "no node left cordoned", || async {
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.ns.client.clone());
+            let mut cordoned = false;
+            for node in self.sim.nodes() {
+                let object = nodes.get(&node.name).await.expect("node");
+                cordoned |= object.spec.and_then(|s| s.unschedulable).unwrap_or(false);
+            }
+            !cordoned
+        })
+        .await;
+        assert_eq!(self.annotation("talos-status").await, "completed");
+        assert_eq!(self.annotation("talos-current").await, target);
+        let total = self.sim.nodes().len();
+        assert_eq!(
+            self.annotation("talos-progress").await,
+            format!("{total}/{total}")
+        );
+        assert_eq!(
+            self.annotation("talos-message").await,
+            format!("Talos upgrade completed: now running {target}")
+        );
+        assert_eq!(self.annotation("failed-nodes").await, "");
+        assert_eq!(self.jsonpath("{.status.phase}").await, "Ready");
+        assert_eq!(
+            self.jsonpath("{.status.conditions[?(@.type==\"TalosUpgrade\")].reason}")
+                .await,
+            "Completed"
+        );
+    }
+}

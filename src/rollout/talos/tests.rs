@@ -972,3 +972,48 @@ fn a_refused_call_on_a_cordoned_node_asks_for_its_uncordon() {
         "a node that was never cordoned needs no uncordon"
     );
 }
+
+#[test]
+fn an_upgrade_call_without_an_answer_is_taken_back_and_never_made_twice() {
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let mut run = decide(&run, &settings(), &obs, t0()).run;
+    unanswered(&mut run, "worker-1");
+    assert_eq!(
+        run.node("worker-1").map(|n| &n.step),
+        Some(&NodeStep::Pending)
+    );
+
+    // The call did reach the node: it is upgrading (not ready), so it is not called again...
+    let mut upgrading = obs.clone();
+    set(&mut upgrading, "worker-1", |n| {
+        if let TalosState::Up { ready, .. } = &mut n.talos {
+            *ready = false;
+        }
+    });
+    let held = decide(&run, &settings(), &upgrading, t0() + 1.seconds());
+    assert!(held.actions.is_empty(), "{:?}", held.actions);
+    assert_eq!(
+        held.report.message,
+        "Waiting: node worker-1 is not ready; holding before upgrading it (0/5 done)"
+    );
+    // ...and once back on the target it counts as done, and the next node goes.
+    let mut back = obs.clone();
+    rebooted(&mut back, "worker-1", "1.12.0", true);
+    let next = decide(&held.run, &settings(), &back, t0() + 2.minutes());
+    assert!(matches!(
+        next.run.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Done { .. })
+    ));
+    assert_eq!(upgraded_nodes(&next.actions), vec!["worker-2"]);
+
+    // The call did not reach it: the node is still running and ready, so the call is made again.
+    let again = decide(&run, &settings(), &obs, t0() + 1.seconds());
+    assert_eq!(upgraded_nodes(&again.actions), vec!["worker-1"]);
+}
