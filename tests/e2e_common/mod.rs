@@ -731,7 +731,7 @@ impl ChaosRng {
 
     /// True one time in `n`.
     pub fn one_in(&mut self, n: u64) -> bool {
-        self.next() % n.max(1) == 0
+        self.next().is_multiple_of(n.max(1))
     }
 }
 
