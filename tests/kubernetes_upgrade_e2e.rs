@@ -25,6 +25,16 @@ const FIELDS: [&str; 5] = [
 /// For every ApplyConfiguration the simulator received, in order: the node and the image fields that
 /// changed from the node's previous configuration (`field`, new image).
 fn config_changes(world: &World) -> Vec<(String, Vec<(String, String)>)> {
+    config_changes_from(world, "registry.k8s.io", "ghcr.io/siderolabs")
+}
+
+/// [`config_changes`] for nodes whose initial images come from `upstream` (the Kubernetes components)
+/// and `talos_images` (the kubelet).
+fn config_changes_from(
+    world: &World,
+    upstream: &str,
+    talos_images: &str,
+) -> Vec<(String, Vec<(String, String)>)> {
     let mut last: BTreeMap<String, serde_json::Value> = BTreeMap::new();
     let mut changes = Vec::new();
     for call in world.sim.record() {
@@ -34,13 +44,13 @@ fn config_changes(world: &World) -> Vec<(String, Vec<(String, String)>)> {
         assert_eq!(call.params["mode"], "NO_REBOOT", "{call:?}");
         let images = call.params["images"].clone();
         let before = last.get(&call.node).cloned().unwrap_or_else(|| {
-            // The simulator's initial configuration: Talos's default images of Kubernetes 1.34.1.
+            // The simulator's initial configuration: the images of Kubernetes 1.34.1.
             serde_json::json!({
-                "kubelet": "ghcr.io/siderolabs/kubelet:v1.34.1",
-                "apiserver": "registry.k8s.io/kube-apiserver:v1.34.1",
-                "controller_manager": "registry.k8s.io/kube-controller-manager:v1.34.1",
-                "scheduler": "registry.k8s.io/kube-scheduler:v1.34.1",
-                "proxy": "registry.k8s.io/kube-proxy:v1.34.1",
+                "kubelet": format!("{talos_images}/kubelet:v1.34.1"),
+                "apiserver": format!("{upstream}/kube-apiserver:v1.34.1"),
+                "controller_manager": format!("{upstream}/kube-controller-manager:v1.34.1"),
+                "scheduler": format!("{upstream}/kube-scheduler:v1.34.1"),
+                "proxy": format!("{upstream}/kube-proxy:v1.34.1"),
             })
         });
         // Worker configs carry no control-plane images (the simulator shows Talos's defaults there).
@@ -420,6 +430,52 @@ async fn a_controller_killed_after_every_change_changes_each_component_once() {
         changes.iter().all(|(_, fields)| fields.len() == 1),
         "one field per change, none repeated: {changes:?}"
     );
+}
+
+/// Nodes that take their images from a mirror keep taking them from it: only the tag changes.
+#[tokio::test]
+async fn image_repositories_come_from_each_nodes_configuration() {
+    const MIRROR: &str = "registry.example.internal:5000/k8s";
+    let world = World::start(
+        "k8s-mirror",
+        WorldSpec {
+            talos: "1.12.0",
+            image_registry: Some(MIRROR),
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    world
+        .wait_for_annotation("kubernetes-current", "1.34.1", "60s")
+        .await;
+    world.annotate("kubernetes-target", "1.35.0").await;
+    world
+        .wait_for_annotation("kubernetes-status", "completed", "240s")
+        .await;
+    let changes = config_changes_from(&world, MIRROR, MIRROR);
+    assert_eq!(changes.len(), 3 * 4 + 5, "{changes:?}");
+    for (node, fields) in &changes {
+        for (field, image) in fields {
+            let name = match field.as_str() {
+                "apiserver" => "kube-apiserver",
+                "controller_manager" => "kube-controller-manager",
+                "scheduler" => "kube-scheduler",
+                "proxy" => "kube-proxy",
+                _ => "kubelet",
+            };
+            assert_eq!(image, &format!("{MIRROR}/{name}:v1.35.0"), "{node}");
+        }
+    }
+    // The pulls asked for the mirror's images too.
+    let pulled: Vec<String> = world
+        .sim
+        .record()
+        .into_iter()
+        .filter(|c| c.method == IMAGE_PULL)
+        .map(|c| c.params.to_string())
+        .collect();
+    assert!(!pulled.is_empty());
+    assert!(pulled.iter().all(|p| p.contains(MIRROR)), "{pulled:?}");
 }
 
 /// A Talos target set while a Kubernetes upgrade is under way waits for it: never a node reboot while

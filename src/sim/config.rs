@@ -93,6 +93,10 @@ pub struct NodeConfig {
     /// Installer image in the machine config; defaults to `ghcr.io/siderolabs/installer:v<talos>`.
     #[serde(default)]
     pub installer_image: Option<String>,
+    /// A registry mirror the machine config takes the Kubernetes component images from
+    /// (`<registry>/kube-apiserver:v1.34.1`, `<registry>/kubelet:v1.34.1`, …) instead of the upstream ones.
+    #[serde(default)]
+    pub image_registry: Option<String>,
 }
 
 /// How long the simulated lifecycle steps take, in milliseconds.
@@ -183,7 +187,14 @@ impl NodeConfig {
             talos_version: talos_version.to_string(),
             kubernetes_version: kubernetes_version.to_string(),
             installer_image: None,
+            image_registry: None,
         }
+    }
+
+    /// Takes the Kubernetes component images from `registry` (a mirror), as an air-gapped cluster does.
+    pub fn with_image_registry(mut self, registry: &str) -> Self {
+        self.image_registry = Some(registry.to_string());
+        self
     }
 
     /// The installer image, with the default filled in.

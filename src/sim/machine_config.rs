@@ -36,6 +36,8 @@ pub(crate) struct ConfigInputs<'a> {
     pub kubernetes_version: &'a Version,
     pub installer_image: &'a str,
     pub control_plane_endpoint: &'a str,
+    /// A mirror for the component images, replacing `registry.k8s.io` and `ghcr.io/siderolabs`.
+    pub image_registry: Option<&'a str>,
 }
 
 pub(crate) fn default_images(kubernetes: &Version) -> ComponentImages {
@@ -53,7 +55,23 @@ pub(crate) fn default_images(kubernetes: &Version) -> ComponentImages {
 /// must cope with multi-document configs. Worker configs carry no control-plane component images, as
 /// generated worker configs don't.
 pub(crate) fn generate(inputs: &ConfigInputs<'_>) -> String {
-    let images = default_images(inputs.kubernetes_version);
+    let mut images = default_images(inputs.kubernetes_version);
+    if let Some(registry) = inputs.image_registry {
+        let mirrored = |image: &mut String| {
+            if let Some((_, name)) = image.rsplit_once('/') {
+                *image = format!("{registry}/{name}");
+            }
+        };
+        for image in [
+            &mut images.kubelet,
+            &mut images.apiserver,
+            &mut images.controller_manager,
+            &mut images.scheduler,
+            &mut images.proxy,
+        ] {
+            mirrored(image);
+        }
+    }
     let mut out = String::new();
     out.push_str("version: v1alpha1\ndebug: false\npersist: true\nmachine:\n");
     out.push_str(&format!("    type: {}\n", inputs.role.as_str()));
@@ -222,7 +240,34 @@ mod tests {
             kubernetes_version: &Version::new(1, 34, 1),
             installer_image: "ghcr.io/siderolabs/installer:v1.11.6",
             control_plane_endpoint: "https://127.1.1.1:6443",
+            image_registry: None,
         })
+    }
+
+    #[test]
+    fn a_mirror_replaces_the_registry_of_every_component_image() {
+        let text = generate(&ConfigInputs {
+            cluster_name: "demo",
+            node_name: "cp-1",
+            role: Role::ControlPlane,
+            kubernetes_version: &Version::new(1, 34, 1),
+            installer_image: "ghcr.io/siderolabs/installer:v1.11.6",
+            control_plane_endpoint: "https://127.1.1.1:6443",
+            image_registry: Some("mirror.local:5000/k8s"),
+        });
+        let parsed = parse(text.as_bytes(), &default_images(&Version::new(1, 34, 1))).unwrap();
+        assert_eq!(
+            parsed.images.apiserver,
+            "mirror.local:5000/k8s/kube-apiserver:v1.34.1"
+        );
+        assert_eq!(
+            parsed.images.kubelet,
+            "mirror.local:5000/k8s/kubelet:v1.34.1"
+        );
+        assert_eq!(
+            parsed.images.proxy,
+            "mirror.local:5000/k8s/kube-proxy:v1.34.1"
+        );
     }
 
     #[test]

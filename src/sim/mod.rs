@@ -152,6 +152,7 @@ impl Simulator {
                 kubernetes_version: &kubernetes,
                 installer_image: &installer_image,
                 control_plane_endpoint: &cp_endpoint,
+                image_registry: node_cfg.image_registry.as_deref(),
             });
             let parsed = machine_config::parse(
                 text.as_bytes(),

@@ -134,6 +134,8 @@ pub struct WorldSpec {
     pub catalog: Option<CatalogHandle>,
     /// Start the in-process controller (tests that run the controller binary themselves say no).
     pub start_controller: bool,
+    /// A registry mirror the nodes take their Kubernetes images from (`None`: the upstream ones).
+    pub image_registry: Option<&'static str>,
     /// The simulated nodes' timings; [`Timings::fast`] by default.
     pub timings: Timings,
 }
@@ -149,6 +151,7 @@ impl Default for WorldSpec {
             drain_timeout: Duration::from_secs(60),
             catalog: None,
             start_controller: true,
+            image_registry: None,
             timings: Timings::fast(),
         }
     }
@@ -179,19 +182,23 @@ impl World {
 
         // Node names are cluster-wide in the API server, so they carry the namespace.
         let mut config = SimConfig::new(&ns.name).with_timings(spec.timings);
+        let mirrored = |node: NodeConfig| match spec.image_registry {
+            Some(registry) => node.with_image_registry(registry),
+            None => node,
+        };
         for i in 1..=spec.control_planes {
-            config = config.with_node(NodeConfig::control_plane(
+            config = config.with_node(mirrored(NodeConfig::control_plane(
                 &format!("{}-cp-{i}", ns.name),
                 spec.talos,
                 spec.kubernetes,
-            ));
+            )));
         }
         for i in 1..=spec.workers {
-            config = config.with_node(NodeConfig::worker(
+            config = config.with_node(mirrored(NodeConfig::worker(
                 &format!("{}-worker-{i}", ns.name),
                 spec.talos,
                 spec.kubernetes,
-            ));
+            )));
         }
         let sim = Simulator::start(config).await.expect("simulator");
         let stop = CancellationToken::new();
