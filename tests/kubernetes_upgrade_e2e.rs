@@ -38,7 +38,8 @@ fn config_changes_from(
     let mut last: BTreeMap<String, serde_json::Value> = BTreeMap::new();
     let mut changes = Vec::new();
     for call in world.sim.record() {
-        if call.method != APPLY {
+        // Only changes the node accepted (a refused apply changes nothing).
+        if call.method != APPLY || call.result != "ok" {
             continue;
         }
         assert_eq!(call.params["mode"], "NO_REBOOT", "{call:?}");
@@ -430,6 +431,84 @@ async fn a_controller_killed_after_every_change_changes_each_component_once() {
         changes.iter().all(|(_, fields)| fields.len() == 1),
         "one field per change, none repeated: {changes:?}"
     );
+}
+
+/// A node that refuses its new configuration fails the run, naming the node and what Talos said; no
+/// further change is made; after the cause is fixed, `resume` continues from that step, and nothing is
+/// changed twice.
+#[tokio::test]
+async fn a_refused_change_fails_the_run_naming_the_node_and_resume_finishes_it() {
+    let world = World::start(
+        "k8s-refused",
+        WorldSpec {
+            talos: "1.12.0",
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    let cp2 = world.node("cp-2");
+    world
+        .wait_for_annotation("kubernetes-current", "1.34.1", "60s")
+        .await;
+    world
+        .sim
+        .inject_fault(
+            &cp2,
+            talos_upgrade_controller::sim::Fault::ApplyConfigRejected,
+        )
+        .expect("fault");
+    world.annotate("kubernetes-target", "1.35.0").await;
+    world
+        .wait_for_annotation("kubernetes-status", "failed", "120s")
+        .await;
+    let message = world.annotation("kubernetes-message").await;
+    assert!(
+        message.starts_with(&format!(
+            "Kubernetes upgrade failed: updating kube-apiserver on node {cp2} failed:"
+        )),
+        "{message}"
+    );
+    assert!(message.contains("rejected by injected fault"), "{message}");
+    assert_eq!(world.annotation("failed-nodes").await, "");
+    assert_eq!(world.jsonpath("{.status.phase}").await, "UpgradeFailed");
+    assert_eq!(
+        world
+            .jsonpath("{.status.conditions[?(@.type==\"KubernetesUpgrade\")].reason}")
+            .await,
+        "Failed"
+    );
+    let failed = world
+        .cluster_events()
+        .await
+        .into_iter()
+        .filter(|e| e.reason == "UpgradeFailed")
+        .collect::<Vec<_>>();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].type_, "Warning");
+    assert_eq!(failed[0].message, message);
+    // Only cp-1's kube-apiserver changed; the run stopped at cp-2, which was asked once.
+    world.poke_and_wait(1).await;
+    let before = config_changes(&world);
+    assert_eq!(before.len(), 1, "{before:?}");
+    assert_eq!(
+        calls_of(&world, APPLY)
+            .iter()
+            .filter(|n| **n == cp2)
+            .count(),
+        1
+    );
+
+    world.sim.clear_faults(&cp2).expect("clear");
+    world.annotate("resume", "true").await;
+    world
+        .wait_for_annotation("kubernetes-status", "completed", "240s")
+        .await;
+    assert_eq!(world.annotation("resume").await, "", "resume is consumed");
+    assert_eq!(world.annotation("kubernetes-current").await, "1.35.0");
+    let changes = config_changes(&world);
+    assert_eq!(changes.len(), 3 * 4 + 5, "{changes:?}");
+    assert!(changes.iter().all(|(_, fields)| fields.len() == 1));
+    assert_eq!(world.jsonpath("{.status.phase}").await, "Ready");
 }
 
 /// Nodes that take their images from a mirror keep taking them from it: only the tag changes.
