@@ -355,6 +355,43 @@ async fn a_missing_credentials_secret_is_reported_and_restoring_it_lets_the_upgr
 }
 
 #[tokio::test]
+async fn an_invalid_credentials_secret_name_is_reported_not_looked_up() {
+    let world = World::start("tb-secretname", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world
+        .annotate_raw("upgrade.vitistack.io/credentials-secret=Not_A_Secret!")
+        .await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = "Talos upgrade cannot proceed: Annotation upgrade.vitistack.io/credentials-secret has \
+                   the invalid value \"Not_A_Secret!\": use a Secret name: at most 253 lowercase letters, \
+                   digits, '-' and '.', starting and ending with a letter or digit";
+    assert_refused(&world, message, "UpgradeBlocked").await;
+    assert!(world.sim.record().is_empty());
+
+    // Removing the bad override goes back to the Secret named after the cluster id.
+    world
+        .ns
+        .kubectl_ok(&[
+            "annotate",
+            "kubernetescluster",
+            &world.cluster,
+            "upgrade.vitistack.io/credentials-secret-",
+        ])
+        .await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.upgrade_calls().len(), 5);
+}
+
+#[tokio::test]
 async fn a_malformed_talosconfig_is_reported_naming_the_secret() {
     let world = World::start("tb-garbage", WorldSpec::default()).await;
     world

@@ -8,9 +8,9 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::Context;
-use crate::annotations;
 use crate::crd::KubernetesCluster;
 use crate::credentials::{self, ClusterCredentials};
+use crate::intent::UpgradeIntent;
 use crate::inventory::{self, WorkloadNodeInfo};
 use crate::observe::{InventoryNode, TalosFleet};
 
@@ -34,16 +34,17 @@ pub async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Acces
         .cluster_id()
         .map(str::to_string)
         .unwrap_or_else(|| name.clone());
-    let secret_name = cluster
-        .annotations()
-        .get(annotations::CREDENTIALS_SECRET)
-        .cloned()
-        .unwrap_or_else(|| {
-            ctx.settings
+    // The per-cluster override, validated as a Secret name (a typo is reported, not looked up).
+    let secret_name =
+        match UpgradeIntent::from_annotations(cluster.annotations()).credentials_secret {
+            Ok(Some(name)) => name,
+            Ok(None) => ctx
+                .settings
                 .secret_name_template
                 .replace("{clusterId}", &cluster_id)
-                .replace("{name}", &name)
-        });
+                .replace("{name}", &name),
+            Err(invalid) => return Err(invalid.to_string()),
+        };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let secret = secrets
         .get_opt(&secret_name)
