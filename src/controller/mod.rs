@@ -282,13 +282,22 @@ pub async fn run(
         None => Api::all(client.clone()),
     };
     let ctx = Arc::new(Context::new(client, metrics, settings, instance));
-    let controller = Controller::new(clusters, watcher::Config::default());
-    let store = controller.store();
-    tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
+    // Readiness comes from the watch stream itself: the reflector store's readiness future wakes only
+    // one waiter, which the controller's own runner already is.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let stream = kube::runtime::WatchStreamExt::default_backoff(watcher(
+        clusters,
+        watcher::Config::default(),
+    ))
+    .inspect(move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
             health.set_ready();
         }
     });
+    let stream = kube::runtime::WatchStreamExt::touched_objects(
+        kube::runtime::WatchStreamExt::reflect(stream, writer),
+    );
+    let controller = Controller::for_stream(stream, reader);
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
