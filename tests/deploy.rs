@@ -269,7 +269,7 @@ async fn the_deployment_runs_two_hardened_replicas_with_probes_and_is_found_by_s
 /// A pod made from the Deployment's template, as the ReplicaSet controller would create it.
 async fn pod_from_template(ns: &TestNamespace, name: &str) -> Value {
     let deployment = get_json(
-        &ns,
+        ns,
         &[
             "-n",
             NAMESPACE,

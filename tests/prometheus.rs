@@ -85,7 +85,7 @@ impl Drop for TempDir {
 fn shipped_rule_spec() -> Yaml {
     serde_yaml::Deserializer::from_str(MONITORING)
         .map(|doc| Yaml::deserialize(doc).expect("deploy/monitoring.yaml is YAML"))
-        .find(|doc| doc["kind"] == Yaml::from("PrometheusRule"))
+        .find(|doc| doc["kind"] == "PrometheusRule")
         .expect("a PrometheusRule in deploy/monitoring.yaml")["spec"]
         .clone()
 }
