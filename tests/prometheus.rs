@@ -141,8 +141,8 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
-/// Every PromQL expression of the dashboard: panel targets and template variable queries.
-fn dashboard_exprs() -> Vec<String> {
+/// The PromQL of the dashboard's panels.
+fn dashboard_panel_exprs() -> Vec<String> {
     let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
@@ -155,6 +155,14 @@ fn dashboard_exprs() -> Vec<String> {
             );
         }
     }
+    exprs
+}
+
+/// Every query of the dashboard: the panels' PromQL and the template variables' `label_values(...)`
+/// (Grafana syntax around a PromQL selector).
+fn dashboard_exprs() -> Vec<String> {
+    let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
+    let mut exprs = dashboard_panel_exprs();
     for variable in dashboard["templating"]["list"]
         .as_array()
         .into_iter()
@@ -165,6 +173,15 @@ fn dashboard_exprs() -> Vec<String> {
         }
     }
     exprs
+}
+
+/// A panel's PromQL as Grafana sends it: its variables replaced ("all" for the namespace and cluster
+/// selectors).
+fn as_grafana_sends_it(expr: &str) -> String {
+    expr.replace("$__rate_interval", "1m")
+        .replace("$__range", "1h")
+        .replace("$namespace", ".*")
+        .replace("$cluster", ".*")
 }
 
 #[test]
@@ -672,11 +689,23 @@ async fn a_real_prometheus_scrapes_upgrades_sees_every_metric_used_and_alerts_on
     for expr in dashboard_exprs() {
         used.extend(metric_names(&expr));
     }
-    let missing: Vec<&String> = used.difference(&scraped).collect();
-    assert!(
-        missing.is_empty(),
-        "used by the rules or the dashboard but never scraped: {missing:?}\nscraped: {scraped:?}"
-    );
+    // Every panel's query is valid PromQL to this Prometheus (it answers 400 otherwise), and the
+    // per-cluster panels show both clusters.
+    for expr in dashboard_panel_exprs() {
+        let series = prometheus.query(&as_grafana_sends_it(&expr)).await;
+        if expr
+            .starts_with("max by (namespace, cluster, kind, status) (talos_upgrade_cluster_status")
+        {
+            for world in [&good, &bad] {
+                assert!(
+                    series
+                        .iter()
+                        .any(|s| has_label(s, "namespace", &world.ns.name)),
+                    "{expr}: {series:#?}"
+                );
+            }
+        }
+    }
     // The extraction found what it should (a guard against a parser that finds nothing).
     for name in [
         "talos_upgrade_cluster_status",
@@ -687,6 +716,11 @@ async fn a_real_prometheus_scrapes_upgrades_sees_every_metric_used_and_alerts_on
     ] {
         assert!(used.contains(name), "{name} not found in {used:?}");
     }
+    let missing: Vec<&String> = used.difference(&scraped).collect();
+    assert!(
+        missing.is_empty(),
+        "used by the rules or the dashboard but never scraped: {missing:?}\nscraped: {scraped:?}"
+    );
 }
 
 #[test]
