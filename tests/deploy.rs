@@ -149,6 +149,14 @@ async fn the_deployment_runs_two_hardened_replicas_with_probes_and_is_found_by_s
         pod_name["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.name"
     );
+    let leader_elect = env
+        .iter()
+        .find(|e| e["name"] == "TUC_LEADER_ELECT")
+        .expect("TUC_LEADER_ELECT");
+    assert_eq!(
+        leader_elect["value"], "true",
+        "two replicas need leader election"
+    );
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     for probe in ["livenessProbe", "readinessProbe"] {
@@ -424,7 +432,7 @@ async fn the_service_account_may_do_what_the_controller_does_and_nothing_else() 
         access("patch", "events.events.k8s.io", team),
         access("get", "leases.coordination.k8s.io", NAMESPACE),
         access("create", "leases.coordination.k8s.io", NAMESPACE),
-        access("update", "leases.coordination.k8s.io", NAMESPACE),
+        access("patch", "leases.coordination.k8s.io", NAMESPACE),
     ];
     let forbidden = [
         // Secrets: only `get` by name; nothing that enumerates or changes them.
@@ -459,6 +467,8 @@ async fn the_service_account_may_do_what_the_controller_does_and_nothing_else() 
         // Leader election happens in the controller's own namespace only.
         access("get", "leases.coordination.k8s.io", "kube-system"),
         access("update", "leases.coordination.k8s.io", "kube-system"),
+        access("patch", "leases.coordination.k8s.io", "kube-system"),
+        access("update", "leases.coordination.k8s.io", NAMESPACE),
         access("delete", "leases.coordination.k8s.io", NAMESPACE),
         access("list", "leases.coordination.k8s.io", NAMESPACE),
         // No way to grant itself more.
