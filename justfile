@@ -1,5 +1,10 @@
 # Developer shortcuts; the scripts they call are what CI and the README use.
 
+image := "ghcr.io/vitistack/talos-upgrade-controller"
+version := `sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1`
+# docker, or podman.
+container_tool := env_var_or_default("CONTAINER_TOOL", "docker")
+
 default:
     @just --list
 
@@ -7,9 +12,20 @@ default:
 demo:
     bash scripts/demo.sh
 
-# Run every test against a real kube-apiserver + etcd.
+# Run every test against a real kube-apiserver + etcd (extra arguments go to cargo test).
 test *ARGS:
     bash scripts/test.sh {{ARGS}}
+
+# Only the end-to-end tests: simulated Talos clusters upgraded by the in-process controller, the
+# deploy/ manifests and RBAC, and a real Prometheus scraping the controller.
+e2e:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    args=()
+    for file in tests/*_e2e.rs tests/deploy.rs tests/prometheus.rs; do
+      args+=(--test "$(basename "$file" .rs)")
+    done
+    bash scripts/test.sh "${args[@]}"
 
 # Format the code.
 fmt:
@@ -19,6 +35,18 @@ fmt:
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# Regenerate deploy/crd.yaml from src/crd.rs (tests/crd.rs fails when it is stale).
+crd:
+    cargo run --quiet --locked -- crd > deploy/crd.yaml
+
+# Build the container image (multi-stage Dockerfile, static binary) tagged with the crate version.
+image:
+    {{container_tool}} build -t {{image}}:{{version}} .
+
+# Install prometheus and promtool (Debian's package) for tests/prometheus.rs.
+prometheus:
+    bash scripts/install-prometheus.sh
 
 # Build (or find in the cache) kube-apiserver, etcd and kubectl; prints their directory.
 k8s-bins:
