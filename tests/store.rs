@@ -53,6 +53,7 @@ async fn progress_round_trips_and_stale_writes_are_refused() {
         from_version: "1.11.6".into(),
         installer_image: "ghcr.io/siderolabs/installer:v1.12.0".into(),
         lifecycle: None,
+        unanswered: false,
     };
     fresh.talos = Some(run(issued.clone()));
     store

@@ -37,6 +37,9 @@ use crate::talos::ConnectOptions;
 pub struct Settings {
     /// How long one node may take from its upgrade call (Talos ≥ 1.13: its reboot) to being done.
     pub node_deadline: Duration,
+    /// How long a node whose upgrade call got no answer must be seen running its old boot, ready, before
+    /// the call is made again (it never reached the node).
+    pub unanswered_grace: Duration,
     /// How long one step of a Kubernetes upgrade (a component on one node, a kubelet) may take.
     pub step_deadline: Duration,
     /// How long draining a node before its reboot may take (Talos ≥ 1.13, where the controller drains).
@@ -57,6 +60,7 @@ impl Default for Settings {
         Settings {
             node_deadline: Duration::from_secs(15 * 60),
             drain_timeout: Duration::from_secs(5 * 60),
+            unanswered_grace: Duration::from_secs(60),
             step_deadline: Duration::from_secs(10 * 60),
             poll_interval: Duration::from_secs(2),
             idle_interval: Duration::from_secs(5 * 60),

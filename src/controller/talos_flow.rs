@@ -189,6 +189,22 @@ async fn absent(
                 .any(|n| matches!(n.step, NodeStep::Issued { .. }))
     });
     let observed = observe(cluster, ctx).await;
+    // Nodes in flight that cannot be seen right now (a transient API error, every node slow to answer)
+    // are not given up on: the run is kept until they are seen finished.
+    if in_flight && let Err(problem) = &observed {
+        let mut report = kind_report(
+            UpgradeStatus::InProgress,
+            format!(
+                "Talos target removed: finishing the node(s) in flight before stopping ({problem})"
+            ),
+        );
+        report.condition_reason = Some("InProgress");
+        return Ok(outcome(
+            report,
+            Vec::new(),
+            Some(ctx.settings.poll_interval),
+        ));
+    }
     if in_flight && let (Ok(observed), Some(run)) = (&observed, progress.talos.as_ref()) {
         // Paused: only the node(s) in flight are followed, so the order plays no part.
         let settings = Settings {
@@ -521,21 +537,22 @@ async fn requested(
     let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
     let mut failed_call = None;
     let mut installed = false;
-    let mut unanswered = false;
+    let mut answered = false;
     for action in &decision.actions {
         match execute(&observed, action).await {
-            Ok(Called::NotReached) => {
+            // An install is made again next pass; a legacy call stays recorded as unanswered, and
+            // is made again only if the node is then seen not to have got it.
+            Ok(Called::NotReached) => {}
+            Ok(Called::Done) => {
                 if let Action::Upgrade {
                     node,
                     api: UpgradeApi::Legacy,
                     ..
                 } = action
                 {
-                    rollout::unanswered(&mut run, node);
-                    unanswered = true;
+                    rollout::answered(&mut run, node);
+                    answered = true;
                 }
-            }
-            Ok(Called::Done) => {
                 if let Action::Upgrade {
                     node,
                     api: UpgradeApi::Lifecycle,
@@ -557,7 +574,7 @@ async fn requested(
             }
         }
     }
-    if (installed || unanswered) && failed_call.is_none() {
+    if (installed || answered) && failed_call.is_none() {
         // Draining starts with the next pass; the run must say so before anything else happens.
         progress.talos = Some(run.clone());
         store.save(name, owner.clone(), progress).await?;
@@ -668,6 +685,7 @@ fn settings(ctx: &Context, order: crate::intent::UpgradeOrder) -> Settings {
         paused: false,
         node_deadline: ctx.settings.node_deadline,
         drain_timeout: ctx.settings.drain_timeout,
+        unanswered_grace: ctx.settings.unanswered_grace,
     }
 }
 
@@ -779,8 +797,8 @@ async fn execute(observed: &Observed, action: &Action) -> Result<Called, (String
     match (result, action) {
         (Ok(()), _) => Ok(Called::Done),
         // The legacy upgrade call answers before the node goes down, so no answer means the node may
-        // never have got it: the run takes it back, and the node, if it did get it, is seen upgrading
-        // (not ready), then back on the target, and is never called twice.
+        // never have got it: the run keeps it as unanswered, and makes it again only if the node is seen
+        // still running its old boot, ready, after a grace period (see `Settings::unanswered_grace`).
         (Err(error), Action::Upgrade { .. }) if error.is_unreachable() => {
             tracing::warn!(node = %node_name, %error, "the upgrade call got no answer");
             Ok(Called::NotReached)

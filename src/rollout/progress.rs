@@ -95,6 +95,11 @@ pub enum NodeStep {
         /// got. Absent for the legacy single `MachineService.Upgrade` call.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lifecycle: Option<LifecycleStage>,
+        /// The legacy upgrade call was recorded but its answer never came (the controller stopped
+        /// mid-call, or the node did not answer). If the node is then seen still running its old system,
+        /// ready, on the same boot, for a while, the call never took and is made again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        unanswered: bool,
     },
     /// On the target, rebooted, ready and Ready in Kubernetes.
     Done {
@@ -200,6 +205,7 @@ mod tests {
                         from_version: "1.11.6".into(),
                         installer_image: "ghcr.io/siderolabs/installer:v1.12.0".into(),
                         lifecycle: None,
+                        unanswered: false,
                     },
                 },
                 NodeProgress {
@@ -214,6 +220,7 @@ mod tests {
                             since: at,
                             uncordon: true,
                         }),
+                        unanswered: false,
                     },
                 },
             ],

@@ -37,6 +37,9 @@ pub struct Settings {
     pub node_deadline: Duration,
     /// How long draining a node (Talos ≥ 1.13) may take before the run fails.
     pub drain_timeout: Duration,
+    /// How long a node whose upgrade call got no answer must be seen on its old boot, running and ready,
+    /// before the call is taken as never received and made again.
+    pub unanswered_grace: Duration,
 }
 
 /// What the controller sees of one node right now.
@@ -339,21 +342,13 @@ pub fn installed(run: &mut Run, node: &str, already_cordoned: bool, now: Timesta
     }
 }
 
-/// Takes back the legacy upgrade call to `node` that got no answer: the node goes back to pending. If
-/// the call did reach it, the node is seen upgrading (not ready, so it is not called again) and then back
-/// on the target, which counts as done.
-pub fn unanswered(run: &mut Run, node: &str) {
+/// Records that the legacy upgrade call to `node` was answered: the node has it, whatever comes next.
+pub fn answered(run: &mut Run, node: &str) {
     for progress in &mut run.nodes {
         if progress.name == node
-            && matches!(
-                progress.step,
-                NodeStep::Issued {
-                    lifecycle: None,
-                    ..
-                }
-            )
+            && let NodeStep::Issued { unanswered, .. } = &mut progress.step
         {
-            progress.step = NodeStep::Pending;
+            *unanswered = false;
         }
     }
 }
@@ -412,11 +407,27 @@ pub fn advance(
             from_version,
             installer_image,
             lifecycle,
+            unanswered,
         } = &mut progress.step
         else {
             continue;
         };
         let observed = observation.node(&name);
+        // A call without an answer, and the node still on the same boot, running and ready well after
+        // it: the call never reached it (the controller stopped mid-call). A node that did get it would
+        // be upgrading (not ready) or rebooted by now. It goes back to pending and is called again. Not
+        // while paused (or following the nodes in flight after the target was removed): no new call
+        // would be made then, so the node stays in flight until it is seen done or its deadline passes.
+        if *unanswered
+            && !settings.paused
+            && now.duration_since(*at).unsigned_abs() > settings.unanswered_grace
+            && observed.is_some_and(|n| {
+                matches!(&n.talos, TalosState::Up { boot_id: seen, ready: true, .. } if seen == boot_id)
+            })
+        {
+            progress.step = NodeStep::Pending;
+            continue;
+        }
         // Where the deadline counts from, and whether the node must be uncordoned once back.
         let (since, uncordon) = match lifecycle {
             None => (*at, false),
@@ -752,6 +763,8 @@ fn start_next(
                 UpgradeApi::Legacy => None,
                 UpgradeApi::Lifecycle => Some(LifecycleStage::Installing),
             },
+            // Until its answer is recorded (see [`answered`]).
+            unanswered: api == UpgradeApi::Legacy,
         };
         notes.push(Note::normal(
             "NodeUpgradeStarted",

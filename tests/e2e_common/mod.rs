@@ -320,6 +320,8 @@ spec:
         let settings = Settings {
             node_deadline: spec.node_deadline,
             drain_timeout: spec.drain_timeout,
+            // Fast simulated nodes start an upgrade sequence within milliseconds of the call.
+            unanswered_grace: Duration::from_secs(3),
             step_deadline: Duration::from_secs(60),
             catalog: spec.catalog.unwrap_or_else(guide_catalog),
             poll_interval: Duration::from_millis(100),

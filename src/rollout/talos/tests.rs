@@ -23,6 +23,7 @@ fn settings() -> Settings {
         paused: false,
         node_deadline: DEADLINE,
         drain_timeout: DRAIN_TIMEOUT,
+        unanswered_grace: Duration::from_secs(60),
     }
 }
 
@@ -255,7 +256,9 @@ fn a_node_is_done_only_after_a_reboot_into_the_target_and_ready() {
         &obs,
         t0(),
     );
-    let issued = decide(&run, &settings(), &obs, t0()).run;
+    let mut issued = decide(&run, &settings(), &obs, t0()).run;
+    // The node acknowledged the call.
+    answered(&mut issued, "worker-1");
     let later = t0() + 2.minutes();
 
     // (observation of worker-1, done?)
@@ -308,7 +311,9 @@ fn deadlines_and_fallbacks_fail_the_run_naming_the_node() {
         &obs,
         t0(),
     );
-    let issued = decide(&run, &settings(), &obs, t0()).run;
+    let mut issued = decide(&run, &settings(), &obs, t0()).run;
+    // The node acknowledged the call.
+    answered(&mut issued, "worker-1");
     let late = t0() + 16.minutes();
 
     let mut never_back = obs.clone();
@@ -469,7 +474,9 @@ fn paused_runs_finish_in_flight_nodes_and_start_none() {
         &obs,
         t0(),
     );
-    let issued = decide(&run, &settings(), &obs, t0()).run;
+    let mut issued = decide(&run, &settings(), &obs, t0()).run;
+    // The node acknowledged the call.
+    answered(&mut issued, "worker-1");
     let paused = Settings {
         paused: true,
         ..settings()
@@ -903,6 +910,7 @@ fn a_rebooted_node_is_done_only_once_uncordoned() {
             at: t0() + 1.minutes(),
             uncordon: false,
         }),
+        unanswered: false,
     };
     rebooted(&mut obs, "worker-1", "1.14.0", true);
     set(&mut obs, "worker-1", |n| n.cordoned = true);
@@ -974,7 +982,7 @@ fn a_refused_call_on_a_cordoned_node_asks_for_its_uncordon() {
 }
 
 #[test]
-fn an_upgrade_call_without_an_answer_is_taken_back_and_never_made_twice() {
+fn an_upgrade_call_without_an_answer_is_made_again_only_if_the_node_never_got_it() {
     let obs = cluster("1.11.6");
     let run = start_run(
         "1.12.0",
@@ -983,37 +991,44 @@ fn an_upgrade_call_without_an_answer_is_taken_back_and_never_made_twice() {
         &obs,
         t0(),
     );
-    let mut run = decide(&run, &settings(), &obs, t0()).run;
-    unanswered(&mut run, "worker-1");
-    assert_eq!(
-        run.node("worker-1").map(|n| &n.step),
-        Some(&NodeStep::Pending)
-    );
+    let issued = decide(&run, &settings(), &obs, t0()).run;
+    assert!(matches!(
+        issued.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Issued {
+            unanswered: true,
+            ..
+        })
+    ));
 
-    // The call did reach the node: it is upgrading (not ready), so it is not called again...
+    // Within the grace period nothing is made again, whatever the node looks like.
+    let early = decide(&issued, &settings(), &obs, t0() + 30.seconds());
+    assert!(early.actions.is_empty(), "{:?}", early.actions);
+
+    // The node got the call: it is upgrading (not ready), then rebooted: never called twice.
     let mut upgrading = obs.clone();
     set(&mut upgrading, "worker-1", |n| {
         if let TalosState::Up { ready, .. } = &mut n.talos {
             *ready = false;
         }
     });
-    let held = decide(&run, &settings(), &upgrading, t0() + 1.seconds());
-    assert!(held.actions.is_empty(), "{:?}", held.actions);
-    assert_eq!(
-        held.report.message,
-        "Waiting: node worker-1 is not ready; holding before upgrading it (0/5 done)"
-    );
-    // ...and once back on the target it counts as done, and the next node goes.
+    let later = decide(&issued, &settings(), &upgrading, t0() + 2.minutes());
+    assert!(later.actions.is_empty(), "{:?}", later.actions);
     let mut back = obs.clone();
     rebooted(&mut back, "worker-1", "1.12.0", true);
-    let next = decide(&held.run, &settings(), &back, t0() + 2.minutes());
+    let done = decide(&later.run, &settings(), &back, t0() + 3.minutes());
     assert!(matches!(
-        next.run.node("worker-1").map(|n| &n.step),
+        done.run.node("worker-1").map(|n| &n.step),
         Some(NodeStep::Done { .. })
     ));
-    assert_eq!(upgraded_nodes(&next.actions), vec!["worker-2"]);
+    assert_eq!(upgraded_nodes(&done.actions), vec!["worker-2"]);
 
-    // The call did not reach it: the node is still running and ready, so the call is made again.
-    let again = decide(&run, &settings(), &obs, t0() + 1.seconds());
+    // The node never got it: same boot, running and ready past the grace: the call is made again.
+    let again = decide(&issued, &settings(), &obs, t0() + 2.minutes());
     assert_eq!(upgraded_nodes(&again.actions), vec!["worker-1"]);
+
+    // An answered call is never made again, even if the node looks untouched.
+    let mut answered_run = issued.clone();
+    answered(&mut answered_run, "worker-1");
+    let waiting = decide(&answered_run, &settings(), &obs, t0() + 2.minutes());
+    assert!(waiting.actions.is_empty(), "{:?}", waiting.actions);
 }
