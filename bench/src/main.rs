@@ -3,7 +3,7 @@
 //! it makes and what it costs. See docs/performance.md for what each number means and how it is taken.
 //!
 //! ```text
-//! cargo build --release --bin talos-upgrade-controller -p bench
+//! cargo build --release -p talos-upgrade-controller -p bench --bins
 //! target/release/tuc-bench --clusters 1,50,200 --json bench.json
 //! ```
 
@@ -65,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
     };
     if !binary.exists() {
         bail!(
-            "{} not found: build it first (cargo build --release --bin talos-upgrade-controller) or pass --controller-bin",
+            "{} not found: build it first (cargo build --release -p talos-upgrade-controller -p bench --bins) or pass --controller-bin",
             binary.display()
         );
     }
