@@ -1,0 +1,265 @@
+//! A counting HTTP proxy in front of the API server: the controller process talks to the API server only
+//! through it, so every request the controller makes is counted (by scope, verb and resource) and
+//! nothing else is (the benchmark's own clients, the simulator's workload mirror and the API server's
+//! own loopback traffic go straight to the API server).
+//!
+//! Two scopes share one listener, told apart by a path prefix in the kubeconfig's `server`:
+//! - `/m`: the management cluster (the controller's own kubeconfig);
+//! - `/w/<cluster>`: a workload cluster (the `kube.config` in that cluster's credentials Secret).
+//!
+//! Every workload cluster of the benchmark is the same API server, so a Node or Pod list would return
+//! the Nodes of all N clusters (1,000 Nodes at N = 200) where a real workload cluster has 5. The proxy
+//! keeps a workload list of `nodes` or `pods` to the items of that cluster (node names start with
+//! `<cluster>-`), so the controller parses what it would parse in production.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http_body_util::BodyExt;
+use serde::Serialize;
+use tokio_util_free::CancelOnDrop;
+
+/// What one request counts as.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Key {
+    /// `management` or `workload`.
+    pub scope: &'static str,
+    /// As the API server's audit log spells it: `get`, `list`, `watch`, `create`, `patch`, `update`,
+    /// `delete`.
+    pub verb: &'static str,
+    /// `configmaps`, `kubernetesclusters/status`, `nodes`, ...
+    pub resource: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Counts(pub BTreeMap<Key, u64>);
+
+impl Counts {
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// `self - earlier`, key by key.
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        let mut out = BTreeMap::new();
+        for (key, value) in &self.0 {
+            let before = earlier.0.get(key).copied().unwrap_or(0);
+            if *value > before {
+                out.insert(key.clone(), value - before);
+            }
+        }
+        Counts(out)
+    }
+
+    /// `verb resource` → count, for the JSON report.
+    pub fn breakdown(&self) -> BTreeMap<String, u64> {
+        self.0
+            .iter()
+            .map(|(k, v)| (format!("{} {} {}", k.scope, k.verb, k.resource), *v))
+            .collect()
+    }
+}
+
+struct ProxyState {
+    upstream: kube::Client,
+    counts: Mutex<Counts>,
+}
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    state: Arc<ProxyState>,
+    _server: CancelOnDrop,
+}
+
+impl Proxy {
+    /// Serves on 127.0.0.1 (a free port), forwarding through `upstream` (which authenticates).
+    pub async fn start(upstream: kube::Client) -> anyhow::Result<Proxy> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(ProxyState {
+            upstream,
+            counts: Mutex::new(Counts::default()),
+        });
+        let router = axum::Router::new()
+            .fallback(handle)
+            .with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(Proxy {
+            addr,
+            state,
+            _server: CancelOnDrop(task),
+        })
+    }
+
+    pub fn management_url(&self) -> String {
+        format!("http://{}/m", self.addr)
+    }
+
+    pub fn workload_url(&self, cluster: &str) -> String {
+        format!("http://{}/w/{cluster}", self.addr)
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.state
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+async fn handle(State(state): State<Arc<ProxyState>>, request: Request) -> Response {
+    match forward(&state, request).await {
+        Ok(response) => response,
+        Err(error) => (StatusCode::BAD_GATEWAY, format!("bench proxy: {error:#}")).into_response(),
+    }
+}
+
+/// The resource path of `/api/v1/...` or `/apis/<group>/<version>/...`, without namespace: the
+/// resource (with its subresource, if any) and whether the request names a collection.
+fn classify(path: &str) -> (String, bool) {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest: &[&str] = match segments.as_slice() {
+        ["api", _version, rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => return (path.to_string(), false),
+    };
+    let rest = match rest {
+        ["namespaces", _ns, resource, more @ ..] => {
+            let mut v = vec![*resource];
+            v.extend_from_slice(more);
+            v
+        }
+        other => other.to_vec(),
+    };
+    match rest.as_slice() {
+        [] => ("discovery".to_string(), false),
+        [resource] => (resource.to_string(), true),
+        [resource, _name] => (resource.to_string(), false),
+        [resource, _name, sub, ..] => (format!("{resource}/{sub}"), false),
+    }
+}
+
+async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Response> {
+    let (parts, body) = request.into_parts();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".to_string());
+    let (scope, cluster, rest) = if let Some(rest) = path_and_query.strip_prefix("/m/") {
+        ("management", None, format!("/{rest}"))
+    } else if let Some(rest) = path_and_query.strip_prefix("/w/") {
+        let (cluster, rest) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        ("workload", Some(cluster.to_string()), rest.to_string())
+    } else {
+        anyhow::bail!("unexpected path {path_and_query}");
+    };
+    let (path, query) = rest.split_once('?').unwrap_or((&rest, ""));
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let (resource, collection) = classify(path);
+    let verb = match parts.method.as_str() {
+        "GET" if watch => "watch",
+        "GET" if collection => "list",
+        "GET" => "get",
+        "POST" => "create",
+        "PATCH" => "patch",
+        "PUT" => "update",
+        "DELETE" if collection => "deletecollection",
+        "DELETE" => "delete",
+        _ => "other",
+    };
+    {
+        let mut counts = state.counts.lock().unwrap_or_else(|p| p.into_inner());
+        *counts
+            .0
+            .entry(Key {
+                scope,
+                verb,
+                resource: resource.clone(),
+            })
+            .or_default() += 1;
+    }
+
+    let bytes = axum::body::to_bytes(body, 64 << 20).await?;
+    let mut builder = http::Request::builder()
+        .method(parts.method.clone())
+        .uri(rest.as_str());
+    for (name, value) in &parts.headers {
+        if name != HOST && name != AUTHORIZATION && name != CONNECTION && name != CONTENT_LENGTH {
+            builder = builder.header(name, value);
+        }
+    }
+    let upstream = builder.body(kube::client::Body::from(bytes))?;
+    let response = state.upstream.send(upstream).await?;
+    let (mut head, body) = response.into_parts();
+    head.headers.remove(TRANSFER_ENCODING);
+    head.headers.remove(CONNECTION);
+    let filterable = verb == "list" && (resource == "nodes" || resource == "pods");
+    if let (Some(cluster), true, true) = (cluster, filterable, head.status.is_success()) {
+        let collected = body.collect().await?.to_bytes();
+        let filtered = keep_cluster_items(&collected, &cluster, &resource)?;
+        head.headers.remove(CONTENT_LENGTH);
+        return Ok(Response::from_parts(head, axum::body::Body::from(filtered)));
+    }
+    Ok(Response::from_parts(head, axum::body::Body::new(body)))
+}
+
+/// The list with only the Nodes (or Pods on Nodes) of `cluster`.
+fn keep_cluster_items(list: &[u8], cluster: &str, resource: &str) -> anyhow::Result<Vec<u8>> {
+    let mut value: serde_json::Value = serde_json::from_slice(list)?;
+    let prefix = format!("{cluster}-");
+    if let Some(items) = value.get_mut("items").and_then(|i| i.as_array_mut()) {
+        items.retain(|item| {
+            let node = if resource == "nodes" {
+                item["metadata"]["name"].as_str()
+            } else {
+                item["spec"]["nodeName"].as_str()
+            };
+            node.is_none_or(|n| n.starts_with(&prefix))
+        });
+    }
+    Ok(serde_json::to_vec(&value)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classify;
+
+    #[test]
+    fn classifies_paths() {
+        assert_eq!(classify("/api/v1/nodes"), ("nodes".into(), true));
+        assert_eq!(classify("/api/v1/nodes/a"), ("nodes".into(), false));
+        assert_eq!(
+            classify("/api/v1/namespaces/x/configmaps"),
+            ("configmaps".into(), true)
+        );
+        assert_eq!(
+            classify("/apis/vitistack.io/v1alpha1/namespaces/x/kubernetesclusters/c/status"),
+            ("kubernetesclusters/status".into(), false)
+        );
+        assert_eq!(
+            classify("/api/v1/namespaces/x"),
+            ("namespaces".into(), false)
+        );
+    }
+}
+
+/// A tiny stand-in for a cancel-on-drop guard (no tokio-util needed): aborts the task when dropped.
+mod tokio_util_free {
+    pub struct CancelOnDrop(pub tokio::task::JoinHandle<()>);
+    impl Drop for CancelOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+}
