@@ -55,3 +55,8 @@ k8s-bins:
 # Everything CI runs.
 ci:
     bash .ci/run
+
+# Benchmark: N clusters of 5 simulated Talos nodes upgraded at once (docs/performance.md).
+bench *ARGS:
+    cargo build --release -p talos-upgrade-controller -p bench --bins
+    cargo run --release -p bench -- {{ARGS}}
