@@ -713,6 +713,11 @@ async fn removing_the_target_mid_run_finishes_the_node_in_flight_and_stops() {
             async move { called }
         })
         .await;
+    // The status still says `idle` (from before the target was set) until the reconcile that made the
+    // call reports; waiting for `in-progress` first makes the `idle` awaited below the stop's own.
+    world
+        .wait_for_annotation("talos-status", "in-progress", "60s")
+        .await;
     world.remove_annotation("talos-target").await;
 
     world
