@@ -172,3 +172,42 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
         }
     }
 }
+
+/// The controller does not wait for its poll between nodes: it follows each node in flight (the node's
+/// Talos event stream and its Kubernetes Node) and looks again as soon as the node is back. With the
+/// poll set to an hour, only those wake-ups can carry the run from one node to the next, so a run that
+/// completes shows that every node's return woke the controller.
+#[tokio::test]
+async fn a_node_coming_back_wakes_the_controller_without_waiting_for_the_poll() {
+    let world = World::start(
+        "talos-wake",
+        WorldSpec {
+            poll_interval: std::time::Duration::from_secs(3600),
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world.annotate("talos-target", "1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "120s")
+        .await;
+
+    let calls = world.upgrade_calls();
+    let unique: std::collections::BTreeSet<_> = calls.iter().collect();
+    assert_eq!(
+        (calls.len(), unique.len()),
+        (5, 5),
+        "each node once: {calls:?}"
+    );
+    assert_eq!(world.annotation("talos-progress").await, "5/5");
+    assert_eq!(
+        max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),
+        1
+    );
+    for node in world.sim.snapshots() {
+        assert_eq!(node.talos_version, "1.12.0", "{}", node.name);
+    }
+}

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::Context;
+use super::{ClusterLink, Context};
 use crate::crd::KubernetesCluster;
 use crate::credentials::{self, ClusterCredentials};
 use crate::intent::UpgradeIntent;
@@ -51,20 +51,29 @@ pub async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Acces
         .await
         .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
         .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
-    let ClusterCredentials {
-        talos, workload, ..
-    } = credentials::parse(&secret, &namespace, &secret_name).map_err(|e| e.to_string())?;
-    let workload = workload.ok_or_else(|| {
-        format!(
-            "credentials Secret {namespace}/{secret_name} has no {:?} key (needed to check Node readiness)",
-            credentials::KUBECONFIG_KEY
-        )
-    })?;
-    let workload_client = credentials::workload_client(workload).await?;
     let secret_version = secret.resource_version().unwrap_or_default();
-    let fleet = ctx.fleet((namespace.clone(), name.clone()), &secret_version, || {
-        TalosFleet::new(talos, ctx.settings.talos.clone())
-    });
+    let key = (namespace.clone(), name.clone());
+    let ClusterLink { fleet, workload } = match ctx.cached_link(&key, &secret_version) {
+        Some(link) => link,
+        None => {
+            let ClusterCredentials {
+                talos, workload, ..
+            } = credentials::parse(&secret, &namespace, &secret_name).map_err(|e| e.to_string())?;
+            let workload = workload.ok_or_else(|| {
+                format!(
+                    "credentials Secret {namespace}/{secret_name} has no {:?} key (needed to check Node readiness)",
+                    credentials::KUBECONFIG_KEY
+                )
+            })?;
+            let link = ClusterLink {
+                fleet: Arc::new(TalosFleet::new(talos, ctx.settings.talos.clone())),
+                workload: credentials::workload_client(workload).await?,
+            };
+            ctx.keep_link(key, &secret_version, link.clone());
+            link
+        }
+    };
+    let workload_client = workload;
 
     let machines = inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id)
         .await

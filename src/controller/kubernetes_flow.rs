@@ -10,7 +10,7 @@ use kube::{Resource, ResourceExt};
 use super::Context;
 use super::access;
 use super::report::{self, KindReport};
-use super::talos_flow::FlowOutcome;
+use super::talos_flow::{FlowOutcome, outcome};
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::crd::KubernetesCluster;
 use crate::intent::{Target, UpgradeIntent};
@@ -43,18 +43,6 @@ fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
         in_flight: Vec::new(),
         condition_reason: None,
         consumed: Vec::new(),
-    }
-}
-
-fn outcome(report: KindReport, notes: Vec<Note>, requeue: Option<Duration>) -> FlowOutcome {
-    FlowOutcome {
-        report,
-        notes,
-        announced: Vec::new(),
-        nodes_finished: Vec::new(),
-        run_started_at: None,
-        preflight_failure: None,
-        requeue,
     }
 }
 

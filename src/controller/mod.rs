@@ -11,6 +11,7 @@ mod access;
 mod kubernetes_flow;
 pub mod report;
 mod talos_flow;
+mod wakeups;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -71,8 +72,16 @@ impl Default for Settings {
     }
 }
 
-/// (namespace, cluster name) → (resourceVersion of the credentials Secret, its fleet).
-type FleetCache = HashMap<(String, String), (String, Arc<TalosFleet>)>;
+/// One cluster's connections, built from its credentials Secret: the Talos fleet and the workload API
+/// client. Kept across reconciles (connections and TLS sessions are reused) until the Secret changes.
+#[derive(Clone)]
+pub struct ClusterLink {
+    pub fleet: Arc<TalosFleet>,
+    pub workload: Client,
+}
+
+/// (namespace, cluster name) → (resourceVersion of the credentials Secret, its connections).
+type LinkCache = HashMap<(String, String), (String, ClusterLink)>;
 
 /// Shared by every reconcile.
 pub struct Context {
@@ -80,8 +89,10 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,
-    /// Talos connections per cluster, rebuilt when the credentials Secret changes.
-    fleets: Mutex<FleetCache>,
+    /// Connections per cluster, rebuilt when the credentials Secret changes.
+    links: Mutex<LinkCache>,
+    /// Followers of the nodes in flight, which wake a cluster's reconcile when a node changes.
+    wakeups: wakeups::Wakeups,
 }
 
 impl Context {
@@ -105,30 +116,31 @@ impl Context {
             recorder,
             metrics,
             settings,
-            fleets: Mutex::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
+            wakeups: wakeups::Wakeups::default(),
         }
     }
 
-    /// The cached fleet for a cluster if its Secret is unchanged (`version` is the Secret's
-    /// resourceVersion), or a new one built by `build`.
-    fn fleet(
-        &self,
-        key: (String, String),
-        version: &str,
-        build: impl FnOnce() -> TalosFleet,
-    ) -> Arc<TalosFleet> {
-        let mut fleets = self
-            .fleets
+    /// The cached connections of a cluster if its Secret is unchanged (`version` is the Secret's
+    /// resourceVersion).
+    fn cached_link(&self, key: &(String, String), version: &str) -> Option<ClusterLink> {
+        let links = self
+            .links
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match fleets.get(&key) {
-            Some((cached, fleet)) if cached == version => fleet.clone(),
-            _ => {
-                let fleet = Arc::new(build());
-                fleets.insert(key, (version.to_string(), fleet.clone()));
-                fleet
-            }
-        }
+        links
+            .get(key)
+            .filter(|(cached, _)| cached == version)
+            .map(|(_, link)| link.clone())
+    }
+
+    /// Keeps `link` as the cluster's connections for the Secret at `version`.
+    fn keep_link(&self, key: (String, String), version: &str, link: ClusterLink) {
+        let mut links = self
+            .links
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        links.insert(key, (version.to_string(), link));
     }
 }
 
@@ -195,6 +207,11 @@ pub async fn reconcile(
     for outcome in [&talos, &kubernetes] {
         export_metrics(&ctx.metrics, &cluster, &key, outcome, now);
     }
+    // Nodes in flight are followed, so the reconcile runs again as soon as one of them changes.
+    ctx.wakeups.follow(
+        &kube::runtime::reflector::ObjectRef::from_obj(&*cluster),
+        talos.follow.clone(),
+    );
     let requeue = [talos.requeue, kubernetes.requeue]
         .into_iter()
         .flatten()
@@ -301,7 +318,7 @@ pub async fn run(
     let stream = kube::runtime::WatchStreamExt::touched_objects(
         kube::runtime::WatchStreamExt::reflect(stream, writer),
     );
-    let controller = Controller::for_stream(stream, reader);
+    let controller = Controller::for_stream(stream, reader).reconcile_on(ctx.wakeups.triggers());
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -11,6 +11,7 @@ use semver::Version;
 use super::Context;
 use super::access::{self, Access};
 use super::report::{self, KindReport};
+use super::wakeups::FollowedNode;
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::crd::KubernetesCluster;
 use crate::credentials;
@@ -41,6 +42,8 @@ pub struct FlowOutcome {
     /// A preflight check that started holding the run in this reconcile (counted once per hold).
     pub preflight_failure: Option<&'static str>,
     pub requeue: Option<Duration>,
+    /// Nodes in flight after this reconcile, to follow until they are back (empty: follow none).
+    pub follow: Vec<FollowedNode>,
 }
 
 /// The cluster as observed for the Talos upgrade.
@@ -71,7 +74,12 @@ fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
     }
 }
 
-fn outcome(report: KindReport, notes: Vec<Note>, requeue: Option<Duration>) -> FlowOutcome {
+/// An outcome with nothing but a report, its events and when to look again.
+pub(super) fn outcome(
+    report: KindReport,
+    notes: Vec<Note>,
+    requeue: Option<Duration>,
+) -> FlowOutcome {
     FlowOutcome {
         report,
         notes,
@@ -80,6 +88,7 @@ fn outcome(report: KindReport, notes: Vec<Note>, requeue: Option<Duration>) -> F
         run_started_at: None,
         preflight_failure: None,
         requeue,
+        follow: Vec::new(),
     }
 }
 
@@ -226,11 +235,13 @@ async fn absent(
             );
             report.progress = Some((decision.report.done, decision.report.total));
             report.condition_reason = Some("InProgress");
-            return Ok(outcome(
+            let mut result = outcome(
                 report,
                 decision.report.notes,
                 Some(ctx.settings.poll_interval),
-            ));
+            );
+            result.follow = followed(observed, &decision.report.in_flight);
+            return Ok(result);
         }
     }
     let dropped = progress.talos.take();
@@ -538,12 +549,16 @@ async fn requested(
     let mut failed_call = None;
     let mut installed = false;
     let mut answered = false;
+    let mut leadership_moved = false;
     for action in &decision.actions {
         match execute(&observed, action).await {
             // An install is made again next pass; a legacy call stays recorded as unanswered, and
             // is made again only if the node is then seen not to have got it.
             Ok(Called::NotReached) => {}
             Ok(Called::Done) => {
+                if let Action::ForfeitEtcdLeadership { .. } = action {
+                    leadership_moved = true;
+                }
                 if let Action::Upgrade {
                     node,
                     api: UpgradeApi::Legacy,
@@ -580,6 +595,7 @@ async fn requested(
         store.save(name, owner.clone(), progress).await?;
         decision.run = run.clone();
     }
+    let failed_call_seen = failed_call.as_ref().map(|(node, _)| node.clone());
     if let Some((node, reason)) = failed_call {
         let cleanup = rollout::fail_node(&mut run, &node, &reason, now);
         progress.talos = Some(run.clone());
@@ -624,6 +640,10 @@ async fn requested(
         });
     }
     let requeue = match decision.report.state {
+        // etcd leadership moved off the next control plane: upgrade it now, not a poll later.
+        RunState::InProgress if leadership_moved && failed_call_seen.is_none() => {
+            Some(Duration::ZERO)
+        }
         RunState::InProgress | RunState::Paused => Some(ctx.settings.poll_interval),
         RunState::Completed | RunState::Failed => None,
     };
@@ -632,7 +652,24 @@ async fn requested(
     result.nodes_finished = nodes_finished;
     result.preflight_failure = preflight_failure;
     result.run_started_at = Some(run.started_at.as_millisecond() as f64 / 1000.0);
+    result.follow = followed(&observed, &decision.report.in_flight);
     Ok(result)
+}
+
+/// The connections to follow the named nodes in flight with.
+fn followed(observed: &Observed, in_flight: &[String]) -> Vec<FollowedNode> {
+    observed
+        .inventory
+        .iter()
+        .filter(|node| in_flight.contains(&node.name))
+        .filter_map(|node| {
+            Some(FollowedNode {
+                name: node.name.clone(),
+                talos: observed.fleet.client(node.address).ok()?,
+                workload: observed.workload.clone(),
+            })
+        })
+        .collect()
 }
 
 /// `talos-available` from the release catalog: the newest target the nodes' versions and the running

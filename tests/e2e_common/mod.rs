@@ -138,6 +138,9 @@ pub struct WorldSpec {
     pub image_registry: Option<&'static str>,
     /// The simulated nodes' timings; [`Timings::fast`] by default.
     pub timings: Timings,
+    /// How often the controller looks again at a cluster with an upgrade in flight (100 ms by default,
+    /// so tests do not wait on it).
+    pub poll_interval: Duration,
 }
 
 impl Default for WorldSpec {
@@ -153,6 +156,7 @@ impl Default for WorldSpec {
             start_controller: true,
             image_registry: None,
             timings: Timings::fast(),
+            poll_interval: Duration::from_millis(100),
         }
     }
 }
@@ -324,7 +328,7 @@ spec:
             unanswered_grace: Duration::from_secs(3),
             step_deadline: Duration::from_secs(60),
             catalog: spec.catalog.unwrap_or_else(guide_catalog),
-            poll_interval: Duration::from_millis(100),
+            poll_interval: spec.poll_interval,
             talos: ConnectOptions {
                 port: sim.config().port,
                 connect_timeout: Duration::from_secs(2),
