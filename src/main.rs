@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the controller: upgrade Talos clusters as their annotations ask.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the KubernetesCluster CustomResourceDefinition (YAML)
     Crd,
     /// Run simulated Talos nodes that speak the real Talos API over mutual TLS (see docs/simulator.md).
@@ -90,6 +90,11 @@ struct RunArgs {
     /// How often a cluster with an upgrade in flight is looked at again, e.g. 2s or 250ms.
     #[arg(long, env = "TUC_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     poll_interval: std::time::Duration,
+    /// How often a cluster with nothing in flight is refreshed (its current and available versions)
+    /// when nothing about it changes, e.g. 10m. A refresh costs one Talos Version call per node and a
+    /// handful of Kubernetes reads.
+    #[arg(long, env = "TUC_IDLE_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    idle_interval: std::time::Duration,
     /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
     #[arg(long, env = "TUC_SECRET_NAME_TEMPLATE", default_value = "{clusterId}")]
     secret_name_template: String,
@@ -150,7 +155,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::TalosSim(args) => run_simulator(args).await,
-        Command::Run(args) => run_controller(args).await,
+        Command::Run(args) => run_controller(*args).await,
     }
 }
 
@@ -183,6 +188,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         step_deadline: args.step_deadline,
         catalog: release_catalog(&args)?,
         poll_interval: args.poll_interval,
+        idle_interval: args.idle_interval,
         secret_name_template: args.secret_name_template,
         ..controller::Settings::default()
     };

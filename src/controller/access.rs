@@ -3,6 +3,9 @@
 
 use std::sync::Arc;
 
+use semver::Version;
+use tokio::sync::OnceCell;
+
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -24,10 +27,64 @@ pub struct Access {
     pub workload: kube::Client,
     pub namespace: String,
     pub secret_name: String,
+    /// Each inventory node's Talos version (or why it could not be read), asked at most once.
+    talos_versions: OnceCell<Vec<Result<Version, String>>>,
+}
+
+impl Access {
+    /// Each inventory node's running Talos version, in inventory order: one `Version` call per node,
+    /// made once however many parts of the reconcile ask. This is all an idle cluster needs (its
+    /// current and available versions); a run in flight observes much more.
+    pub async fn talos_versions(&self) -> &[Result<Version, String>] {
+        self.talos_versions
+            .get_or_init(|| async {
+                futures::future::join_all(self.inventory.iter().map(|node| async {
+                    let client = self.fleet.client(node.address).map_err(|e| e.to_string())?;
+                    let answer = client.version().await.map_err(|e| e.to_string())?;
+                    crate::observe::parse_talos_tag(&answer.tag)
+                }))
+                .await
+            })
+            .await
+    }
+}
+
+impl Access {
+    /// Records the Talos versions a fuller observation already read, so that no later part of the
+    /// reconcile asks the nodes again. Versions already known are kept.
+    pub fn note_talos_versions(&self, versions: Vec<Result<Version, String>>) {
+        let _ = self.talos_versions.set(versions);
+    }
+}
+
+/// The cluster's access, made at most once per reconcile (on first use) and shared by the Talos and
+/// the Kubernetes upgrade, so a reconcile reads the Secret and lists the Machines and Nodes once.
+pub struct SharedAccess<'a> {
+    cluster: &'a KubernetesCluster,
+    ctx: &'a Context,
+    access: OnceCell<Result<Access, String>>,
+}
+
+impl<'a> SharedAccess<'a> {
+    pub fn new(cluster: &'a KubernetesCluster, ctx: &'a Context) -> Self {
+        SharedAccess {
+            cluster,
+            ctx,
+            access: OnceCell::new(),
+        }
+    }
+
+    pub async fn get(&self) -> Result<&Access, String> {
+        self.access
+            .get_or_init(|| connect(self.cluster, self.ctx))
+            .await
+            .as_ref()
+            .map_err(Clone::clone)
+    }
 }
 
 /// Reads the credentials and the inventory; a problem is one sentence for the user.
-pub async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, String> {
+async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, String> {
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let cluster_id = cluster
@@ -98,5 +155,6 @@ pub async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Acces
         workload: workload_client,
         namespace,
         secret_name,
+        talos_versions: OnceCell::new(),
     })
 }

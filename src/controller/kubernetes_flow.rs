@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::access;
+use super::access::SharedAccess;
 use super::report::{self, KindReport};
 use super::talos_flow::{FlowOutcome, outcome};
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
@@ -58,17 +58,18 @@ fn once(cluster: &KubernetesCluster, reason: &'static str, message: &str) -> Vec
     }]
 }
 
+#[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     cluster: &KubernetesCluster,
     ctx: &Context,
     intent: &UpgradeIntent,
     store: &ProgressStore,
+    progress: &mut Progress,
+    access: &SharedAccess<'_>,
     talos: TalosGate,
     now: Timestamp,
 ) -> Result<FlowOutcome, super::Error> {
     let name = cluster.name_any();
-    // Loaded after the Talos flow saved, so each kind's record is written over the other's latest.
-    let mut progress = store.load(&name).await?;
     let owner = cluster.controller_owner_ref(&());
     // A Talos run that has touched nodes and is not finished holds Kubernetes back even when its status
     // says otherwise for the moment (a bad option reported as failed mid-run, a lost Secret).
@@ -82,7 +83,7 @@ pub async fn reconcile(
 
     if intent.kubernetes_reset {
         if progress.kubernetes.take().is_some() {
-            store.save(&name, owner, &mut progress).await?;
+            store.save(&name, owner, progress).await?;
         }
         let mut report = kind_report(
             UpgradeStatus::Idle,
@@ -107,17 +108,16 @@ pub async fn reconcile(
         .map(|v| v.trim().to_string())
         .filter(|v| !v.is_empty());
     match (&intent.kubernetes_target, raw_target) {
-        (Target::Absent, _) | (_, None) => {
-            idle(cluster, ctx, &name, owner, store, &mut progress).await
-        }
+        (Target::Absent, _) | (_, None) => idle(ctx, access, &name, owner, store, progress).await,
         (Target::Invalid { reason, .. }, Some(raw)) => {
             let message = format!("Invalid kubernetes-target: {reason}. No node was touched.");
-            decided_failure(&name, owner, store, &mut progress, &raw, &message, now).await
+            decided_failure(&name, owner, store, progress, &raw, &message, now).await
         }
         (Target::Version(target), Some(raw)) => {
             let request = Request {
                 cluster,
                 ctx,
+                access,
                 intent,
                 name: &name,
                 owner,
@@ -127,15 +127,15 @@ pub async fn reconcile(
                 talos,
                 now,
             };
-            requested(request, &mut progress).await
+            requested(request, progress).await
         }
     }
 }
 
 /// No target: forget the run (a component being restarted finishes on its own); report versions.
 async fn idle(
-    cluster: &KubernetesCluster,
     ctx: &Context,
+    access: &SharedAccess<'_>,
     name: &str,
     owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
     store: &ProgressStore,
@@ -145,12 +145,7 @@ async fn idle(
     if dropped.is_some() {
         store.save(name, owner, progress).await?;
     }
-    let observation = match access::connect(cluster, ctx).await {
-        Ok(access) => {
-            Some(k8s_upgrade::observe(&access.fleet, &access.inventory, &access.workload).await)
-        }
-        Err(_) => None,
-    };
+    let observation = versions_only(access).await;
     let current = observation.as_ref().and_then(rollout::kubernetes_current);
     let available = observation
         .as_ref()
@@ -170,6 +165,13 @@ async fn idle(
         }
     }
     Ok(outcome(report, Vec::new(), None))
+}
+
+/// The versions of a cluster with no Kubernetes upgrade in flight; `None` when it cannot be reached.
+async fn versions_only(access: &SharedAccess<'_>) -> Option<Observation> {
+    let access = access.get().await.ok()?;
+    let talos_versions = access.talos_versions().await;
+    Some(k8s_upgrade::observe_versions(&access.inventory, talos_versions, &access.workload).await)
 }
 
 /// `kubernetes-available`: the newest catalog release one step ahead that Talos on every node supports;
@@ -242,6 +244,7 @@ async fn decided_failure(
 struct Request<'a> {
     cluster: &'a KubernetesCluster,
     ctx: &'a Context,
+    access: &'a SharedAccess<'a>,
     intent: &'a UpgradeIntent,
     name: &'a str,
     owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
@@ -259,6 +262,7 @@ async fn requested(
     let Request {
         cluster,
         ctx,
+        access,
         intent,
         name,
         owner,
@@ -306,9 +310,7 @@ async fn requested(
                 report.message = reason.clone();
             }
             // The versions still move (a later Talos upgrade changes what is available).
-            if let Ok(access) = access::connect(cluster, ctx).await {
-                let observation =
-                    k8s_upgrade::observe(&access.fleet, &access.inventory, &access.workload).await;
+            if let Some(observation) = versions_only(access).await {
                 let current = rollout::kubernetes_current(&observation);
                 report.available = available(ctx, &observation, current.as_ref());
                 report.current = current.map(|v| v.to_string());
@@ -317,7 +319,7 @@ async fn requested(
         }
     }
 
-    let access = match access::connect(cluster, ctx).await {
+    let access = match access.get().await {
         Ok(access) => access,
         Err(problem) => {
             let message = format!("Kubernetes upgrade cannot proceed: {problem}");

@@ -64,7 +64,7 @@ impl Default for Settings {
             unanswered_grace: Duration::from_secs(60),
             step_deadline: Duration::from_secs(10 * 60),
             poll_interval: Duration::from_secs(2),
-            idle_interval: Duration::from_secs(5 * 60),
+            idle_interval: Duration::from_secs(10 * 60),
             secret_name_template: "{clusterId}".to_string(),
             talos: ConnectOptions::default(),
             catalog: CatalogHandle::fixed(Catalog::builtin()),
@@ -177,11 +177,26 @@ pub async fn reconcile(
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let now = jiff::Timestamp::now();
 
-    let talos = talos_flow::reconcile(&cluster, &ctx, &intent, &store, now).await?;
+    // One progress record and one access per reconcile, shared by both kinds: the Kubernetes flow
+    // works on the record as the Talos flow left it (saved or not).
+    let mut progress = store.load(&cluster.name_any()).await?;
+    let access = access::SharedAccess::new(&cluster, &ctx);
+    let talos =
+        talos_flow::reconcile(&cluster, &ctx, &intent, &store, &mut progress, &access, now).await?;
     let gate = kubernetes_flow::TalosGate {
         upgrading: talos.report.status == crate::annotations::UpgradeStatus::InProgress,
     };
-    let kubernetes = kubernetes_flow::reconcile(&cluster, &ctx, &intent, &store, gate, now).await?;
+    let kubernetes = kubernetes_flow::reconcile(
+        &cluster,
+        &ctx,
+        &intent,
+        &store,
+        &mut progress,
+        &access,
+        gate,
+        now,
+    )
+    .await?;
     report::write(
         &api,
         &ctx.recorder,

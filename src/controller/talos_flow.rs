@@ -9,7 +9,7 @@ use kube::{Resource, ResourceExt};
 use semver::Version;
 
 use super::Context;
-use super::access::{self, Access};
+use super::access::{Access, SharedAccess};
 use super::report::{self, KindReport};
 use super::wakeups::FollowedNode;
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
@@ -106,21 +106,23 @@ fn warn_once(cluster: &KubernetesCluster, reason: &'static str, message: &str) -
     }]
 }
 
+#[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     cluster: &KubernetesCluster,
     ctx: &Context,
     intent: &UpgradeIntent,
     store: &ProgressStore,
+    progress: &mut Progress,
+    access: &SharedAccess<'_>,
     now: Timestamp,
 ) -> Result<FlowOutcome, super::Error> {
     let name = cluster.name_any();
-    let mut progress = store.load(&name).await?;
     let owner = cluster.controller_owner_ref(&());
 
     // 1. Reset: forget everything about the Talos upgrade, touch no node.
     if intent.talos_reset {
         if progress.talos.take().is_some() {
-            store.save(&name, owner, &mut progress).await?;
+            store.save(&name, owner, progress).await?;
         }
         let mut report = kind_report(
             UpgradeStatus::Idle,
@@ -147,14 +149,14 @@ pub async fn reconcile(
 
     match (&intent.talos_target, raw_target) {
         (Target::Absent, _) | (_, None) => {
-            absent(cluster, ctx, &name, owner, store, &mut progress, now).await
+            absent(ctx, access, &name, owner, store, progress, now).await
         }
         (Target::Invalid { reason, .. }, Some(raw)) => {
             // The parse error quotes the value and says what to write instead (`"1.12" is not a
             // version: use MAJOR.MINOR.PATCH, e.g. 1.12.0`).
             let message = format!("Invalid talos-target: {reason}. No node was touched.");
             let mut result =
-                decided_failure(&name, owner, store, &mut progress, &raw, &message, now).await?;
+                decided_failure(&name, owner, store, progress, &raw, &message, now).await?;
             // Nothing to resume while the value is not a version: the key is consumed, not left
             // behind to act on some later target.
             if intent.resume {
@@ -164,16 +166,7 @@ pub async fn reconcile(
         }
         (Target::Version(target), Some(raw)) => {
             requested(
-                cluster,
-                ctx,
-                intent,
-                &name,
-                owner,
-                store,
-                &mut progress,
-                &raw,
-                target,
-                now,
+                cluster, ctx, access, intent, &name, owner, store, progress, &raw, target, now,
             )
             .await
         }
@@ -182,8 +175,8 @@ pub async fn reconcile(
 
 /// No target: finish nodes in flight, then forget the run; report the running version.
 async fn absent(
-    cluster: &KubernetesCluster,
     ctx: &Context,
+    access: &SharedAccess<'_>,
     name: &str,
     owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
     store: &ProgressStore,
@@ -197,51 +190,54 @@ async fn absent(
                 .iter()
                 .any(|n| matches!(n.step, NodeStep::Issued { .. }))
     });
-    let observed = observe(cluster, ctx).await;
-    // Nodes in flight that cannot be seen right now (a transient API error, every node slow to answer)
-    // are not given up on: the run is kept until they are seen finished.
-    if in_flight && let Err(problem) = &observed {
-        let mut report = kind_report(
-            UpgradeStatus::InProgress,
-            format!(
-                "Talos target removed: finishing the node(s) in flight before stopping ({problem})"
-            ),
-        );
-        report.condition_reason = Some("InProgress");
-        return Ok(outcome(
-            report,
-            Vec::new(),
-            Some(ctx.settings.poll_interval),
-        ));
-    }
-    if in_flight && let (Ok(observed), Some(run)) = (&observed, progress.talos.as_ref()) {
-        // Paused: only the node(s) in flight are followed, so the order plays no part.
-        let settings = Settings {
-            paused: true,
-            ..settings(ctx, crate::intent::UpgradeOrder::default())
-        };
-        let decision = rollout::advance(run, &settings, &observed.observation, &derive_image, now);
-        if decision.run != *run {
-            progress.talos = Some(decision.run.clone());
-            store.save(name, owner.clone(), progress).await?;
-        }
-        if !decision.report.in_flight.is_empty() {
+    if in_flight {
+        let observed = observe(access).await;
+        // Nodes in flight that cannot be seen right now (a transient API error, every node slow to answer)
+        // are not given up on: the run is kept until they are seen finished.
+        if let Err(problem) = &observed {
             let mut report = kind_report(
                 UpgradeStatus::InProgress,
                 format!(
-                    "Talos target removed: finishing {} before stopping",
-                    decision.report.in_flight.join(", ")
+                    "Talos target removed: finishing the node(s) in flight before stopping ({problem})"
                 ),
             );
-            report.progress = Some((decision.report.done, decision.report.total));
             report.condition_reason = Some("InProgress");
-            let mut result = outcome(
+            return Ok(outcome(
                 report,
-                decision.report.notes,
+                Vec::new(),
                 Some(ctx.settings.poll_interval),
-            );
-            result.follow = followed(observed, &decision.report.in_flight);
-            return Ok(result);
+            ));
+        }
+        if let (Ok(observed), Some(run)) = (&observed, progress.talos.as_ref()) {
+            // Paused: only the node(s) in flight are followed, so the order plays no part.
+            let settings = Settings {
+                paused: true,
+                ..settings(ctx, crate::intent::UpgradeOrder::default())
+            };
+            let decision =
+                rollout::advance(run, &settings, &observed.observation, &derive_image, now);
+            if decision.run != *run {
+                progress.talos = Some(decision.run.clone());
+                store.save(name, owner.clone(), progress).await?;
+            }
+            if !decision.report.in_flight.is_empty() {
+                let mut report = kind_report(
+                    UpgradeStatus::InProgress,
+                    format!(
+                        "Talos target removed: finishing {} before stopping",
+                        decision.report.in_flight.join(", ")
+                    ),
+                );
+                report.progress = Some((decision.report.done, decision.report.total));
+                report.condition_reason = Some("InProgress");
+                let mut result = outcome(
+                    report,
+                    decision.report.notes,
+                    Some(ctx.settings.poll_interval),
+                );
+                result.follow = followed(observed, &decision.report.in_flight);
+                return Ok(result);
+            }
         }
     }
     let dropped = progress.talos.take();
@@ -254,12 +250,7 @@ async fn absent(
     if dropped.is_some() {
         store.save(name, owner, progress).await?;
     }
-    let current = observed
-        .as_ref()
-        .ok()
-        .and_then(|o| o.talos_range.as_ref())
-        .map(|(low, _)| low.to_string());
-    let available = observed.as_ref().ok().and_then(|o| available(ctx, o));
+    let (current, available) = idle_versions(ctx, access).await;
     let message = match (&current, &available) {
         (Some(version), Some(Some(next))) => format!("Upgrade available: {version} → {next}"),
         (Some(version), _) => format!("Talos {version} is running; no upgrade requested"),
@@ -329,6 +320,7 @@ async fn decided_failure(
 async fn requested(
     cluster: &KubernetesCluster,
     ctx: &Context,
+    access: &SharedAccess<'_>,
     intent: &UpgradeIntent,
     name: &str,
     owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
@@ -399,7 +391,7 @@ async fn requested(
         }
     }
 
-    let mut observed = match observe(cluster, ctx).await {
+    let mut observed = match observe(access).await {
         Ok(observed) => observed,
         Err(problem) => {
             let message = format!("Talos upgrade cannot proceed: {problem}");
@@ -675,10 +667,19 @@ fn followed(observed: &Observed, in_flight: &[String]) -> Vec<FollowedNode> {
 /// `talos-available` from the release catalog: the newest target the nodes' versions and the running
 /// Kubernetes allow. `None` when the nodes' versions are not known this time (the annotation stays).
 fn available(ctx: &Context, observed: &Observed) -> Option<Option<String>> {
-    let (lowest, highest) = observed.talos_range.as_ref()?;
-    let running: Vec<KubernetesVersion> = observed
-        .kubernetes
-        .as_deref()
+    available_for(
+        ctx,
+        observed.talos_range.as_ref()?,
+        observed.kubernetes.as_deref(),
+    )
+}
+
+fn available_for(
+    ctx: &Context,
+    (lowest, highest): &(Version, Version),
+    kubernetes: Option<&str>,
+) -> Option<Option<String>> {
+    let running: Vec<KubernetesVersion> = kubernetes
         .and_then(|v| KubernetesVersion::parse(v).ok())
         .into_iter()
         .collect();
@@ -692,6 +693,53 @@ fn available(ctx: &Context, observed: &Observed) -> Option<Option<String>> {
         )
         .map(|v| v.to_string()),
     )
+}
+
+/// `talos-current` and `talos-available` of a cluster with nothing in flight, from one `Version` call
+/// per node and the workload Nodes (no etcd, no machine configs): what an idle refresh costs.
+async fn idle_versions(
+    ctx: &Context,
+    access: &SharedAccess<'_>,
+) -> (Option<String>, Option<Option<String>>) {
+    let Ok(access) = access.get().await else {
+        return (None, None);
+    };
+    let versions: Vec<&Version> = access
+        .talos_versions()
+        .await
+        .iter()
+        .filter_map(|answer| answer.as_ref().ok())
+        .collect();
+    let Some(range) = version_range(&versions) else {
+        return (None, None);
+    };
+    let kubernetes = kubelet_floor(access);
+    (
+        Some(range.0.to_string()),
+        available_for(ctx, &range, kubernetes.as_deref()),
+    )
+}
+
+fn version_range(versions: &[&Version]) -> Option<(Version, Version)> {
+    let lowest = versions.iter().min()?;
+    let highest = versions.iter().max()?;
+    Some(((*lowest).clone(), (*highest).clone()))
+}
+
+/// The Kubernetes the Talos target must support: the lowest kubelet among this cluster's Talos nodes.
+/// A workload Node that is not in the inventory (not a Talos node of this cluster) does not count.
+fn kubelet_floor(access: &Access) -> Option<String> {
+    access
+        .workload_nodes
+        .iter()
+        .filter(|n| access.inventory.iter().any(|node| node.name == n.node.name))
+        .filter_map(|n| {
+            n.kubelet_version
+                .as_deref()
+                .and_then(|v| Version::parse(v).ok())
+        })
+        .min()
+        .map(|v| v.to_string())
 }
 
 /// Nodes that were in flight in `before` and are done in `after`, with their upgrade durations.
@@ -870,7 +918,8 @@ async fn drain_pass(run: &Run, observed: &mut Observed) {
 }
 
 /// Credentials, inventory and the nodes' state; a problem is a sentence for the user.
-async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed, String> {
+async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
+    let access = access.get().await?;
     let Access {
         fleet,
         inventory,
@@ -878,28 +927,26 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
         workload: workload_client,
         namespace,
         secret_name,
-    } = access::connect(cluster, ctx).await?;
+        ..
+    } = access;
     let ready = |name: &str| {
         workload_nodes
             .iter()
             .any(|n: &WorkloadNodeInfo| n.node.name == name && n.ready)
     };
-    // The Kubernetes the Talos target must support is what the kubelets of this cluster's Talos nodes
-    // run: a workload Node that is not in the inventory (not a Talos node of this cluster) does not
-    // constrain the Talos target.
-    let kubernetes = workload_nodes
-        .iter()
-        .filter(|n| inventory.iter().any(|node| node.name == n.node.name))
-        .filter_map(|n| {
-            n.kubelet_version
-                .as_deref()
-                .and_then(|v| Version::parse(v).ok())
-        })
-        .min()
-        .map(|v| v.to_string());
+    let kubernetes = kubelet_floor(access);
 
     let states =
         futures::future::join_all(inventory.iter().map(|node| fleet.observe_node(node))).await;
+    access.note_talos_versions(
+        states
+            .iter()
+            .map(|state| match state {
+                TalosState::Up { version, .. } => Ok(version.clone()),
+                TalosState::Unreachable { reason } => Err(reason.clone()),
+            })
+            .collect(),
+    );
     let control_planes: Vec<InventoryNode> = inventory
         .iter()
         .filter(|n| n.role == NodeRole::ControlPlane)
@@ -927,24 +974,19 @@ async fn observe(cluster: &KubernetesCluster, ctx: &Context) -> Result<Observed,
             TalosState::Unreachable { .. } => None,
         })
         .collect();
-    let talos_range = versions
-        .iter()
-        .min()
-        .zip(versions.iter().max())
-        .map(|(low, high)| ((*low).clone(), (*high).clone()));
+    let talos_range = version_range(&versions);
     if talos_range.is_none()
-        && let Some(problem) =
-            credentials_refused(&fleet, &inventory, &namespace, &secret_name).await
+        && let Some(problem) = credentials_refused(fleet, inventory, namespace, secret_name).await
     {
         return Err(problem);
     }
     Ok(Observed {
         observation: Observation { nodes, etcd },
-        fleet,
-        inventory,
+        fleet: fleet.clone(),
+        inventory: inventory.clone(),
         talos_range,
         kubernetes,
-        workload: workload_client,
+        workload: workload_client.clone(),
     })
 }
 

@@ -71,6 +71,16 @@ pub async fn observe(
     observe::observe(fleet, inventory, workload).await
 }
 
+/// Observes only the versions of a cluster with no Kubernetes upgrade in flight (for
+/// `kubernetes-current` and `kubernetes-available`), from the nodes' Talos versions already asked.
+pub async fn observe_versions(
+    inventory: &[InventoryNode],
+    talos_versions: &[Result<semver::Version, String>],
+    workload: &kube::Client,
+) -> Observation {
+    observe::observe_versions(inventory, talos_versions, workload).await
+}
+
 /// Performs one action on its node. `manifests` is only used by [`Action::SyncManifests`].
 pub async fn execute(
     fleet: &TalosFleet,

@@ -58,6 +58,39 @@ pub(super) async fn observe(
     Observation { nodes }
 }
 
+/// Only what `kubernetes-current` and `kubernetes-available` need, for a cluster with no Kubernetes
+/// upgrade in flight: the nodes' Talos versions (already asked, in inventory order), the kubelets and the
+/// control-plane mirror pods. No machine config and no component config is read; a node shows not ready.
+pub(super) async fn observe_versions(
+    inventory: &[InventoryNode],
+    talos_versions: &[Result<semver::Version, String>],
+    workload: &kube::Client,
+) -> Observation {
+    let kube = observe_kube(workload).await;
+    let nodes = inventory
+        .iter()
+        .zip(talos_versions)
+        .map(|(node, version)| {
+            let talos = match version {
+                Ok(version) => TalosApi::Up {
+                    version: TalosVersion::from_semver(version.clone()),
+                    ready: false,
+                },
+                Err(reason) => TalosApi::Unreachable {
+                    reason: reason.clone(),
+                },
+            };
+            let side = TalosSide {
+                talos,
+                images: ConfiguredImages::default(),
+                config_versions: ConfigVersions::default(),
+            };
+            node_observation(node, side, &kube)
+        })
+        .collect();
+    Observation { nodes }
+}
+
 fn node_observation(node: &InventoryNode, talos: TalosSide, kube: &KubeSide) -> NodeObservation {
     let k8s_node = kube.nodes.get(&node.name);
     let kubelet_version = k8s_node
