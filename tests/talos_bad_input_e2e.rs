@@ -531,3 +531,39 @@ async fn a_target_equal_to_the_running_version_completes_at_once_without_touchin
     assert!(record.is_empty(), "no node may be touched: {record:#?}");
     assert!(world.sim.power_events().is_empty());
 }
+
+/// `paused: "yes"` is not a flag value. The controller takes the safe reading (holding is reversible,
+/// upgrading is not): the run holds before its first node, and a Warning Event says which annotation is
+/// wrong, what to write, and that it is treated as paused. Writing `false` lets the run go on.
+#[tokio::test]
+async fn an_unrecognised_paused_value_holds_the_run_and_says_so() {
+    let world = World::start("tb-flag", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world.annotate_raw("upgrade.vitistack.io/paused=yes").await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
+
+    let message = "Annotation upgrade.vitistack.io/paused has the invalid value \"yes\": use \
+                   \"true\" or \"false\"; treated as paused until it is fixed";
+    let event = wait_for_event(&world, "InvalidFlag", message).await;
+    assert_eq!(event.type_, "Warning");
+    world
+        .wait_for_annotation_matching("talos-message", PATIENCE, "paused", |m| {
+            m.starts_with("Paused after 0/5 nodes")
+        })
+        .await;
+    assert_eq!(world.annotation("talos-status").await, "in-progress");
+    world.poke_and_wait(1).await;
+    assert!(world.sim.record().is_empty(), "no node touched while held");
+
+    world
+        .annotate_raw("upgrade.vitistack.io/paused=false")
+        .await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.upgrade_calls().len(), 5);
+}

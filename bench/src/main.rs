@@ -33,8 +33,9 @@ struct Args {
     #[arg(long)]
     json: Option<PathBuf>,
     /// How long to watch the controller idle after every upgrade completed. The controller refreshes an
-    /// idle cluster every 5 minutes, so a shorter window can miss that refresh entirely.
-    #[arg(long, default_value_t = 305)]
+    /// idle cluster every 10 minutes (`--idle-interval`), so a shorter window can miss that refresh
+    /// entirely.
+    #[arg(long, default_value_t = 605)]
     idle_secs: u64,
     /// Seconds between the last `completed` and the start of the idle window, so the reconciles that
     /// the final status writes trigger are not counted as idle traffic.

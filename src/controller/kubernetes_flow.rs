@@ -46,16 +46,15 @@ fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
     }
 }
 
-/// An event announced once per distinct message: a hold that lasts many passes is told once.
+/// An event announced once per distinct Kubernetes message: a hold that lasts many passes is told once.
 fn once(cluster: &KubernetesCluster, reason: &'static str, message: &str) -> Vec<Note> {
-    if cluster.annotations().get(annotations::KUBERNETES_MESSAGE) == Some(&message.to_string()) {
-        return Vec::new();
-    }
-    vec![Note {
-        type_: NoteType::Normal,
+    report::note_once(
+        cluster,
+        UpgradeKind::Kubernetes,
+        NoteType::Normal,
         reason,
-        message: message.to_string(),
-    }]
+        message,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

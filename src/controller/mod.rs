@@ -181,8 +181,23 @@ pub async fn reconcile(
     // works on the record as the Talos flow left it (saved or not).
     let mut progress = store.load(&cluster.name_any()).await?;
     let access = access::SharedAccess::new(&cluster, &ctx);
-    let talos =
+    let mut talos =
         talos_flow::reconcile(&cluster, &ctx, &intent, &store, &mut progress, &access, now).await?;
+    // A flag annotation that is neither "true" nor "false" was given its safe reading (paused holds;
+    // resume and the resets do nothing). The user is told; the Recorder folds the repeats into one
+    // Event with a count.
+    for invalid in &intent.invalid_flags {
+        let reading = if invalid.key == crate::annotations::PAUSED {
+            "treated as paused until it is fixed"
+        } else {
+            "ignored until it is fixed"
+        };
+        talos.notes.push(crate::rollout::talos::Note {
+            type_: crate::rollout::talos::NoteType::Warning,
+            reason: "InvalidFlag",
+            message: format!("{invalid}; {reading}"),
+        });
+    }
     let gate = kubernetes_flow::TalosGate {
         upgrading: talos.report.status == crate::annotations::UpgradeStatus::InProgress,
     };

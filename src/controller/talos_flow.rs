@@ -92,18 +92,15 @@ pub(super) fn outcome(
     }
 }
 
-/// A Warning event, announced only when the message is new (the previous message annotation differs),
-/// so a problem that persists over many reconciles is one event, not one per pass.
+/// A Warning event, announced only when the Talos message is new.
 fn warn_once(cluster: &KubernetesCluster, reason: &'static str, message: &str) -> Vec<Note> {
-    let previous = cluster.annotations().get(annotations::TALOS_MESSAGE);
-    if previous.map(String::as_str) == Some(message) {
-        return Vec::new();
-    }
-    vec![Note {
-        type_: NoteType::Warning,
+    report::note_once(
+        cluster,
+        UpgradeKind::Talos,
+        NoteType::Warning,
         reason,
-        message: message.to_string(),
-    }]
+        message,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -496,13 +493,13 @@ async fn requested(
                 report.condition_reason = Some("InProgress");
                 report.current = current;
                 report.consumed = consumed;
-                let notes = warn_once(cluster, "UpgradeWaiting", &report.message)
-                    .into_iter()
-                    .map(|note| Note {
-                        type_: NoteType::Normal,
-                        ..note
-                    })
-                    .collect();
+                let notes = report::note_once(
+                    cluster,
+                    UpgradeKind::Talos,
+                    NoteType::Normal,
+                    "UpgradeWaiting",
+                    &report.message,
+                );
                 return Ok(outcome(report, notes, Some(ctx.settings.poll_interval)));
             }
             let run = rollout::start_run(raw, target.semver(), order, &observed.observation, now);

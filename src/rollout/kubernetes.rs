@@ -41,6 +41,7 @@ use jiff::Timestamp;
 pub use self::image::{ImageError, ImageField, desired_image, image_tag};
 pub use self::progress::{Component, KubeRun, Step, StepProgress, StepState};
 use super::progress::{NodeRole, Outcome};
+use super::talos::human_duration;
 pub use super::talos::{Note, NoteType, Report, RunState};
 use crate::versions::{KubernetesVersion, TalosVersion};
 
@@ -1061,18 +1062,6 @@ fn finish(
             notes,
             hold,
         },
-    }
-}
-
-/// `15m`, `90s`, `1h`: how the deadline reads in a message.
-fn human_duration(duration: Duration) -> String {
-    let secs = duration.as_secs();
-    if secs >= 3600 && secs.is_multiple_of(3600) {
-        format!("{}h", secs / 3600)
-    } else if secs >= 60 && secs.is_multiple_of(60) {
-        format!("{}m", secs / 60)
-    } else {
-        format!("{secs}s")
     }
 }
 

@@ -859,8 +859,8 @@ fn plural(count: usize) -> &'static str {
     if count == 1 { "" } else { "s" }
 }
 
-/// `15m`, `90s`, `1h`: how the deadline reads in a message.
-fn human_duration(duration: Duration) -> String {
+/// `15m`, `90s`, `1h`: how a deadline reads in a message (both kinds of upgrade).
+pub(super) fn human_duration(duration: Duration) -> String {
     let secs = duration.as_secs();
     if secs >= 3600 && secs.is_multiple_of(3600) {
         format!("{}h", secs / 3600)
