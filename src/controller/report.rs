@@ -228,6 +228,30 @@ pub fn event_action(kind: UpgradeKind, message: &str) -> String {
     format!("{}Upgrade-{:016x}", kind.name(), digest)
 }
 
+/// An Event for `message`, unless the kind's message annotation already says it: a problem or hold that
+/// lasts many passes is told once, not once per pass.
+pub(super) fn note_once(
+    cluster: &KubernetesCluster,
+    kind: UpgradeKind,
+    type_: NoteType,
+    reason: &'static str,
+    message: &str,
+) -> Vec<Note> {
+    if cluster
+        .annotations()
+        .get(kind.message_key())
+        .map(String::as_str)
+        == Some(message)
+    {
+        return Vec::new();
+    }
+    vec![Note {
+        type_,
+        reason,
+        message: message.to_string(),
+    }]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,28 +331,4 @@ mod tests {
             );
         }
     }
-}
-
-/// An Event for `message`, unless the kind's message annotation already says it: a problem or hold that
-/// lasts many passes is told once, not once per pass.
-pub(super) fn note_once(
-    cluster: &KubernetesCluster,
-    kind: UpgradeKind,
-    type_: NoteType,
-    reason: &'static str,
-    message: &str,
-) -> Vec<Note> {
-    if cluster
-        .annotations()
-        .get(kind.message_key())
-        .map(String::as_str)
-        == Some(message)
-    {
-        return Vec::new();
-    }
-    vec![Note {
-        type_,
-        reason,
-        message: message.to_string(),
-    }]
 }
