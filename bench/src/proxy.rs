@@ -163,6 +163,26 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
         anyhow::bail!("unexpected path {path_and_query}");
     };
     let (path, query) = rest.split_once('?').unwrap_or((&rest, ""));
+    // A workload list of Nodes or Pods asks the API server only for this cluster's objects (they carry
+    // its label), as a real workload cluster holds only its own: otherwise the shared API server would
+    // serialise every cluster's Nodes for each list and the benchmark would measure that.
+    // Pods only when listed by label (the control-plane mirror pods): a drain lists a node's pods by
+    // field, and a workload pod does not carry the label.
+    let narrowed = match classify(path).0.as_str() {
+        "nodes" => true,
+        "pods" => query.contains("labelSelector="),
+        _ => false,
+    };
+    let (path, query) = match &cluster {
+        Some(cluster) if narrowed => (path, with_cluster_selector(query, cluster)),
+        _ => (path, query.to_string()),
+    };
+    let rest = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{query}")
+    };
+    let query = query.as_str();
     let watch = query
         .split('&')
         .any(|kv| kv == "watch=true" || kv == "watch=1");
@@ -214,6 +234,34 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
     Ok(Response::from_parts(head, axum::body::Body::new(body)))
 }
 
+/// The label every simulated Node and mirror Pod of a benchmark cluster carries: the cluster's name.
+pub const CLUSTER_LABEL: &str = "bench.vitistack.io/cluster";
+
+/// `query` with `CLUSTER_LABEL=cluster` added to its label selector (URL-encoded).
+fn with_cluster_selector(query: &str, cluster: &str) -> String {
+    let requirement = format!("{}%3D{cluster}", CLUSTER_LABEL.replace('/', "%2F"));
+    let mut found = false;
+    let mut parts: Vec<String> = query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| match kv.strip_prefix("labelSelector=") {
+            Some(selector) if !selector.is_empty() => {
+                found = true;
+                format!("labelSelector={selector}%2C{requirement}")
+            }
+            Some(_) => {
+                found = true;
+                format!("labelSelector={requirement}")
+            }
+            None => kv.to_string(),
+        })
+        .collect();
+    if !found {
+        parts.push(format!("labelSelector={requirement}"));
+    }
+    parts.join("&")
+}
+
 /// The list with only the Nodes (or Pods on Nodes) of `cluster`.
 fn keep_cluster_items(list: &[u8], cluster: &str, resource: &str) -> anyhow::Result<Vec<u8>> {
     let mut value: serde_json::Value = serde_json::from_slice(list)?;
@@ -234,6 +282,18 @@ fn keep_cluster_items(list: &[u8], cluster: &str, resource: &str) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::classify;
+
+    #[test]
+    fn adds_the_cluster_to_the_label_selector() {
+        assert_eq!(
+            super::with_cluster_selector("limit=500", "c1"),
+            "limit=500&labelSelector=bench.vitistack.io%2Fcluster%3Dc1"
+        );
+        assert_eq!(
+            super::with_cluster_selector("labelSelector=k8s-app%20in%20(a)&watch=true", "c1"),
+            "labelSelector=k8s-app%20in%20(a)%2Cbench.vitistack.io%2Fcluster%3Dc1&watch=true"
+        );
+    }
 
     #[test]
     fn classifies_paths() {

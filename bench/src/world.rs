@@ -124,7 +124,6 @@ impl World {
             .create(&PostParams::default(), &namespace)
             .await?;
         let proxy = Proxy::start(admin.clone()).await?;
-        let mirror = WorkloadMirror::new(admin.clone());
 
         let mut tasks = Vec::new();
         let mut clusters = Vec::new();
@@ -151,6 +150,10 @@ impl World {
                 .await
                 .with_context(|| format!("starting the simulator of {name}"))?;
             let states = Arc::new(Mutex::new(BTreeMap::new()));
+            let mirror = WorkloadMirror::new(admin.clone()).with_labels(BTreeMap::from([(
+                crate::proxy::CLUSTER_LABEL.to_string(),
+                name.clone(),
+            )]));
             for node in sim.nodes() {
                 let mut rx = sim.subscribe(&node.name)?;
                 let mirror = mirror.clone();

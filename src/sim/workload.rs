@@ -78,11 +78,22 @@ fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Workload
 #[derive(Clone)]
 pub struct WorkloadMirror {
     client: Client,
+    /// Put on every Node and mirror Pod written (the benchmark tells its clusters apart by one).
+    extra_labels: BTreeMap<String, String>,
 }
 
 impl WorkloadMirror {
     pub fn new(client: Client) -> Self {
-        WorkloadMirror { client }
+        WorkloadMirror {
+            client,
+            extra_labels: BTreeMap::new(),
+        }
+    }
+
+    /// Also label every Node and mirror Pod written with `labels`.
+    pub fn with_labels(mut self, labels: BTreeMap<String, String>) -> Self {
+        self.extra_labels = labels;
+        self
     }
 
     /// Brings the Node and its static pods in line with `node`. Idempotent.
@@ -103,6 +114,7 @@ impl WorkloadMirror {
             ("kubernetes.io/arch".to_string(), "amd64".to_string()),
         ]);
         let mut taints = Vec::new();
+        labels.extend(self.extra_labels.clone());
         if node.control_plane {
             labels.insert(CONTROL_PLANE_LABEL.to_string(), String::new());
             taints.push(json!({"key": CONTROL_PLANE_LABEL, "effect": "NoSchedule"}));
@@ -226,13 +238,18 @@ impl WorkloadMirror {
                     .await
                     .map_err(kube_error(format!("replacing Pod {name}")))?;
             }
+            let mut labels = BTreeMap::from([
+                ("k8s-app".to_string(), pod.component.clone()),
+                ("tier".to_string(), "control-plane".to_string()),
+            ]);
+            labels.extend(self.extra_labels.clone());
             let mirror: Pod = serde_json::from_value(json!({
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {
                     "name": name,
                     "namespace": STATIC_POD_NAMESPACE,
-                    "labels": {"k8s-app": pod.component, "tier": "control-plane"},
+                    "labels": labels,
                     "annotations": {
                         CONFIG_VERSION_ANNOTATION: pod.config_version,
                         "kubernetes.io/config.source": "file",
