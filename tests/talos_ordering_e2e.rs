@@ -6,7 +6,7 @@
 
 mod e2e_common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -131,22 +131,6 @@ async fn assert_story(log: &AnnotationLog, statuses: &[&str]) {
     }
 }
 
-/// Every node received exactly one upgrade call; returns the calls in order.
-fn assert_each_node_upgraded_once(world: &World, total: usize) -> Vec<String> {
-    let calls = world.upgrade_calls();
-    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
-    for node in &calls {
-        *per_node.entry(node.as_str()).or_default() += 1;
-    }
-    assert_eq!(per_node.len(), total, "every node upgraded: {calls:?}");
-    assert!(
-        per_node.values().all(|&n| n == 1),
-        "each node upgraded exactly once: {calls:?}\nrecord: {}",
-        world.sim.record_json()
-    );
-    calls
-}
-
 fn event_count(events: &[(String, String)], reason: &str) -> usize {
     events.iter().filter(|(r, _)| r == reason).count()
 }
@@ -216,7 +200,7 @@ async fn control_planes_first_upgrades_every_control_plane_before_any_worker() {
     .await;
     assert_completed(&world, 5).await;
 
-    let calls = assert_each_node_upgraded_once(&world, 5);
+    let calls = world.assert_each_node_upgraded_once(5);
     let last_cp = calls
         .iter()
         .rposition(|n| is_control_plane(n))
@@ -301,7 +285,7 @@ async fn max_parallel_workers_bounds_the_workers_down_at_once() {
     .await;
     assert_completed(&world, 5).await;
 
-    let calls = assert_each_node_upgraded_once(&world, 5);
+    let calls = world.assert_each_node_upgraded_once(5);
     // Default order: workers first.
     assert_eq!(
         calls.iter().position(|n| is_control_plane(n)),
@@ -404,7 +388,7 @@ async fn an_unhealthy_etcd_holds_the_control_plane_phase_until_it_recovers() {
     // etcd recovers: the upgrade goes on by itself, control planes first.
     world.sim.clear_faults(&cp2).expect("clear");
     assert_completed(&world, 5).await;
-    let calls = assert_each_node_upgraded_once(&world, 5);
+    let calls = world.assert_each_node_upgraded_once(5);
     assert!(
         calls[..3].iter().all(|n| is_control_plane(n)),
         "control planes first: {calls:?}"
@@ -494,7 +478,7 @@ async fn an_etcd_failure_mid_phase_holds_the_next_control_plane() {
 
     world.sim.clear_faults(&cp3).expect("clear");
     assert_completed(&world, 5).await;
-    let calls = assert_each_node_upgraded_once(&world, 5);
+    let calls = world.assert_each_node_upgraded_once(5);
     assert!(calls[..3].iter().all(|n| is_control_plane(n)), "{calls:?}");
     assert_eq!(
         max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),
@@ -595,7 +579,7 @@ async fn a_restarted_controller_neither_repeats_nor_reissues_a_node() {
     world.restart_controller().await;
 
     assert_completed(&world, 5).await;
-    let calls = assert_each_node_upgraded_once(&world, 5);
+    let calls = world.assert_each_node_upgraded_once(5);
     assert!(
         calls[..2].iter().all(|n| !is_control_plane(n)),
         "workers first: {calls:?}"
@@ -686,7 +670,7 @@ async fn pausing_mid_run_finishes_the_node_in_flight_and_holds() {
     // Unpause: the run goes on and completes, no node twice.
     world.remove_annotation("paused").await;
     assert_completed(&world, 5).await;
-    assert_each_node_upgraded_once(&world, 5);
+    world.assert_each_node_upgraded_once(5);
     let events = world.events().await;
     assert_eq!(event_count(&events, "UpgradeStarted"), 1, "{events:?}");
     assert_story(&log, &["idle", "in-progress", "completed"]).await;
@@ -763,7 +747,7 @@ async fn removing_the_target_mid_run_finishes_the_node_in_flight_and_stops() {
     // Set it again: a new run counts the finished node(s) as done and upgrades only the rest.
     world.annotate("talos-target", TARGET).await;
     assert_completed(&world, 5).await;
-    assert_each_node_upgraded_once(&world, 5);
+    world.assert_each_node_upgraded_once(5);
     assert_story(
         &log,
         &["idle", "in-progress", "idle", "in-progress", "completed"],
@@ -856,7 +840,7 @@ async fn a_controller_killed_after_every_upgrade_call_upgrades_each_node_once() 
         world.start_controller();
     }
     assert_completed(&world, 5).await;
-    let calls = assert_each_node_upgraded_once(&world, 5);
+    let calls = world.assert_each_node_upgraded_once(5);
     assert!(
         calls[..2].iter().all(|n| !is_control_plane(n)),
         "workers first: {calls:?}"

@@ -195,13 +195,7 @@ async fn a_node_coming_back_wakes_the_controller_without_waiting_for_the_poll() 
         .wait_for_annotation("talos-status", "completed", "120s")
         .await;
 
-    let calls = world.upgrade_calls();
-    let unique: std::collections::BTreeSet<_> = calls.iter().collect();
-    assert_eq!(
-        (calls.len(), unique.len()),
-        (5, 5),
-        "each node once: {calls:?}"
-    );
+    world.assert_each_node_upgraded_once(5);
     assert_eq!(world.annotation("talos-progress").await, "5/5");
     assert_eq!(
         max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),

@@ -173,23 +173,12 @@ async fn follow_workload_node(workload: &kube::Client, name: &str, wake_up: &imp
                 continue;
             }
         };
-        let seen = (is_ready(&node), is_cordoned(&node));
+        let seen = (crate::inventory::node_ready(&node), is_cordoned(&node));
         if last != Some(seen) {
             last = Some(seen);
             wake_up();
         }
     }
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
 }
 
 fn is_cordoned(node: &Node) -> bool {

@@ -99,7 +99,7 @@ fn node_observation(node: &InventoryNode, talos: TalosSide, kube: &KubeSide) -> 
         // `v1.34.1`; the parser takes the `v`. A version that does not parse is left out, as the
         // decision core expects.
         .and_then(|info| KubernetesVersion::parse(&info.kubelet_version).ok());
-    let kubernetes_ready = k8s_node.is_some_and(node_ready);
+    let kubernetes_ready = k8s_node.is_some_and(crate::inventory::node_ready);
     let static_pods = if node.role == NodeRole::ControlPlane {
         static_pods_of(&node.name, &kube.pods)
     } else {
@@ -223,17 +223,6 @@ async fn observe_kube(client: &kube::Client) -> KubeSide {
         }
     };
     KubeSide { nodes, pods }
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
 }
 
 /// The node's mirror pods, one per component. While kubelet replaces a pod, the old one may still be

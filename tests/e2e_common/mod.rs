@@ -700,6 +700,23 @@ spec:
         }
     }
 
+    /// Asserts that `total` nodes received an upgrade call and none more than one; returns the calls
+    /// in order.
+    pub fn assert_each_node_upgraded_once(&self, total: usize) -> Vec<String> {
+        let calls = self.upgrade_calls();
+        let mut per_node: std::collections::BTreeMap<&str, usize> = Default::default();
+        for node in &calls {
+            *per_node.entry(node.as_str()).or_default() += 1;
+        }
+        assert_eq!(per_node.len(), total, "every node upgraded: {calls:?}");
+        assert!(
+            per_node.values().all(|&n| n == 1),
+            "each node upgraded exactly once: {calls:?}\nrecord: {}",
+            self.sim.record_json()
+        );
+        calls
+    }
+
     /// Upgrade calls received, per node, in order.
     pub fn upgrade_calls(&self) -> Vec<String> {
         self.sim
