@@ -533,7 +533,26 @@ async fn requested(
     // Announce what is about to happen before doing it: if the controller dies during the calls, the
     // next one resumes from the saved run and would never tell these events.
     notes.append(&mut decision.report.notes);
-    report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
+    if decision.actions.is_empty() {
+        report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
+    } else {
+        // The status says what is about to happen before the calls, too: an install (Talos >= 1.13
+        // pulls and writes the new image first) can take minutes, and `kubectl wait` and the message
+        // should show the run and the node being upgraded during it, not after it. The reconcile's own
+        // report follows the calls as usual.
+        let mut early = report_from(&decision);
+        early.current = current.clone();
+        early.consumed = consumed.clone();
+        let api: kube::Api<KubernetesCluster> =
+            kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+        if let Err(error) =
+            report::write(&api, &ctx.recorder, cluster, &[(&early, &notes)], now).await
+        {
+            // Not fatal: the report after the calls says it all again.
+            tracing::warn!(%error, "reporting the run before its calls");
+            report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
+        }
+    }
     let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
     let mut failed_call = None;
     let mut installed = false;
