@@ -170,7 +170,15 @@ async fn idle(
 async fn versions_only(access: &SharedAccess<'_>) -> Option<Observation> {
     let access = access.get().await.ok()?;
     let talos_versions = access.talos_versions().await;
-    Some(k8s_upgrade::observe_versions(&access.inventory, talos_versions, &access.workload).await)
+    Some(
+        k8s_upgrade::observe_versions(
+            &access.inventory,
+            talos_versions,
+            &access.workload,
+            &access.workload_nodes,
+        )
+        .await,
+    )
 }
 
 /// `kubernetes-available`: the newest catalog release one step ahead that Talos on every node supports;

@@ -77,8 +77,9 @@ pub async fn observe_versions(
     inventory: &[InventoryNode],
     talos_versions: &[Result<semver::Version, String>],
     workload: &kube::Client,
+    workload_nodes: &[crate::inventory::WorkloadNodeInfo],
 ) -> Observation {
-    observe::observe_versions(inventory, talos_versions, workload).await
+    observe::observe_versions(inventory, talos_versions, workload, workload_nodes).await
 }
 
 /// Performs one action on its node. `manifests` is only used by [`Action::SyncManifests`].

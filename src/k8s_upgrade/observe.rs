@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use super::machine_config;
+use crate::inventory::WorkloadNodeInfo;
 use crate::observe::{InventoryNode, TalosFleet, parse_talos_tag};
 use crate::proto::talos::resource::definitions::enums::RuntimeMachineStage;
 use crate::proto::talos::resource::definitions::k8s as k8s_pb;
@@ -39,8 +40,29 @@ struct TalosSide {
 /// What the workload cluster says, read once per observation.
 #[derive(Default)]
 struct KubeSide {
-    nodes: HashMap<String, Node>,
+    nodes: HashMap<String, NodeFacts>,
     pods: Vec<Pod>,
+}
+
+/// What the upgrade needs of one workload Node.
+struct NodeFacts {
+    /// A kubelet version that does not parse is left out, as the decision core expects.
+    kubelet_version: Option<KubernetesVersion>,
+    ready: bool,
+}
+
+impl NodeFacts {
+    fn of(node: &Node) -> NodeFacts {
+        NodeFacts {
+            kubelet_version: node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                // `v1.34.1`; the parser takes the `v`.
+                .and_then(|info| KubernetesVersion::parse(&info.kubelet_version).ok()),
+            ready: crate::inventory::node_ready(node),
+        }
+    }
 }
 
 pub(super) async fn observe(
@@ -65,8 +87,25 @@ pub(super) async fn observe_versions(
     inventory: &[InventoryNode],
     talos_versions: &[Result<semver::Version, String>],
     workload: &kube::Client,
+    workload_nodes: &[WorkloadNodeInfo],
 ) -> Observation {
-    let kube = observe_kube(workload).await;
+    // The Nodes were listed already (with the inventory); only the mirror pods are read here.
+    let kube = KubeSide {
+        nodes: workload_nodes
+            .iter()
+            .map(|n| {
+                let facts = NodeFacts {
+                    kubelet_version: n
+                        .kubelet_version
+                        .as_deref()
+                        .and_then(|v| KubernetesVersion::parse(v).ok()),
+                    ready: n.ready,
+                };
+                (n.node.name.clone(), facts)
+            })
+            .collect(),
+        pods: list_static_pods(workload).await,
+    };
     let nodes = inventory
         .iter()
         .zip(talos_versions)
@@ -93,13 +132,8 @@ pub(super) async fn observe_versions(
 
 fn node_observation(node: &InventoryNode, talos: TalosSide, kube: &KubeSide) -> NodeObservation {
     let k8s_node = kube.nodes.get(&node.name);
-    let kubelet_version = k8s_node
-        .and_then(|n| n.status.as_ref())
-        .and_then(|s| s.node_info.as_ref())
-        // `v1.34.1`; the parser takes the `v`. A version that does not parse is left out, as the
-        // decision core expects.
-        .and_then(|info| KubernetesVersion::parse(&info.kubelet_version).ok());
-    let kubernetes_ready = k8s_node.is_some_and(crate::inventory::node_ready);
+    let kubelet_version = k8s_node.and_then(|n| n.kubelet_version.clone());
+    let kubernetes_ready = k8s_node.is_some_and(|n| n.ready);
     let static_pods = if node.role == NodeRole::ControlPlane {
         static_pods_of(&node.name, &kube.pods)
     } else {
@@ -196,33 +230,37 @@ async fn config_versions(
 /// observation tries again.
 async fn observe_kube(client: &kube::Client) -> KubeSide {
     let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), STATIC_POD_NAMESPACE);
-    let selector = format!(
-        "{COMPONENT_LABEL} in ({})",
-        Component::ALL.map(Component::as_str).join(",")
-    );
-    let node_params = ListParams::default();
-    let pod_params = ListParams::default().labels(&selector);
-    let (nodes, pods) = tokio::join!(nodes.list(&node_params), pods.list(&pod_params));
+    let params = ListParams::default();
+    let (nodes, pods) = tokio::join!(nodes.list(&params), list_static_pods(client));
     let nodes = match nodes {
         Ok(list) => list
             .items
-            .into_iter()
-            .map(|node| (node.name_any(), node))
+            .iter()
+            .map(|node| (node.name_any(), NodeFacts::of(node)))
             .collect(),
         Err(error) => {
             tracing::warn!(%error, "listing the workload cluster's Nodes failed");
             HashMap::new()
         }
     };
-    let pods = match pods {
+    KubeSide { nodes, pods }
+}
+
+/// The control-plane components' pods in kube-system (mirror pods among them); none when the list
+/// fails (the decision then waits).
+async fn list_static_pods(client: &kube::Client) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), STATIC_POD_NAMESPACE);
+    let selector = format!(
+        "{COMPONENT_LABEL} in ({})",
+        Component::ALL.map(Component::as_str).join(",")
+    );
+    match pods.list(&ListParams::default().labels(&selector)).await {
         Ok(list) => list.items,
         Err(error) => {
             tracing::warn!(%error, "listing the control-plane pods in kube-system failed");
             Vec::new()
         }
-    };
-    KubeSide { nodes, pods }
+    }
 }
 
 /// The node's mirror pods, one per component. While kubelet replaces a pod, the old one may still be
