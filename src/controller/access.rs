@@ -103,9 +103,13 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
             Err(invalid) => return Err(invalid.to_string()),
         };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secret = secrets
-        .get_opt(&secret_name)
-        .await
+    // The Secret and the Machines do not depend on each other: one round trip, not two. A problem with
+    // the Secret is reported first.
+    let (secret, machines) = tokio::join!(
+        secrets.get_opt(&secret_name),
+        inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id),
+    );
+    let secret = secret
         .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
         .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
     let secret_version = secret.resource_version().unwrap_or_default();
@@ -132,9 +136,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
     };
     let workload_client = workload;
 
-    let machines = inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id)
-        .await
-        .map_err(|e| e.to_string())?;
+    let machines = machines.map_err(|e| e.to_string())?;
     // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
     let need = if machines.is_some() {
         inventory::AddressNeed::Optional

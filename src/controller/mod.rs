@@ -179,8 +179,11 @@ pub async fn reconcile(
 
     // One progress record and one access per reconcile, shared by both kinds: the Kubernetes flow
     // works on the record as the Talos flow left it (saved or not).
-    let mut progress = store.load(&cluster.name_any()).await?;
     let access = access::SharedAccess::new(&cluster, &ctx);
+    // Nearly every reconcile needs the cluster's access; it is read while the progress record loads.
+    let name = cluster.name_any();
+    let (progress, _) = tokio::join!(store.load(&name), access.get());
+    let mut progress = progress?;
     let mut talos =
         talos_flow::reconcile(&cluster, &ctx, &intent, &store, &mut progress, &access, now).await?;
     // A flag annotation that is neither "true" nor "false" was given its safe reading (paused holds;
@@ -212,10 +215,12 @@ pub async fn reconcile(
         now,
     )
     .await?;
+    // What the object says now: as the Talos flow's report before its calls left it, if it wrote one.
+    let baseline: &KubernetesCluster = talos.reported.as_ref().unwrap_or(&cluster);
     report::write(
         &api,
         &ctx.recorder,
-        &cluster,
+        baseline,
         &[
             (&talos.report, &talos.notes),
             (&kubernetes.report, &kubernetes.notes),
@@ -226,10 +231,10 @@ pub async fn reconcile(
     .map_err(Error::Report)?;
     let phase = report::combined_phase(
         &[&talos.report, &kubernetes.report],
-        cluster.status.as_ref().and_then(|s| s.phase.as_deref()),
+        baseline.status.as_ref().and_then(|s| s.phase.as_deref()),
     )
     .map(|p| p.as_str().to_string())
-    .or_else(|| cluster.status.as_ref().and_then(|s| s.phase.clone()));
+    .or_else(|| baseline.status.as_ref().and_then(|s| s.phase.clone()));
     let key = crate::metrics::ClusterKey::new(&namespace, cluster.name_any());
     if let Some(phase) = phase {
         ctx.metrics.set_cluster_phase(&key, &phase);
@@ -304,6 +309,23 @@ fn export_metrics(
     }
 }
 
+/// A digest of what users and other controllers change on a cluster: its spec (the generation), its
+/// labels and every annotation but the ones this controller writes. An event that leaves it unchanged (one
+/// of the controller's own report writes, a status written by the provisioning operator) is not a
+/// reason to reconcile.
+pub fn user_inputs(cluster: &KubernetesCluster) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    kube::Resource::meta(cluster).generation.hash(&mut hasher);
+    cluster.labels().hash(&mut hasher);
+    for (key, value) in cluster.annotations() {
+        if !crate::annotations::CONTROLLER_KEYS.contains(&key.as_str()) {
+            (key, value).hash(&mut hasher);
+        }
+    }
+    Some(hasher.finish())
+}
+
 /// Retries failed reconciles: a progress conflict at once (someone else wrote; decide again), anything
 /// else after a pause.
 pub fn error_policy(_cluster: Arc<KubernetesCluster>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -345,8 +367,15 @@ pub async fn run(
             health.set_ready();
         }
     });
-    let stream = kube::runtime::WatchStreamExt::touched_objects(
-        kube::runtime::WatchStreamExt::reflect(stream, writer),
+    // The controller's own writes (report annotations, status) change the object too; only what
+    // someone else changes (see `user_inputs`) starts a reconcile. The poll and the node followers wake
+    // a run in flight; the store still sees every change.
+    let stream = kube::runtime::WatchStreamExt::predicate_filter(
+        kube::runtime::WatchStreamExt::touched_objects(kube::runtime::WatchStreamExt::reflect(
+            stream, writer,
+        )),
+        user_inputs,
+        Default::default(),
     );
     let controller = Controller::for_stream(stream, reader).reconcile_on(ctx.wakeups.triggers());
     controller

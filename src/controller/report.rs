@@ -128,14 +128,17 @@ pub fn combined_phase(reports: &[&KindReport], current: Option<&str>) -> Option<
 }
 
 /// Writes the reports of both upgrade kinds to the cluster: annotations, then status, then events.
+/// Returns the object as the API server returned it after the last patch (`None`: nothing changed), so a
+/// later write in the same reconcile compares against what is really there.
 pub async fn write(
     api: &Api<KubernetesCluster>,
     recorder: &Recorder,
     cluster: &KubernetesCluster,
     reports: &[(&KindReport, &[Note])],
     now: jiff::Timestamp,
-) -> Result<(), kube::Error> {
+) -> Result<Option<KubernetesCluster>, kube::Error> {
     let name = cluster.name_any();
+    let mut written = None;
     let mut changes = BTreeMap::new();
     for (report, _) in reports {
         changes.extend(annotation_changes(cluster.annotations(), report));
@@ -146,12 +149,14 @@ pub async fn write(
             patch.insert(key.to_string(), value.map_or(Value::Null, Value::String));
         }
         // Metadata only: the user's keys and everything else on the object are left exactly as they are.
-        api.patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": patch}})),
-        )
-        .await?;
+        written = Some(
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": patch}})),
+            )
+            .await?,
+        );
     }
 
     let current = cluster.status.as_ref();
@@ -178,14 +183,16 @@ pub async fn write(
         }
     }
     if let Some(patch) = KubernetesClusterStatus::merge_patch(current, &desired, now) {
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await?;
+        written = Some(
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await?,
+        );
     }
 
     for (report, notes) in reports {
         publish(recorder, cluster, report.kind, notes).await;
     }
-    Ok(())
+    Ok(written)
 }
 
 /// Publishes Events on the cluster. An event that cannot be published is logged, not fatal: the

@@ -44,6 +44,8 @@ pub struct FlowOutcome {
     pub requeue: Option<Duration>,
     /// Nodes in flight after this reconcile, to follow until they are back (empty: follow none).
     pub follow: Vec<FollowedNode>,
+    /// The cluster as written by a report made during the flow (before its calls), if any.
+    pub reported: Option<KubernetesCluster>,
 }
 
 /// The cluster as observed for the Talos upgrade.
@@ -89,6 +91,7 @@ pub(super) fn outcome(
         preflight_failure: None,
         requeue,
         follow: Vec::new(),
+        reported: None,
     }
 }
 
@@ -533,6 +536,7 @@ async fn requested(
     // Announce what is about to happen before doing it: if the controller dies during the calls, the
     // next one resumes from the saved run and would never tell these events.
     notes.append(&mut decision.report.notes);
+    let mut reported = None;
     if decision.actions.is_empty() {
         report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
     } else {
@@ -545,12 +549,13 @@ async fn requested(
         early.consumed = consumed.clone();
         let api: kube::Api<KubernetesCluster> =
             kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-        if let Err(error) =
-            report::write(&api, &ctx.recorder, cluster, &[(&early, &notes)], now).await
-        {
-            // Not fatal: the report after the calls says it all again.
-            tracing::warn!(%error, "reporting the run before its calls");
-            report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
+        match report::write(&api, &ctx.recorder, cluster, &[(&early, &notes)], now).await {
+            Ok(written) => reported = written,
+            Err(error) => {
+                // Not fatal: the report after the calls says it all again.
+                tracing::warn!(%error, "reporting the run before its calls");
+                report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
+            }
         }
     }
     let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
@@ -661,6 +666,7 @@ async fn requested(
     result.preflight_failure = preflight_failure;
     result.run_started_at = Some(run.started_at.as_millisecond() as f64 / 1000.0);
     result.follow = followed(&observed, &decision.report.in_flight);
+    result.reported = reported;
     Ok(result)
 }
 
@@ -952,8 +958,16 @@ async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
     };
     let kubernetes = kubelet_floor(access);
 
-    let states =
-        futures::future::join_all(inventory.iter().map(|node| fleet.observe_node(node))).await;
+    let control_planes: Vec<InventoryNode> = inventory
+        .iter()
+        .filter(|n| n.role == NodeRole::ControlPlane)
+        .cloned()
+        .collect();
+    // Every node and etcd at once: one round trip to the nodes, however many there are.
+    let (states, etcd) = tokio::join!(
+        futures::future::join_all(inventory.iter().map(|node| fleet.observe_node(node))),
+        fleet.observe_etcd(&control_planes),
+    );
     access.note_talos_versions(
         states
             .iter()
@@ -963,12 +977,6 @@ async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
             })
             .collect(),
     );
-    let control_planes: Vec<InventoryNode> = inventory
-        .iter()
-        .filter(|n| n.role == NodeRole::ControlPlane)
-        .cloned()
-        .collect();
-    let etcd = fleet.observe_etcd(&control_planes).await;
     let nodes: Vec<NodeObservation> = inventory
         .iter()
         .zip(states)
