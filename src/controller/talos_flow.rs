@@ -527,6 +527,25 @@ async fn requested(
     drain_pass(&run, &mut observed).await;
     let mut decision = rollout::advance(&run, &settings, &observed.observation, &derive_image, now);
     let nodes_finished = newly_done(&run, &decision.run);
+    // The status says what is about to happen before the calls: an install (Talos >= 1.13 pulls and
+    // writes the new image first) can take minutes, and `kubectl wait` and the message should show the
+    // run and the node being upgraded during it, not after it. Written before the write-ahead, so the
+    // span between recording a call and making it stays as short as it can be (a controller killed in
+    // it leaves a recorded reboot unsent, which only the node deadline ends). Should the save below
+    // fail, the next reconcile decides and reports again. The reconcile's own report follows the calls.
+    let mut reported = None;
+    if !decision.actions.is_empty() {
+        let mut early = report_from(&decision);
+        early.current = current.clone();
+        early.consumed = consumed.clone();
+        let api: kube::Api<KubernetesCluster> =
+            kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+        match report::write(&api, &ctx.recorder, cluster, &[(&early, &[])], now).await {
+            Ok(written) => reported = written,
+            // Not fatal: the report after the calls says it all again.
+            Err(error) => tracing::warn!(%error, "reporting the run before its calls"),
+        }
+    }
     // Write-ahead: the run, with every call about to be made recorded as issued, is saved first.
     if progress.talos.as_ref() != Some(&decision.run) {
         progress.talos = Some(decision.run.clone());
@@ -536,28 +555,7 @@ async fn requested(
     // Announce what is about to happen before doing it: if the controller dies during the calls, the
     // next one resumes from the saved run and would never tell these events.
     notes.append(&mut decision.report.notes);
-    let mut reported = None;
-    if decision.actions.is_empty() {
-        report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
-    } else {
-        // The status says what is about to happen before the calls, too: an install (Talos >= 1.13
-        // pulls and writes the new image first) can take minutes, and `kubectl wait` and the message
-        // should show the run and the node being upgraded during it, not after it. The reconcile's own
-        // report follows the calls as usual.
-        let mut early = report_from(&decision);
-        early.current = current.clone();
-        early.consumed = consumed.clone();
-        let api: kube::Api<KubernetesCluster> =
-            kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-        match report::write(&api, &ctx.recorder, cluster, &[(&early, &notes)], now).await {
-            Ok(written) => reported = written,
-            Err(error) => {
-                // Not fatal: the report after the calls says it all again.
-                tracing::warn!(%error, "reporting the run before its calls");
-                report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
-            }
-        }
-    }
+    report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
     let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
     let mut failed_call = None;
     let mut installed = false;
