@@ -107,7 +107,9 @@ pub async fn reconcile(
         .map(|v| v.trim().to_string())
         .filter(|v| !v.is_empty());
     match (&intent.kubernetes_target, raw_target) {
-        (Target::Absent, _) | (_, None) => idle(ctx, access, &name, owner, store, progress).await,
+        (Target::Absent, _) | (_, None) => {
+            idle(cluster, ctx, access, &name, owner, store, progress, talos).await
+        }
         (Target::Invalid { reason, .. }, Some(raw)) => {
             let message = format!("Invalid kubernetes-target: {reason}. No node was touched.");
             decided_failure(&name, owner, store, progress, &raw, &message, now).await
@@ -132,17 +134,39 @@ pub async fn reconcile(
 }
 
 /// No target: forget the run (a component being restarted finishes on its own); report versions.
+#[allow(clippy::too_many_arguments)]
 async fn idle(
+    cluster: &KubernetesCluster,
     ctx: &Context,
     access: &SharedAccess<'_>,
     name: &str,
     owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
     store: &ProgressStore,
     progress: &mut Progress,
+    talos: TalosGate,
 ) -> Result<FlowOutcome, super::Error> {
     let dropped = progress.kubernetes.take();
     if dropped.is_some() {
         store.save(name, owner, progress).await?;
+    }
+    // While Talos rolls across the nodes, the Kubernetes versions cannot change (only a Kubernetes run
+    // changes them, and none is running), and every reconcile of the run would otherwise list the
+    // control-plane pods again. The idle report already written stays as it is; the reconcile that
+    // ends the Talos run refreshes it.
+    if talos.upgrading
+        && dropped.is_none()
+        && let Some(message) = cluster.annotations().get(annotations::KUBERNETES_MESSAGE)
+        && cluster
+            .annotations()
+            .get(annotations::KUBERNETES_STATUS)
+            .map(String::as_str)
+            == Some(UpgradeStatus::Idle.as_str())
+    {
+        return Ok(outcome(
+            kind_report(UpgradeStatus::Idle, message.clone()),
+            Vec::new(),
+            None,
+        ));
     }
     let observation = versions_only(access).await;
     let current = observation.as_ref().and_then(rollout::kubernetes_current);
