@@ -127,9 +127,10 @@ pub fn combined_phase(reports: &[&KindReport], current: Option<&str>) -> Option<
     })
 }
 
-/// Writes the reports of both upgrade kinds to the cluster: annotations, then status, then events.
-/// Returns the object as the API server returned it after the last patch (`None`: nothing changed), so a
-/// later write in the same reconcile compares against what is really there.
+/// Writes the reports of both upgrade kinds to the cluster: annotations and status (two patches sent
+/// together: each touches only its own part of the object), then events. Returns the object as the
+/// API server returned it after the patches (`None`: nothing changed), so a later write in the same
+/// reconcile compares against what is really there.
 pub async fn write(
     api: &Api<KubernetesCluster>,
     recorder: &Recorder,
@@ -138,26 +139,18 @@ pub async fn write(
     now: jiff::Timestamp,
 ) -> Result<Option<KubernetesCluster>, kube::Error> {
     let name = cluster.name_any();
-    let mut written = None;
     let mut changes = BTreeMap::new();
     for (report, _) in reports {
         changes.extend(annotation_changes(cluster.annotations(), report));
     }
-    if !changes.is_empty() {
+    let annotations_patch = (!changes.is_empty()).then(|| {
         let mut patch = Map::new();
         for (key, value) in changes {
             patch.insert(key.to_string(), value.map_or(Value::Null, Value::String));
         }
         // Metadata only: the user's keys and everything else on the object are left exactly as they are.
-        written = Some(
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": patch}})),
-            )
-            .await?,
-        );
-    }
+        json!({"metadata": {"annotations": patch}})
+    });
 
     let current = cluster.status.as_ref();
     let mut desired = KubernetesClusterStatus {
@@ -182,12 +175,37 @@ pub async fn write(
             );
         }
     }
-    if let Some(patch) = KubernetesClusterStatus::merge_patch(current, &desired, now) {
-        written = Some(
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-                .await?,
-        );
-    }
+    let status_patch = KubernetesClusterStatus::merge_patch(current, &desired, now);
+
+    let params = PatchParams::default();
+    let (with_annotations, with_status) = tokio::join!(
+        async {
+            match &annotations_patch {
+                Some(patch) => api
+                    .patch(&name, &params, &Patch::Merge(patch))
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        },
+        async {
+            match &status_patch {
+                Some(patch) => api
+                    .patch_status(&name, &params, &Patch::Merge(patch))
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        },
+    );
+    // Each answer is sure of its own part only (the other patch may have landed before or after it).
+    let written = match (with_annotations?, with_status?) {
+        (Some(mut object), Some(with_status)) => {
+            object.status = with_status.status;
+            Some(object)
+        }
+        (object, None) | (None, object) => object,
+    };
 
     for (report, notes) in reports {
         publish(recorder, cluster, report.kind, notes).await;
@@ -204,7 +222,9 @@ pub async fn publish(
     notes: &[Note],
 ) {
     let reference = cluster.object_ref(&());
-    for note in notes {
+    // Sent together, each one round trip: the events are independent objects, and each takes its time
+    // when it is first polled, in order, so they still read in order.
+    futures::future::join_all(notes.iter().map(|note| {
         let event = Event {
             type_: match note.type_ {
                 NoteType::Normal => EventType::Normal,
@@ -215,10 +235,14 @@ pub async fn publish(
             action: event_action(kind, &note.message),
             secondary: None,
         };
-        if let Err(error) = recorder.publish(&event, &reference).await {
-            tracing::warn!(%error, reason = note.reason, "publishing event");
+        let reference = &reference;
+        async move {
+            if let Err(error) = recorder.publish(&event, reference).await {
+                tracing::warn!(%error, reason = note.reason, "publishing event");
+            }
         }
-    }
+    }))
+    .await;
 }
 
 /// The event's `action`. kube's recorder folds events with the same type, reason and action into one
