@@ -28,6 +28,11 @@ use crate::store::{Progress, ProgressStore};
 use crate::talos::{LegacyUpgradeOptions, RebootMode, TalosError};
 use crate::versions::{self, KubernetesVersion, TalosVersion};
 
+/// How often a run whose nodes in flight are all rebooting, and all followed, is looked at anyway. The
+/// followers wake the reconcile when a node is back; this poll only bounds what a lost stream costs
+/// and notices a node deadline. Never shorter than `--poll-interval`.
+const FOLLOWED_POLL_INTERVAL: Duration = Duration::from_secs(15);
+
 /// What the reconcile reports and when it wants to look again.
 pub struct FlowOutcome {
     pub report: KindReport,
@@ -59,6 +64,8 @@ struct Observed {
     kubernetes: Option<String>,
     /// The workload cluster, for cordon, drain and uncordon.
     workload: kube::Client,
+    /// When the nodes' Talos APIs were asked: a follower started later replays what changed since.
+    observed_at: std::time::Instant,
 }
 
 fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
@@ -529,33 +536,46 @@ async fn requested(
     let nodes_finished = newly_done(&run, &decision.run);
     // The status says what is about to happen before the calls: an install (Talos >= 1.13 pulls and
     // writes the new image first) can take minutes, and `kubectl wait` and the message should show the
-    // run and the node being upgraded during it, not after it. Written before the write-ahead, so the
-    // span between recording a call and making it stays as short as it can be (a controller killed in
-    // it leaves a recorded reboot unsent, which only the node deadline ends). Should the save below
-    // fail, the next reconcile decides and reports again. The reconcile's own report follows the calls.
-    let mut reported = None;
-    if !decision.actions.is_empty() {
+    // run and the node being upgraded during it, not after it. The events announce it before it is
+    // done too: if the controller dies during the calls, the next one resumes from the saved run and
+    // would never tell them. Report and events go out together, and both before the write-ahead, so
+    // that recording a call and making it are as close as they can be (a controller killed between
+    // the two leaves a recorded reboot unsent, which only the node deadline ends). Should the save
+    // fail, the next reconcile decides, reports and announces again (a repeated event counts up its
+    // series). The reconcile's own report follows the calls.
+    notes.append(&mut decision.report.notes);
+    let early = (!decision.actions.is_empty()).then(|| {
         let mut early = report_from(&decision);
         early.current = current.clone();
         early.consumed = consumed.clone();
-        let api: kube::Api<KubernetesCluster> =
-            kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-        match report::write(&api, &ctx.recorder, cluster, &[(&early, &[])], now).await {
-            Ok(written) => reported = written,
-            // Not fatal: the report after the calls says it all again.
-            Err(error) => tracing::warn!(%error, "reporting the run before its calls"),
+        early
+    });
+    let api: kube::Api<KubernetesCluster> =
+        kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    let write_early = async {
+        match &early {
+            Some(early) => report::write(&api, &ctx.recorder, cluster, &[(early, &[])], now).await,
+            None => Ok(None),
         }
-    }
+    };
+    let (written, ()) = tokio::join!(
+        write_early,
+        report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes),
+    );
+    let reported = match written {
+        Ok(written) => written,
+        // Not fatal: the report after the calls says it all again.
+        Err(error) => {
+            tracing::warn!(%error, "reporting the run before its calls");
+            None
+        }
+    };
     // Write-ahead: the run, with every call about to be made recorded as issued, is saved first.
     if progress.talos.as_ref() != Some(&decision.run) {
         progress.talos = Some(decision.run.clone());
         store.save(name, owner.clone(), progress).await?;
     }
     run = decision.run.clone();
-    // Announce what is about to happen before doing it: if the controller dies during the calls, the
-    // next one resumes from the saved run and would never tell these events.
-    notes.append(&mut decision.report.notes);
-    report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes).await;
     let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
     let mut failed_call = None;
     let mut installed = false;
@@ -650,10 +670,19 @@ async fn requested(
             message: report.message.clone(),
         });
     }
+    let follow = followed(&observed, &decision.report.in_flight);
     let requeue = match decision.report.state {
         // etcd leadership moved off the next control plane: upgrade it now, not a poll later.
         RunState::InProgress if leadership_moved && failed_call_seen.is_none() => {
             Some(Duration::ZERO)
+        }
+        // Every node in flight is rebooting and followed: its follower wakes the reconcile when it is
+        // back, so the poll is only the safety net (a lost stream, the node deadline).
+        RunState::InProgress
+            if decision.report.awaiting_reboots
+                && follow.len() == decision.report.in_flight.len() =>
+        {
+            Some(ctx.settings.poll_interval.max(FOLLOWED_POLL_INTERVAL))
         }
         RunState::InProgress | RunState::Paused => Some(ctx.settings.poll_interval),
         RunState::Completed | RunState::Failed => None,
@@ -663,7 +692,7 @@ async fn requested(
     result.nodes_finished = nodes_finished;
     result.preflight_failure = preflight_failure;
     result.run_started_at = Some(run.started_at.as_millisecond() as f64 / 1000.0);
-    result.follow = followed(&observed, &decision.report.in_flight);
+    result.follow = follow;
     result.reported = reported;
     Ok(result)
 }
@@ -675,10 +704,18 @@ fn followed(observed: &Observed, in_flight: &[String]) -> Vec<FollowedNode> {
         .iter()
         .filter(|node| in_flight.contains(&node.name))
         .filter_map(|node| {
+            let seen = observed
+                .observation
+                .nodes
+                .iter()
+                .find(|n| n.name == node.name)
+                .map(|n| (n.kubernetes_ready, n.cordoned));
             Some(FollowedNode {
                 name: node.name.clone(),
                 talos: observed.fleet.client(node.address).ok()?,
                 workload: observed.workload.clone(),
+                observed_at: observed.observed_at,
+                seen,
             })
         })
         .collect()
@@ -962,6 +999,7 @@ async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
         .cloned()
         .collect();
     // Every node and etcd at once: one round trip to the nodes, however many there are.
+    let observed_at = std::time::Instant::now();
     let (states, etcd) = tokio::join!(
         futures::future::join_all(inventory.iter().map(|node| fleet.observe_node(node))),
         fleet.observe_etcd(&control_planes),
@@ -1009,6 +1047,7 @@ async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
         talos_range,
         kubernetes,
         workload: workload_client.clone(),
+        observed_at,
     })
 }
 

@@ -7,15 +7,20 @@
 //!
 //! - the node's Talos runtime events (`MachineService.Events`): a `MachineStatusEvent` saying it is
 //!   running and ready;
-//! - the node's Kubernetes `Node` in the workload cluster (a watch on that one object): its `Ready`
-//!   condition or its cordon changed.
+//! - the node's Kubernetes `Node` in the workload cluster (a watch on that one object): it became
+//!   `Ready`, or was uncordoned while Ready.
+//!
+//! Only changes that can move the upgrade on wake it, and only those after the reconcile that started
+//! the follower looked at the node: every wake-up costs a reconcile, and a reconcile that finds
+//! nothing to do still reads the cluster's state from the API server.
 //!
 //! A wake-up only asks for a reconcile; the reconcile still observes everything itself and decides as
-//! usual. The poll stays as the safety net, so a lost stream costs time, never correctness.
+//! usual. The poll stays as the safety net (relaxed while every node in flight is rebooting and
+//! followed, see `talos_flow`), so a lost stream costs time, never correctness.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -41,6 +46,11 @@ pub struct FollowedNode {
     pub name: String,
     pub talos: TalosClient,
     pub workload: kube::Client,
+    /// When the reconcile that starts the follower asked the node: what the node did before is known
+    /// to it, so only what happened since wakes it again.
+    pub observed_at: Instant,
+    /// The workload Node's (Ready, cordoned) as that reconcile saw it; `None` if it saw no Node.
+    pub seen: Option<(bool, bool)>,
 }
 
 /// Aborts its task when dropped, so forgetting a follower stops it.
@@ -120,27 +130,45 @@ async fn follow_node(
         // The receiver is gone only when the controller stops; nothing is left to wake then.
         let _ = wake.send(cluster.clone());
     };
-    let talos = follow_talos_events(&node.talos, &wake_up);
-    let kubernetes = follow_workload_node(&node.workload, &node.name, &wake_up);
+    let talos = follow_talos_events(&node.talos, node.observed_at, &wake_up);
+    let kubernetes = follow_workload_node(&node.workload, &node.name, node.seen, &wake_up);
     let _ = tokio::time::timeout(FOLLOW_AT_MOST, futures::future::join(talos, kubernetes)).await;
 }
 
-/// Wakes when the node reports itself running and ready. Every (re)connection replays what the node
-/// buffered since it booted, so a node that became ready while the stream was down is not missed (and one
-/// that was ready before its reboot wakes a reconcile that finds nothing new: harmless).
-async fn follow_talos_events(client: &TalosClient, wake_up: &impl Fn()) {
+/// Wakes when the node reports itself running and ready.
+///
+/// The first connection replays the events since the reconcile asked the node (rounded up to whole
+/// seconds, the protocol's unit), not the whole boot: the node was running and ready when it booted,
+/// long before its upgrade, and replaying that would wake a reconcile that finds nothing new, for
+/// every node. Every reconnection (the stream breaks when the node reboots) replays everything the
+/// node buffered since it booted, so a node that became ready while the stream was down is not missed.
+async fn follow_talos_events(client: &TalosClient, observed_at: Instant, wake_up: &impl Fn()) {
+    let since_observed = EventsOptions {
+        tail_seconds: Some(
+            u32::try_from(observed_at.elapsed().as_secs())
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
+        ),
+        ..EventsOptions::default()
+    };
     let since_boot = EventsOptions {
         tail_events: -1,
         ..EventsOptions::default()
     };
+    let mut options = since_observed;
     let mut pause = RECONNECT_MIN;
     loop {
-        match client.events(since_boot.clone()).await {
+        let opened = client.events(options.clone()).await;
+        options = since_boot.clone();
+        match opened {
             Ok(mut events) => {
                 pause = RECONNECT_MIN;
                 while let Some(event) = events.next().await {
                     match event {
-                        Ok(event) if event.payload.is_running_and_ready() => wake_up(),
+                        Ok(event) if event.payload.is_running_and_ready() => {
+                            tracing::debug!(endpoint = %client.endpoint(), "node running and ready: waking its cluster");
+                            wake_up()
+                        }
                         Ok(_) => {}
                         // The stream breaks when the node reboots; connect again.
                         Err(_) => break,
@@ -156,11 +184,18 @@ async fn follow_talos_events(client: &TalosClient, wake_up: &impl Fn()) {
     }
 }
 
-/// Wakes when the workload Node's readiness or cordon changes (and once when the watch starts).
-async fn follow_workload_node(workload: &kube::Client, name: &str, wake_up: &impl Fn()) {
+/// Wakes when the workload Node becomes Ready, or is uncordoned while Ready, compared with what was
+/// last seen, starting from what the reconcile saw (`seen`): a Node that became Ready before the watch
+/// started wakes it at once.
+async fn follow_workload_node(
+    workload: &kube::Client,
+    name: &str,
+    seen: Option<(bool, bool)>,
+    wake_up: &impl Fn(),
+) {
     let nodes: Api<Node> = Api::all(workload.clone());
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut last: Option<(bool, bool)> = None;
+    let mut last = seen;
     let mut changes = std::pin::pin!(kube::runtime::WatchStreamExt::default_backoff(
         watcher::watcher(nodes, config)
     ));
@@ -174,10 +209,28 @@ async fn follow_workload_node(workload: &kube::Client, name: &str, wake_up: &imp
             }
         };
         let seen = (crate::inventory::node_ready(&node), is_cordoned(&node));
-        if last != Some(seen) {
-            last = Some(seen);
+        if worth_a_look(last, seen) {
+            tracing::debug!(
+                node = name,
+                ?last,
+                ?seen,
+                "workload node ready: waking its cluster"
+            );
             wake_up();
         }
+        last = Some(seen);
+    }
+}
+
+/// Whether a Node going from `last` to `now` (each (Ready, cordoned)) can move the upgrade on: it
+/// became Ready, or was uncordoned while Ready. Going down, being cordoned and being uncordoned while
+/// still NotReady cannot: the node in flight is only done once it is Ready, and every reconcile woken
+/// by them would find nothing to do (under load, each costs the API server a handful of requests).
+fn worth_a_look(last: Option<(bool, bool)>, now: (bool, bool)) -> bool {
+    let (ready, cordoned) = now;
+    match last {
+        None => ready,
+        Some((was_ready, was_cordoned)) => ready && (!was_ready || (was_cordoned && !cordoned)),
     }
 }
 
@@ -186,4 +239,31 @@ fn is_cordoned(node: &Node) -> bool {
         .as_ref()
         .and_then(|spec| spec.unschedulable)
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worth_a_look;
+
+    #[test]
+    fn only_a_node_becoming_ready_or_schedulable_wakes_the_cluster() {
+        // (last (Ready, cordoned), now, wake?)
+        let cases = [
+            (None, (true, false), true),
+            (None, (false, false), false),
+            (Some((true, false)), (true, false), false),
+            // Talos cordons it, it goes down, Talos uncordons it while it boots: nothing to do yet.
+            (Some((true, false)), (true, true), false),
+            (Some((true, true)), (false, true), false),
+            (Some((false, true)), (false, false), false),
+            // Back and Ready, cordoned or not.
+            (Some((false, false)), (true, false), true),
+            (Some((false, true)), (true, true), true),
+            // Uncordoned once Ready (the controller's own uncordon after a Talos >= 1.13 reboot).
+            (Some((true, true)), (true, false), true),
+        ];
+        for (last, now, wake) in cases {
+            assert_eq!(worth_a_look(last, now), wake, "{last:?} -> {now:?}");
+        }
+    }
 }

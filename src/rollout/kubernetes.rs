@@ -1061,6 +1061,8 @@ fn finish(
             failed_nodes,
             notes,
             hold,
+            // The Kubernetes upgrade is not followed: it polls.
+            awaiting_reboots: false,
         },
     }
 }

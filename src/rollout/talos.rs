@@ -241,6 +241,11 @@ pub struct Report {
     pub notes: Vec<Note>,
     /// The preflight check holding the next node, if one is.
     pub hold: Option<PreflightCheck>,
+    /// Every node in flight is only waiting to come back from its reboot (the legacy upgrade call was
+    /// answered, or the Talos ≥ 1.13 reboot was sent), and no other node waits to start. Until one of
+    /// those nodes changes, only a deadline can change the decision: the reconciler follows the nodes
+    /// and need not poll often.
+    pub awaiting_reboots: bool,
 }
 
 /// The outcome of one decision: the run to persist, then the actions to take, then what to report.
@@ -839,6 +844,17 @@ fn finish(
         (RunState::InProgress, true, Some((check, _))) => Some(*check),
         _ => None,
     };
+    let awaiting_reboots = state == RunState::InProgress
+        && !in_flight.is_empty()
+        && waiting.is_none()
+        && run.nodes.iter().all(|n| match &n.step {
+            NodeStep::Issued {
+                lifecycle,
+                unanswered,
+                ..
+            } => !unanswered && matches!(lifecycle, None | Some(LifecycleStage::Rebooting { .. })),
+            NodeStep::Pending | NodeStep::Done { .. } | NodeStep::Failed { .. } => true,
+        });
     Decision {
         run,
         actions,
@@ -851,6 +867,7 @@ fn finish(
             failed_nodes,
             notes,
             hold,
+            awaiting_reboots,
         },
     }
 }

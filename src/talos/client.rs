@@ -414,7 +414,9 @@ impl TalosClient {
         let req = machine::EventsRequest {
             tail_events: options.tail_events,
             tail_id: options.tail_id.unwrap_or_default(),
-            tail_seconds: 0,
+            tail_seconds: options
+                .tail_seconds
+                .map_or(0, |seconds| i32::try_from(seconds).unwrap_or(i32::MAX)),
             with_actor_id: options.actor_id.unwrap_or_default(),
         };
         let open = async {

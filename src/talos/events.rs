@@ -20,13 +20,15 @@ pub const EVENT_TYPE_URL_PREFIX: &str = "talos/runtime/";
 
 /// Options for [`TalosClient::events`](super::TalosClient::events).
 ///
-/// `tail_events` and `tail_id` are mutually exclusive on the server.
+/// `tail_events`, `tail_id` and `tail_seconds` are mutually exclusive on the server.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EventsOptions {
     /// Number of buffered past events to send before live ones; 0 = none, -1 = all buffered.
     pub tail_events: i32,
     /// Send only events after this event id (resume after a reconnect).
     pub tail_id: Option<String>,
+    /// Send the buffered events of the last this many seconds before live ones (by the node's clock).
+    pub tail_seconds: Option<u32>,
     /// Only events of this actor (the id returned by upgrade/reboot). Boot events after a reboot have
     /// an empty actor id, so a reconnect after a reboot must drop the filter.
     pub actor_id: Option<String>,

@@ -1032,3 +1032,67 @@ fn an_upgrade_call_without_an_answer_is_made_again_only_if_the_node_never_got_it
     let waiting = decide(&answered_run, &settings(), &obs, t0() + 2.minutes());
     assert!(waiting.actions.is_empty(), "{:?}", waiting.actions);
 }
+
+#[test]
+fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them() {
+    // Legacy path: recorded before the call (its answer not yet seen), then answered.
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    let recorded = decide(&run, &settings(), &obs, t0()).run;
+    let mut answered_run = recorded.clone();
+    answered(&mut answered_run, "worker-1");
+    let mut worker_1_down = obs.clone();
+    down(&mut worker_1_down, "worker-1");
+    // Talos >= 1.13: installing, draining, rebooting.
+    let obs_13 = cluster("1.13.0");
+    let run_13 = start_run(
+        "1.14.0",
+        &v("1.14.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs_13,
+        t0(),
+    );
+    let installing = decide(&run_13, &settings(), &obs_13, t0()).run;
+    let (draining_run, mut drained_obs) = draining_run();
+    drain(&mut drained_obs, "worker-1", 0, None);
+    let rebooting = decide(&draining_run, &settings(), &drained_obs, t0()).run;
+    let mut rebooting_down = drained_obs.clone();
+    down(&mut rebooting_down, "worker-1");
+    // A node in flight that is back on the target and ready is done: nothing is awaited any more.
+    let mut worker_1_back = obs.clone();
+    rebooted(&mut worker_1_back, "worker-1", "1.12.0", true);
+
+    // (case, run, observation, awaiting reboots only?)
+    let cases: [(&str, &Run, &Observation, bool); 7] = [
+        ("nothing in flight yet", &run, &obs, false),
+        ("legacy call unanswered", &recorded, &worker_1_down, false),
+        ("legacy call answered", &answered_run, &worker_1_down, true),
+        ("1.13 installing", &installing, &obs_13, false),
+        ("1.13 draining", &draining_run, &obs_13, false),
+        ("1.13 reboot sent", &rebooting, &rebooting_down, true),
+        ("the node came back", &answered_run, &worker_1_back, false),
+    ];
+    for (case, run, observation, expected) in cases {
+        let decision = decide(run, &settings(), observation, t0() + 1.minutes());
+        assert_eq!(decision.report.awaiting_reboots, expected, "{case}");
+    }
+
+    // Two workers allowed in parallel, the second held back by its own failing preflight check: the
+    // run waits on something no follower reports, so it is not only awaiting reboots.
+    let parallel = Settings {
+        max_parallel_workers: 2,
+        ..settings()
+    };
+    let mut both_down = worker_1_down.clone();
+    down(&mut both_down, "worker-2");
+    let decision = decide(&answered_run, &parallel, &both_down, t0() + 1.minutes());
+    assert_eq!(decision.report.in_flight, vec!["worker-1"]);
+    assert!(decision.actions.is_empty(), "{:?}", decision.actions);
+    assert!(!decision.report.awaiting_reboots);
+}
