@@ -95,10 +95,6 @@ struct RunArgs {
     /// handful of Kubernetes reads.
     #[arg(long, env = "TUC_IDLE_INTERVAL", default_value = "10m", value_parser = parse_duration)]
     idle_interval: std::time::Duration,
-    /// How many clusters are reconciled at the same time (0: no limit). Clusters past the limit wait
-    /// their turn; one cluster is never reconciled twice at once whatever the limit.
-    #[arg(long, env = "TUC_MAX_CONCURRENT_RECONCILES", default_value_t = 0)]
-    max_concurrent_reconciles: u16,
     /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
     #[arg(long, env = "TUC_SECRET_NAME_TEMPLATE", default_value = "{clusterId}")]
     secret_name_template: String,
@@ -193,7 +189,6 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         catalog: release_catalog(&args)?,
         poll_interval: args.poll_interval,
         idle_interval: args.idle_interval,
-        max_concurrent_reconciles: args.max_concurrent_reconciles,
         secret_name_template: args.secret_name_template,
         ..controller::Settings::default()
     };

@@ -49,8 +49,6 @@ pub struct Settings {
     pub poll_interval: Duration,
     /// How often an idle cluster is refreshed (versions) without any change to it.
     pub idle_interval: Duration,
-    /// How many clusters are reconciled at once; 0 for no limit.
-    pub max_concurrent_reconciles: u16,
     /// Credentials Secret name; `{clusterId}` and `{name}` are replaced by the cluster's values.
     pub secret_name_template: String,
     pub talos: ConnectOptions,
@@ -67,7 +65,6 @@ impl Default for Settings {
             step_deadline: Duration::from_secs(10 * 60),
             poll_interval: Duration::from_secs(2),
             idle_interval: Duration::from_secs(10 * 60),
-            max_concurrent_reconciles: 0,
             secret_name_template: "{clusterId}".to_string(),
             talos: ConnectOptions::default(),
             catalog: CatalogHandle::fixed(Catalog::builtin()),
@@ -357,7 +354,6 @@ pub async fn run(
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
-    let concurrency = settings.max_concurrent_reconciles;
     let ctx = Arc::new(Context::new(client, metrics, settings, instance));
     // Readiness comes from the watch stream itself: the reflector store's readiness future wakes only
     // one waiter, which the controller's own runner already is.
@@ -381,9 +377,7 @@ pub async fn run(
         user_inputs,
         Default::default(),
     );
-    let controller = Controller::for_stream(stream, reader)
-        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
-        .reconcile_on(ctx.wakeups.triggers());
+    let controller = Controller::for_stream(stream, reader).reconcile_on(ctx.wakeups.triggers());
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
