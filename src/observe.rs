@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use futures::future::join_all;
 use semver::Version;
@@ -16,7 +16,7 @@ use serde::Deserialize as _;
 use crate::proto::talos::resource::definitions::enums::RuntimeMachineStage;
 use crate::rollout::progress::NodeRole;
 use crate::rollout::talos::{EtcdObservation, TalosState};
-use crate::talos::{ConnectOptions, TalosClient, TalosCredentials, TalosError, Target};
+use crate::talos::{ConnectOptions, TalosClient, TalosCredentials, TalosError, TalosTls, Target};
 
 /// A node of the cluster as the inventory (vitistack Machines or the workload Nodes) lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,10 +28,14 @@ pub struct InventoryNode {
     pub address: IpAddr,
 }
 
-/// Talos API access to every node of one cluster, one cached connection per node.
+/// Talos API access to every node of one cluster, one cached connection per node, all sharing one TLS
+/// configuration.
 pub struct TalosFleet {
     credentials: TalosCredentials,
     options: ConnectOptions,
+    /// Built from the credentials on first use; until it builds, each client asks again (and fails
+    /// naming its node).
+    tls: OnceLock<TalosTls>,
     clients: Mutex<HashMap<IpAddr, TalosClient>>,
 }
 
@@ -40,6 +44,7 @@ impl TalosFleet {
         TalosFleet {
             credentials,
             options,
+            tls: OnceLock::new(),
             clients: Mutex::new(HashMap::new()),
         }
     }
@@ -54,7 +59,15 @@ impl TalosFleet {
         if let Some(client) = clients.get(&address) {
             return Ok(client.clone());
         }
-        let client = TalosClient::lazy(&self.credentials, Target::Node(address), &self.options)?;
+        let tls = match self.tls.get() {
+            Some(tls) => tls.clone(),
+            None => {
+                let label = std::net::SocketAddr::new(address, self.options.port).to_string();
+                let tls = TalosTls::new(&self.credentials, &label)?;
+                self.tls.get_or_init(|| tls).clone()
+            }
+        };
+        let client = TalosClient::lazy_with(&tls, Target::Node(address), &self.options)?;
         clients.insert(address, client.clone());
         Ok(client)
     }

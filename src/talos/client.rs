@@ -14,7 +14,7 @@ use super::config::TalosCredentials;
 use super::cosi::{self, CosiResource, CosiWatchStream, resources};
 use super::error::{Result, TalosError};
 use super::events::{self, EventStream, EventsOptions};
-use super::tls;
+use super::tls::{TalosTls, TlsConnector};
 use super::types::{
     ApplyMode, ApplyOutcome, ContainerdNamespace, EtcdMember, EtcdMemberStatus,
     LegacyUpgradeOptions, LifecycleUpgradeOutcome, MachineConfigBytes, MachineType, RebootMode,
@@ -157,6 +157,7 @@ impl std::fmt::Debug for TalosClient {
 /// Everything needed to open the channel, computed before any I/O.
 struct Prepared {
     endpoint: Endpoint,
+    connector: TlsConnector,
     label: Arc<str>,
     node: Option<AsciiMetadataValue>,
 }
@@ -174,12 +175,16 @@ impl TalosClient {
         target: Target,
         options: &ConnectOptions,
     ) -> Result<TalosClient> {
-        let prepared = prepare(credentials, &target, options)?;
+        let tls = TalosTls::new(credentials, &target_label(&target, options)?)?;
+        let prepared = prepare(&tls, &target, options)?;
         // TCP connect and TLS handshake each have their own timeout; this bounds the sum, in case
         // anything else (HTTP/2 setup) stalls.
         let budget = options.connect_timeout.saturating_mul(2);
         tracing::debug!(endpoint = %prepared.label, "connecting to Talos apid");
-        let channel = match tokio::time::timeout(budget, prepared.endpoint.connect()).await {
+        let connecting = prepared
+            .endpoint
+            .connect_with_connector(prepared.connector.clone());
+        let channel = match tokio::time::timeout(budget, connecting).await {
             Err(_) => {
                 return Err(TalosError::Unreachable {
                     endpoint: prepared.label.to_string(),
@@ -199,8 +204,21 @@ impl TalosClient {
         target: Target,
         options: &ConnectOptions,
     ) -> Result<TalosClient> {
-        let prepared = prepare(credentials, &target, options)?;
-        let channel = prepared.endpoint.connect_lazy();
+        let tls = TalosTls::new(credentials, &target_label(&target, options)?)?;
+        Self::lazy_with(&tls, target, options)
+    }
+
+    /// [`TalosClient::lazy`] with a TLS configuration shared with other clients of the same
+    /// credentials (a cluster's nodes): one configuration and one session cache for all of them.
+    pub fn lazy_with(
+        tls: &TalosTls,
+        target: Target,
+        options: &ConnectOptions,
+    ) -> Result<TalosClient> {
+        let prepared = prepare(tls, &target, options)?;
+        let channel = prepared
+            .endpoint
+            .connect_with_connector_lazy(prepared.connector.clone());
         Ok(Self::from_parts(channel, prepared, options))
     }
 
@@ -866,13 +884,12 @@ fn system_containerd() -> common::ContainerdInstance {
     }
 }
 
-/// Resolve the target into an endpoint with TLS, a label for messages and the `node` header.
-fn prepare(
-    credentials: &TalosCredentials,
+/// `host:port` to dial, the label for messages, and the `node` header value, for `target`.
+fn resolve(
     target: &Target,
     options: &ConnectOptions,
-) -> Result<Prepared> {
-    let (authority, label, node) = match target {
+) -> Result<(String, String, Option<AsciiMetadataValue>)> {
+    Ok(match target {
         Target::Node(ip) => {
             let addr = SocketAddr::new(*ip, options.port).to_string();
             (addr.clone(), addr, None)
@@ -890,28 +907,44 @@ fn prepare(
             })?;
             (authority, label, Some(value))
         }
+    })
+}
+
+/// The target as errors name it.
+fn target_label(target: &Target, options: &ConnectOptions) -> Result<String> {
+    resolve(target, options).map(|(_, label, _)| label)
+}
+
+/// Resolve the target into an endpoint and its TLS connector, a label for messages and the `node`
+/// header.
+fn prepare(tls: &TalosTls, target: &Target, options: &ConnectOptions) -> Result<Prepared> {
+    let (authority, label, node) = resolve(target, options)?;
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority.as_str(), |(host, _)| host);
+    let connector = TlsConnector {
+        tls: tls.clone(),
+        authority: authority.as_str().into(),
+        server_name: TlsConnector::server_name(host, options.server_name.as_deref())?,
+        connect_timeout: options.connect_timeout,
     };
-    let tls = tls::client_tls_config(
-        credentials,
-        options.server_name.as_deref(),
-        options.connect_timeout,
-        &label,
-    )?;
     let invalid = |what: &str| TalosError::Config(format!("Talos endpoint {label}: {what}"));
-    // https is essential: with http tonic silently skips TLS even when a TLS config is set.
-    let endpoint = Endpoint::from_shared(format!("https://{authority}"))
+    // The connector makes the TLS connection itself, so tonic is given a plain `http` address to dial
+    // and told, through the origin, that requests go to `https` (the `:scheme` apid sees).
+    let origin: tonic::codegen::http::Uri = format!("https://{authority}")
+        .parse()
+        .map_err(|_| invalid("not a valid address"))?;
+    let endpoint = Endpoint::from_shared(format!("http://{authority}"))
         .map_err(|_| invalid("not a valid address"))?
-        .tls_config(tls)
-        .map_err(|_| invalid("TLS configuration rejected"))?
-        .connect_timeout(options.connect_timeout)
+        .origin(origin)
         .http2_keep_alive_interval(options.keepalive_interval)
         .keep_alive_timeout(options.keepalive_timeout)
         // Pings only while calls or streams are open: apid (grpc-go) sends GOAWAY to clients that
         // ping an idle connection too often.
-        .keep_alive_while_idle(false)
-        .tcp_nodelay(true);
+        .keep_alive_while_idle(false);
     Ok(Prepared {
         endpoint,
+        connector,
         label: label.into(),
         node,
     })
