@@ -626,7 +626,6 @@ async fn requested(
         store.save(name, owner.clone(), progress).await?;
         decision.run = run.clone();
     }
-    let failed_call_seen = failed_call.as_ref().map(|(node, _)| node.clone());
     if let Some((node, reason)) = failed_call {
         let cleanup = rollout::fail_node(&mut run, &node, &reason, now);
         progress.talos = Some(run.clone());
@@ -672,10 +671,9 @@ async fn requested(
     }
     let follow = followed(&observed, &decision.report.in_flight);
     let requeue = match decision.report.state {
-        // etcd leadership moved off the next control plane: upgrade it now, not a poll later.
-        RunState::InProgress if leadership_moved && failed_call_seen.is_none() => {
-            Some(Duration::ZERO)
-        }
+        // etcd leadership moved off the next control plane: upgrade it now, not a poll later. (A call
+        // that failed has failed the run: `fail_node` ends it, so the state is no longer in progress.)
+        RunState::InProgress if leadership_moved => Some(Duration::ZERO),
         // Every node in flight is rebooting and followed: its follower wakes the reconcile when it is
         // back, so the poll is only the safety net (a lost stream, the node deadline).
         RunState::InProgress
