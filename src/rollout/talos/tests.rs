@@ -115,6 +115,17 @@ fn upgraded_nodes(actions: &[Action]) -> Vec<&str> {
         .collect()
 }
 
+/// A run to `target`, workers first, started at t0.
+fn workers_first(target: &str, observation: &Observation) -> Run {
+    start_run(
+        target,
+        &v(target),
+        UpgradeOrder::WorkersFirst,
+        observation,
+        t0(),
+    )
+}
+
 fn decide(run: &Run, settings: &Settings, obs: &Observation, now: Timestamp) -> Decision {
     advance(run, settings, obs, &image_for, now)
 }
@@ -165,13 +176,7 @@ fn batches_respect_the_role_and_max_parallel_workers() {
     ];
     for (parallel, expected) in cases {
         let obs = cluster("1.11.6");
-        let run = start_run(
-            "1.12.0",
-            &v("1.12.0"),
-            UpgradeOrder::WorkersFirst,
-            &obs,
-            t0(),
-        );
+        let run = workers_first("1.12.0", &obs);
         let settings = Settings {
             max_parallel_workers: parallel,
             ..settings()
@@ -207,13 +212,7 @@ fn control_planes_go_one_at_a_time_even_with_parallel_workers() {
 #[test]
 fn the_upgrade_call_is_recorded_before_it_is_made_and_never_repeated() {
     let obs = cluster("1.11.6");
-    let run = start_run(
-        "1.12.0",
-        &v("1.12.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.12.0", &obs);
     let first = decide(&run, &settings(), &obs, t0());
     assert_eq!(
         first.actions,
@@ -249,13 +248,7 @@ fn the_upgrade_call_is_recorded_before_it_is_made_and_never_repeated() {
 #[test]
 fn a_node_is_done_only_after_a_reboot_into_the_target_and_ready() {
     let obs = cluster("1.11.6");
-    let run = start_run(
-        "1.12.0",
-        &v("1.12.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.12.0", &obs);
     let mut issued = decide(&run, &settings(), &obs, t0()).run;
     // The node acknowledged the call.
     answered(&mut issued, "worker-1");
@@ -304,13 +297,7 @@ fn a_node_is_done_only_after_a_reboot_into_the_target_and_ready() {
 #[test]
 fn deadlines_and_fallbacks_fail_the_run_naming_the_node() {
     let obs = cluster("1.11.6");
-    let run = start_run(
-        "1.12.0",
-        &v("1.12.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.12.0", &obs);
     let mut issued = decide(&run, &settings(), &obs, t0()).run;
     // The node acknowledged the call.
     answered(&mut issued, "worker-1");
@@ -391,13 +378,7 @@ fn deadlines_and_fallbacks_fail_the_run_naming_the_node() {
 #[test]
 fn preflight_holds_name_the_node_and_the_reason() {
     let done_workers = |obs: &Observation| {
-        let mut run = start_run(
-            "1.12.0",
-            &v("1.12.0"),
-            UpgradeOrder::WorkersFirst,
-            obs,
-            t0(),
-        );
+        let mut run = workers_first("1.12.0", obs);
         for n in run.nodes.iter_mut().filter(|n| n.role == NodeRole::Worker) {
             n.step = NodeStep::Done {
                 at: t0(),
@@ -467,13 +448,7 @@ fn leadership_moves_off_a_control_plane_before_its_upgrade() {
 #[test]
 fn paused_runs_finish_in_flight_nodes_and_start_none() {
     let obs = cluster("1.11.6");
-    let run = start_run(
-        "1.12.0",
-        &v("1.12.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.12.0", &obs);
     let mut issued = decide(&run, &settings(), &obs, t0()).run;
     // The node acknowledged the call.
     answered(&mut issued, "worker-1");
@@ -532,13 +507,7 @@ fn an_underivable_installer_image_fails_before_any_call() {
             *installer_image = "no-tag-here".into();
         }
     });
-    let run = start_run(
-        "1.12.0",
-        &v("1.12.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.12.0", &obs);
     let decision = decide(&run, &settings(), &obs, t0());
     assert!(decision.actions.is_empty());
     assert_eq!(decision.report.state, RunState::Failed);
@@ -555,13 +524,7 @@ fn an_underivable_installer_image_fails_before_any_call() {
 #[test]
 fn a_failed_call_fails_the_run_once() {
     let obs = cluster("1.11.6");
-    let run = start_run(
-        "1.12.0",
-        &v("1.12.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.12.0", &obs);
     let mut issued = decide(&run, &settings(), &obs, t0()).run;
     fail_node(
         &mut issued,
@@ -713,13 +676,7 @@ fn lifecycle_stage(run: &Run, name: &str) -> Option<LifecycleStage> {
 /// A run to 1.14.0 from 1.13.0 whose first node (worker-1) is installed and draining since t0.
 fn draining_run() -> (Run, Observation) {
     let obs = cluster("1.13.0");
-    let run = start_run(
-        "1.14.0",
-        &v("1.14.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.14.0", &obs);
     let mut run = decide(&run, &settings(), &obs, t0()).run;
     installed(&mut run, "worker-1", false, t0());
     (run, obs)
@@ -738,13 +695,7 @@ fn drain(obs: &mut Observation, name: &str, remaining: usize, blocked: Option<&s
 #[test]
 fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
     let obs = cluster("1.13.0");
-    let run = start_run(
-        "1.14.0",
-        &v("1.14.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.14.0", &obs);
     let first = decide(&run, &settings(), &obs, t0());
     assert_eq!(
         first.actions,
@@ -777,13 +728,7 @@ fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
 #[test]
 fn an_install_found_unfinished_is_made_again_but_a_reboot_never_is() {
     let obs = cluster("1.13.0");
-    let run = start_run(
-        "1.14.0",
-        &v("1.14.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.14.0", &obs);
     let first = decide(&run, &settings(), &obs, t0());
     // A controller restarted mid-install: the node still runs its old system, untouched.
     let again = decide(&first.run, &settings(), &obs, t0() + 1.minutes());
@@ -961,13 +906,7 @@ fn a_refused_call_on_a_cordoned_node_asks_for_its_uncordon() {
     assert_eq!(refused.failed_nodes(), vec!["worker-1"]);
 
     let obs = cluster("1.13.0");
-    let fresh = start_run(
-        "1.14.0",
-        &v("1.14.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let fresh = workers_first("1.14.0", &obs);
     let mut installing = decide(&fresh, &settings(), &obs, t0()).run;
     assert_eq!(
         fail_node(
@@ -984,13 +923,7 @@ fn a_refused_call_on_a_cordoned_node_asks_for_its_uncordon() {
 #[test]
 fn an_upgrade_call_without_an_answer_is_made_again_only_if_the_node_never_got_it() {
     let obs = cluster("1.11.6");
-    let run = start_run(
-        "1.12.0",
-        &v("1.12.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.12.0", &obs);
     let issued = decide(&run, &settings(), &obs, t0()).run;
     assert!(matches!(
         issued.node("worker-1").map(|n| &n.step),
@@ -1037,13 +970,7 @@ fn an_upgrade_call_without_an_answer_is_made_again_only_if_the_node_never_got_it
 fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them() {
     // Legacy path: recorded before the call (its answer not yet seen), then answered.
     let obs = cluster("1.11.6");
-    let run = start_run(
-        "1.12.0",
-        &v("1.12.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs,
-        t0(),
-    );
+    let run = workers_first("1.12.0", &obs);
     let recorded = decide(&run, &settings(), &obs, t0()).run;
     let mut answered_run = recorded.clone();
     answered(&mut answered_run, "worker-1");
@@ -1051,13 +978,7 @@ fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them
     down(&mut worker_1_down, "worker-1");
     // Talos >= 1.13: installing, draining, rebooting.
     let obs_13 = cluster("1.13.0");
-    let run_13 = start_run(
-        "1.14.0",
-        &v("1.14.0"),
-        UpgradeOrder::WorkersFirst,
-        &obs_13,
-        t0(),
-    );
+    let run_13 = workers_first("1.14.0", &obs_13);
     let installing = decide(&run_13, &settings(), &obs_13, t0()).run;
     let (draining_run, mut drained_obs) = draining_run();
     drain(&mut drained_obs, "worker-1", 0, None);
