@@ -175,8 +175,9 @@ impl TalosClient {
         target: Target,
         options: &ConnectOptions,
     ) -> Result<TalosClient> {
-        let tls = TalosTls::new(credentials, &target_label(&target, options)?)?;
-        let prepared = prepare(&tls, &target, options)?;
+        let resolved = resolve(&target, options)?;
+        let tls = TalosTls::new(credentials, &resolved.label)?;
+        let prepared = prepare(&tls, resolved, options)?;
         // TCP connect and TLS handshake each have their own timeout; this bounds the sum, in case
         // anything else (HTTP/2 setup) stalls.
         let budget = options.connect_timeout.saturating_mul(2);
@@ -204,8 +205,12 @@ impl TalosClient {
         target: Target,
         options: &ConnectOptions,
     ) -> Result<TalosClient> {
-        let tls = TalosTls::new(credentials, &target_label(&target, options)?)?;
-        Self::lazy_with(&tls, target, options)
+        let resolved = resolve(&target, options)?;
+        let tls = TalosTls::new(credentials, &resolved.label)?;
+        Ok(Self::lazy_prepared(
+            prepare(&tls, resolved, options)?,
+            options,
+        ))
     }
 
     /// [`TalosClient::lazy`] with a TLS configuration shared with other clients of the same
@@ -215,11 +220,15 @@ impl TalosClient {
         target: Target,
         options: &ConnectOptions,
     ) -> Result<TalosClient> {
-        let prepared = prepare(tls, &target, options)?;
+        let prepared = prepare(tls, resolve(&target, options)?, options)?;
+        Ok(Self::lazy_prepared(prepared, options))
+    }
+
+    fn lazy_prepared(prepared: Prepared, options: &ConnectOptions) -> TalosClient {
         let channel = prepared
             .endpoint
             .connect_with_connector_lazy(prepared.connector.clone());
-        Ok(Self::from_parts(channel, prepared, options))
+        Self::from_parts(channel, prepared, options)
     }
 
     fn from_parts(channel: Channel, prepared: Prepared, options: &ConnectOptions) -> TalosClient {
@@ -884,12 +893,17 @@ fn system_containerd() -> common::ContainerdInstance {
     }
 }
 
-/// `host:port` to dial, the label for messages, and the `node` header value, for `target`.
-fn resolve(
-    target: &Target,
-    options: &ConnectOptions,
-) -> Result<(String, String, Option<AsciiMetadataValue>)> {
-    Ok(match target {
+/// A target resolved: what to dial, how errors name it, and the `node` header.
+struct Resolved {
+    /// `host:port` to dial.
+    authority: String,
+    /// The target as errors name it.
+    label: String,
+    node: Option<AsciiMetadataValue>,
+}
+
+fn resolve(target: &Target, options: &ConnectOptions) -> Result<Resolved> {
+    let (authority, label, node) = match target {
         Target::Node(ip) => {
             let addr = SocketAddr::new(*ip, options.port).to_string();
             (addr.clone(), addr, None)
@@ -907,18 +921,21 @@ fn resolve(
             })?;
             (authority, label, Some(value))
         }
+    };
+    Ok(Resolved {
+        authority,
+        label,
+        node,
     })
 }
 
-/// The target as errors name it.
-fn target_label(target: &Target, options: &ConnectOptions) -> Result<String> {
-    resolve(target, options).map(|(_, label, _)| label)
-}
-
-/// Resolve the target into an endpoint and its TLS connector, a label for messages and the `node`
-/// header.
-fn prepare(tls: &TalosTls, target: &Target, options: &ConnectOptions) -> Result<Prepared> {
-    let (authority, label, node) = resolve(target, options)?;
+/// Turn a resolved target into an endpoint and its TLS connector.
+fn prepare(tls: &TalosTls, resolved: Resolved, options: &ConnectOptions) -> Result<Prepared> {
+    let Resolved {
+        authority,
+        label,
+        node,
+    } = resolved;
     let host = authority
         .rsplit_once(':')
         .map_or(authority.as_str(), |(host, _)| host);

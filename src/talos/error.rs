@@ -254,17 +254,14 @@ fn classify_chain(endpoint: &str, err: &(dyn StdError + 'static)) -> Option<Talo
         } else if let Some(io) = e.downcast_ref::<io::Error>() {
             if io.kind() == io::ErrorKind::InvalidData {
                 // In our stack (TCP, rustls, h2) only the TLS layer fails reads and writes with
-                // InvalidData: tokio-rustls wraps every rustls error that way. Once the error has
+                // InvalidData: tokio-rustls wraps every rustls error that way, and our connector
+                // refuses a server that does not offer ALPN h2 (not apid) that way too. Once the error has
                 // passed through h2 (a TLS alert after the handshake, e.g. the server rejecting our
                 // client certificate) only its text survives, so the kind is the evidence.
                 note(ChainKind::Tls);
             } else if is_unreachable_io(io.kind()) {
                 note(ChainKind::Unreachable);
             }
-        } else if e.to_string() == "HTTP/2 was not negotiated." {
-            // tonic's private TlsError::H2NotNegotiated: the server did not offer ALPN h2, so it is
-            // not apid. Treat as a TLS problem; it will not heal by waiting.
-            note(ChainKind::Tls);
         }
     }
 
