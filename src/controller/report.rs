@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use futures::future::OptionFuture;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
@@ -177,29 +178,18 @@ pub async fn write(
     }
     let status_patch = KubernetesClusterStatus::merge_patch(current, &desired, now);
 
-    let params = PatchParams::default();
+    let (name, params) = (&name, &PatchParams::default());
     let (with_annotations, with_status) = tokio::join!(
-        async {
-            match &annotations_patch {
-                Some(patch) => api
-                    .patch(&name, &params, &Patch::Merge(patch))
-                    .await
-                    .map(Some),
-                None => Ok(None),
-            }
-        },
-        async {
-            match &status_patch {
-                Some(patch) => api
-                    .patch_status(&name, &params, &Patch::Merge(patch))
-                    .await
-                    .map(Some),
-                None => Ok(None),
-            }
-        },
+        OptionFuture::from(
+            annotations_patch
+                .map(|patch| async move { api.patch(name, params, &Patch::Merge(patch)).await })
+        ),
+        OptionFuture::from(status_patch.map(|patch| async move {
+            api.patch_status(name, params, &Patch::Merge(patch)).await
+        })),
     );
     // Each answer is sure of its own part only (the other patch may have landed before or after it).
-    let written = match (with_annotations?, with_status?) {
+    let written = match (with_annotations.transpose()?, with_status.transpose()?) {
         (Some(mut object), Some(with_status)) => {
             object.status = with_status.status;
             Some(object)

@@ -550,20 +550,17 @@ async fn requested(
         early.consumed = consumed.clone();
         early
     });
-    let api: kube::Api<KubernetesCluster> =
-        kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-    let write_early = async {
-        match &early {
-            Some(early) => report::write(&api, &ctx.recorder, cluster, &[(early, &[])], now).await,
-            None => Ok(None),
-        }
-    };
+    let api: &kube::Api<KubernetesCluster> =
+        &kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    let write_early = early.as_ref().map(|early| async move {
+        report::write(api, &ctx.recorder, cluster, &[(early, &[])], now).await
+    });
     let (written, ()) = tokio::join!(
-        write_early,
+        futures::future::OptionFuture::from(write_early),
         report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes),
     );
-    let reported = match written {
-        Ok(written) => written,
+    let reported = match written.transpose() {
+        Ok(written) => written.flatten(),
         // Not fatal: the report after the calls says it all again.
         Err(error) => {
             tracing::warn!(%error, "reporting the run before its calls");
