@@ -7,7 +7,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 
+use kube::core::PartialObjectMeta;
+
 use crate::observe::InventoryNode;
+use crate::read_cache::{CachedReads, Fingerprint};
 use crate::rollout::progress::NodeRole;
 
 /// Label vitistack puts on a cluster's Machines.
@@ -49,14 +52,69 @@ pub async fn from_machines(
     namespace: &str,
     cluster_id: &str,
 ) -> Result<Option<Vec<InventoryNode>>, InventoryError> {
+    list_machines(client, namespace, cluster_id)
+        .await
+        .map(|(nodes, _)| nodes)
+}
+
+/// Machine inventories kept between reconciles, keyed by (namespace, cluster id): reused while a
+/// metadata watch of the Machines shows the cluster's Machines unchanged (none added, changed or
+/// removed). Machines change when the provisioning operator adds, replaces or readdresses a node.
+#[derive(Default)]
+pub struct MachineInventories {
+    pub reads: CachedReads<(String, String), Option<Vec<InventoryNode>>>,
+}
+
+impl MachineInventories {
+    /// [`from_machines`], reusing the last read while the cluster's Machines are unchanged.
+    pub async fn get(
+        &self,
+        client: kube::Client,
+        namespace: &str,
+        cluster_id: &str,
+    ) -> Result<Option<Vec<InventoryNode>>, InventoryError> {
+        let key = (namespace.to_string(), cluster_id.to_string());
+        if let Some(kept) = self.reads.get(&key) {
+            return Ok(kept);
+        }
+        let (nodes, read) = list_machines(client, namespace, cluster_id).await?;
+        self.reads.keep(key, read, nodes.clone());
+        Ok(nodes)
+    }
+
+    /// Follows every Machine in `namespace` (or everywhere), metadata only, until the controller stops.
+    pub async fn follow(&self, client: kube::Client, namespace: Option<&str>) {
+        let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
+            Some(namespace) => Api::namespaced_with(client, namespace, &machine_resource()),
+            None => Api::all_with(client, &machine_resource()),
+        };
+        self.reads
+            .seen
+            .follow(api, Default::default(), "Machines", |machine| {
+                let cluster = machine.labels().get(MACHINE_CLUSTER_LABEL)?;
+                Some((machine.namespace().unwrap_or_default(), cluster.clone()))
+            })
+            .await;
+    }
+}
+
+/// The cluster's Machines as [`from_machines`] gives them, with the fingerprint of what was listed.
+async fn list_machines(
+    client: kube::Client,
+    namespace: &str,
+    cluster_id: &str,
+) -> Result<(Option<Vec<InventoryNode>>, Fingerprint), InventoryError> {
     let machines: Api<DynamicObject> = Api::namespaced_with(client, namespace, &machine_resource());
     let listed = match machines
         .list(&ListParams::default().labels(&format!("{MACHINE_CLUSTER_LABEL}={cluster_id}")))
         .await
     {
         Ok(list) => list.items,
-        // No Machine CRD here: this is not a vitistack installation.
-        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),
+        // No Machine CRD here: this is not a vitistack installation. (Nothing is reused then: the
+        // Machine watch fails the same way and never syncs.)
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Ok((None, Fingerprint::none()));
+        }
         Err(source) => {
             return Err(InventoryError::Kube {
                 what: format!("Machines in {namespace}"),
@@ -64,8 +122,18 @@ pub async fn from_machines(
             });
         }
     };
+    let read = Fingerprint::of(listed.iter().map(|machine| {
+        (
+            machine.metadata.name.as_deref().unwrap_or_default(),
+            machine
+                .metadata
+                .resource_version
+                .as_deref()
+                .unwrap_or_default(),
+        )
+    }));
     if listed.is_empty() {
-        return Ok(None);
+        return Ok((None, read));
     }
     let mut nodes = Vec::new();
     let mut without_address = Vec::new();
@@ -98,7 +166,7 @@ pub async fn from_machines(
         ));
     }
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Some(nodes))
+    Ok((Some(nodes), read))
 }
 
 /// A workload cluster Node as the controller needs it.

@@ -15,6 +15,7 @@ pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod proto;
+pub mod read_cache;
 pub mod rollout;
 pub mod sim;
 pub mod store;

@@ -7,11 +7,15 @@
 //! holds one JSON document per upgrade kind.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, PostParams};
+use kube::core::PartialObjectMeta;
 
+use crate::read_cache::{CachedReads, Fingerprint};
 use crate::rollout::kubernetes::KubeRun;
 use crate::rollout::progress::Run;
 
@@ -52,11 +56,36 @@ pub struct Progress {
     resource_version: Option<String>,
 }
 
+/// Progress records kept between reconciles, keyed by (namespace, ConfigMap name): a reconcile reuses
+/// the record the last one read or wrote while a watch of the progress ConfigMaps shows it unchanged.
+pub type ProgressCache = CachedReads<(String, String), Progress>;
+
+/// Keeps `cache` current: follows the progress ConfigMaps in `namespace` (or everywhere), metadata only
+/// and by their label, until the controller stops.
+pub async fn follow_progress(cache: &ProgressCache, client: kube::Client, namespace: Option<&str>) {
+    let api: Api<PartialObjectMeta<ConfigMap>> = match namespace {
+        Some(namespace) => Api::namespaced(client, namespace),
+        None => Api::all(client),
+    };
+    let selector = format!("app.kubernetes.io/managed-by={MANAGED_BY}");
+    let config = kube::runtime::watcher::Config::default().labels(&selector);
+    cache
+        .seen
+        .follow(api, config, "progress ConfigMaps", |configmap| {
+            Some((
+                configmap.namespace().unwrap_or_default(),
+                configmap.name_any(),
+            ))
+        })
+        .await;
+}
+
 /// Reads and writes progress ConfigMaps in one namespace.
 #[derive(Clone)]
 pub struct ProgressStore {
     api: Api<ConfigMap>,
     namespace: String,
+    cache: Option<Arc<ProgressCache>>,
 }
 
 /// The ConfigMap name for a cluster's progress.
@@ -72,6 +101,28 @@ impl ProgressStore {
         ProgressStore {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
+            cache: None,
+        }
+    }
+
+    /// Reuses records through `cache` (see [`ProgressCache`]).
+    pub fn with_cache(mut self, cache: Arc<ProgressCache>) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    fn cache_key(&self, name: &str) -> (String, String) {
+        (self.namespace.clone(), name.to_string())
+    }
+
+    /// Keeps what was just read or written, as the ConfigMap at `progress.resource_version`.
+    fn remember(&self, name: &str, progress: &Progress) {
+        if let Some(cache) = &self.cache {
+            let read = match &progress.resource_version {
+                Some(version) => Fingerprint::of([(name, version.as_str())]),
+                None => Fingerprint::none(),
+            };
+            cache.keep(self.cache_key(name), read, progress.clone());
         }
     }
 
@@ -87,17 +138,30 @@ impl ProgressStore {
     /// The cluster's progress; empty when nothing was ever written.
     pub async fn load(&self, cluster: &str) -> Result<Progress, StoreError> {
         let name = configmap_name(cluster);
+        if let Some(kept) = self
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.get(&self.cache_key(&name)))
+        {
+            return Ok(kept);
+        }
+        let progress = self.read(&name).await?;
+        self.remember(&name, &progress);
+        Ok(progress)
+    }
+
+    async fn read(&self, name: &str) -> Result<Progress, StoreError> {
         let Some(configmap) = self
             .api
-            .get_opt(&name)
+            .get_opt(name)
             .await
-            .map_err(self.kube_error(&name))?
+            .map_err(self.kube_error(name))?
         else {
             return Ok(Progress::default());
         };
         let mut data = configmap.data.unwrap_or_default();
-        let talos = self.decode(&name, &mut data, TALOS_KEY)?;
-        let kubernetes = self.decode(&name, &mut data, KUBERNETES_KEY)?;
+        let talos = self.decode(name, &mut data, TALOS_KEY)?;
+        let kubernetes = self.decode(name, &mut data, KUBERNETES_KEY)?;
         Ok(Progress {
             talos,
             kubernetes,
@@ -176,14 +240,29 @@ impl ProgressStore {
         match written {
             Ok(stored) => {
                 progress.resource_version = stored.metadata.resource_version;
+                self.remember(&name, progress);
                 Ok(())
             }
             // 409: replaced at a stale version, or created while someone else created it.
-            Err(kube::Error::Api(status)) if status.code == 409 => Err(StoreError::Conflict {
-                namespace: self.namespace.clone(),
-                name,
-            }),
-            Err(source) => Err(self.kube_error(&name)(source)),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                self.forget(&name);
+                Err(StoreError::Conflict {
+                    namespace: self.namespace.clone(),
+                    name,
+                })
+            }
+            Err(source) => {
+                self.forget(&name);
+                Err(self.kube_error(&name)(source))
+            }
+        }
+    }
+}
+
+impl ProgressStore {
+    fn forget(&self, name: &str) {
+        if let Some(cache) = &self.cache {
+            cache.forget(&self.cache_key(name));
         }
     }
 }

@@ -217,3 +217,126 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
         "Machine my-cluster-wrk1 has no IPv4 address in status.publicIPAddresses"
     );
 }
+
+#[tokio::test]
+async fn a_kept_machine_inventory_is_reused_until_a_machine_changes() {
+    use talos_upgrade_controller::inventory::MachineInventories;
+    use talos_upgrade_controller::read_cache::Fingerprint;
+
+    let ns = ControlPlane::shared()
+        .test_namespace("inventory-cache")
+        .await;
+    ns.install_crd(MACHINE_CRD, "machines.vitistack.io").await;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
+        "machines",
+    );
+    let machines: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &resource);
+    create_machine(
+        &machines,
+        "kept-ctp0",
+        "kept",
+        "control-plane",
+        &["127.0.7.1"],
+    )
+    .await;
+    create_machine(&machines, "kept-wrk0", "kept", "worker", &["127.0.7.2"]).await;
+
+    let inventories = std::sync::Arc::new(MachineInventories::default());
+    let watch = {
+        let (inventories, client, namespace) =
+            (inventories.clone(), ns.client.clone(), ns.name.clone());
+        tokio::spawn(async move { inventories.follow(client, Some(&namespace)).await })
+    };
+    let key = (ns.name.clone(), "kept".to_string());
+    let addresses = |nodes: Option<Vec<talos_upgrade_controller::observe::InventoryNode>>| {
+        nodes
+            .expect("machines")
+            .into_iter()
+            .map(|n| (n.name, n.address.to_string()))
+            .collect::<Vec<_>>()
+    };
+    // What the watch shows of the cluster's Machines right now.
+    let seen_now = || async {
+        let listed = machines
+            .list(&kube::api::ListParams::default().labels("vitistack.io/clusterid=kept"))
+            .await
+            .expect("list");
+        let versions: Vec<(String, String)> = listed
+            .items
+            .iter()
+            .map(|m| {
+                (
+                    m.metadata.name.clone().unwrap(),
+                    m.metadata.resource_version.clone().unwrap(),
+                )
+            })
+            .collect();
+        Fingerprint::of(versions.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+    };
+    let wait_for_watch = |expected: Fingerprint| {
+        let inventories = inventories.clone();
+        let key = key.clone();
+        async move {
+            for _ in 0..400 {
+                if inventories.reads.seen.fingerprint(&key) == Some(expected) {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            }
+            panic!("the Machine watch did not catch up within 10 s");
+        }
+    };
+
+    wait_for_watch(seen_now().await).await;
+    let first = inventories
+        .get(ns.client.clone(), &ns.name, "kept")
+        .await
+        .expect("list");
+    assert_eq!(
+        addresses(first),
+        vec![
+            ("kept-ctp0".to_string(), "127.0.7.1".to_string()),
+            ("kept-wrk0".to_string(), "127.0.7.2".to_string())
+        ]
+    );
+
+    // The provisioning operator readdresses a node: the next reconcile sees the new address.
+    machines
+        .patch_status(
+            "kept-wrk0",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"publicIPAddresses": ["127.0.7.3"]}})),
+        )
+        .await
+        .expect("machine status");
+    wait_for_watch(seen_now().await).await;
+    let readdressed = inventories
+        .get(ns.client.clone(), &ns.name, "kept")
+        .await
+        .expect("list");
+    assert_eq!(
+        addresses(readdressed),
+        vec![
+            ("kept-ctp0".to_string(), "127.0.7.1".to_string()),
+            ("kept-wrk0".to_string(), "127.0.7.3".to_string())
+        ]
+    );
+
+    // A Machine of another cluster does not matter; one added to this cluster does.
+    create_machine(&machines, "other-wrk0", "other", "worker", &["127.0.7.9"]).await;
+    create_machine(&machines, "kept-wrk1", "kept", "worker", &["127.0.7.4"]).await;
+    wait_for_watch(seen_now().await).await;
+    let grown = inventories
+        .get(ns.client.clone(), &ns.name, "kept")
+        .await
+        .expect("list");
+    assert_eq!(
+        addresses(grown)
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect::<Vec<_>>(),
+        vec!["kept-ctp0", "kept-wrk0", "kept-wrk1"]
+    );
+    watch.abort();
+}

@@ -93,3 +93,102 @@ async fn progress_round_trips_and_stale_writes_are_refused() {
         Some("my-cluster")
     );
 }
+
+/// Waits (bounded) until `done` holds; a watch delivers changes shortly after they are made.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
+
+#[tokio::test]
+async fn a_kept_record_is_reused_until_someone_else_changes_or_deletes_it() {
+    use std::sync::Arc;
+    use talos_upgrade_controller::read_cache::Fingerprint;
+    use talos_upgrade_controller::store::{ProgressCache, follow_progress};
+
+    let ns = ControlPlane::shared().test_namespace("store-cache").await;
+    let cache = Arc::new(ProgressCache::default());
+    let watch = {
+        let (cache, client, namespace) = (cache.clone(), ns.client.clone(), ns.name.clone());
+        tokio::spawn(async move { follow_progress(&cache, client, Some(&namespace)).await })
+    };
+    let store = ProgressStore::new(ns.client.clone(), &ns.name).with_cache(cache.clone());
+    let name = configmap_name("my-cluster");
+    let key = (ns.name.clone(), name.clone());
+    let configmaps: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+    let version = |configmap: &ConfigMap| configmap.metadata.resource_version.clone().unwrap();
+
+    until("the watch lists", || {
+        cache.seen.fingerprint(&key) == Some(Fingerprint::none())
+    })
+    .await;
+    let mut progress = store.load("my-cluster").await.expect("load nothing");
+    progress.talos = Some(run(NodeStep::Pending));
+    store
+        .save("my-cluster", None, &mut progress)
+        .await
+        .expect("create");
+    let written = configmaps.get(&name).await.expect("get");
+    until("the watch sees the write", || {
+        cache.seen.fingerprint(&key)
+            == Some(Fingerprint::of([(
+                name.as_str(),
+                version(&written).as_str(),
+            )]))
+    })
+    .await;
+    assert_eq!(
+        store.load("my-cluster").await.expect("load").talos,
+        Some(run(NodeStep::Pending)),
+        "what was written is what is read"
+    );
+
+    // Someone else rewrites the record (another replica, a restore): the next load reads theirs.
+    let theirs = run(NodeStep::Done {
+        at: "2026-11-25T10:05:00Z".parse().expect("time"),
+        started_at: None,
+    });
+    configmaps
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {
+                "talos.json": serde_json::to_string(&theirs).expect("json")
+            }})),
+        )
+        .await
+        .expect("patch");
+    let patched = configmaps.get(&name).await.expect("get");
+    until("the watch sees their write", || {
+        cache.seen.fingerprint(&key)
+            == Some(Fingerprint::of([(
+                name.as_str(),
+                version(&patched).as_str(),
+            )]))
+    })
+    .await;
+    let reread = store.load("my-cluster").await.expect("load");
+    assert_eq!(reread.talos, Some(theirs));
+    // The copy loaded before their write is stale and must not overwrite it.
+    assert!(matches!(
+        store.save("my-cluster", None, &mut progress).await,
+        Err(StoreError::Conflict { .. })
+    ));
+
+    // Deleted by hand (to start over): the next load finds nothing.
+    configmaps
+        .delete(&name, &Default::default())
+        .await
+        .expect("delete");
+    until("the watch sees the deletion", || {
+        cache.seen.fingerprint(&key) == Some(Fingerprint::none())
+    })
+    .await;
+    assert_eq!(store.load("my-cluster").await.expect("load").talos, None);
+    watch.abort();
+}

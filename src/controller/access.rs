@@ -83,6 +83,15 @@ impl<'a> SharedAccess<'a> {
     }
 }
 
+/// With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory and
+/// each needs an address.
+fn address_need(machines: &Option<Vec<InventoryNode>>) -> inventory::AddressNeed {
+    match machines {
+        Some(_) => inventory::AddressNeed::Optional,
+        None => inventory::AddressNeed::Required,
+    }
+}
+
 /// Reads the credentials and the inventory; a problem is one sentence for the user.
 async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, String> {
     let namespace = cluster.namespace().unwrap_or_default();
@@ -103,19 +112,34 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
             Err(invalid) => return Err(invalid.to_string()),
         };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    // The Secret and the Machines do not depend on each other: one round trip, not two. A problem with
-    // the Secret is reported first.
-    let (secret, machines) = tokio::join!(
-        secrets.get_opt(&secret_name),
-        inventory::from_machines(ctx.client.clone(), &namespace, &cluster_id),
-    );
+    let key = (namespace.clone(), name.clone());
+    // The Secret, the Machines and the workload Nodes in one round trip: the Nodes are listed with the
+    // connections built from the Secret as last read, and that list is used only if the Secret turns
+    // out unchanged (nearly always). A problem with the Secret is reported first.
+    let known_link = ctx.known_link(&key);
+    let (secret, (machines, listed_early)) = tokio::join!(secrets.get_opt(&secret_name), async {
+        let machines = ctx
+            .machines
+            .get(ctx.client.clone(), &namespace, &cluster_id)
+            .await;
+        let listed = match (&known_link, &machines) {
+            (Some((version, link)), Ok(machines)) => Some((
+                version.clone(),
+                inventory::from_workload_nodes(link.workload.clone(), address_need(machines)).await,
+            )),
+            _ => None,
+        };
+        (machines, listed)
+    },);
     let secret = secret
         .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
         .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
     let secret_version = secret.resource_version().unwrap_or_default();
-    let key = (namespace.clone(), name.clone());
-    let ClusterLink { fleet, workload } = match ctx.cached_link(&key, &secret_version) {
-        Some(link) => link,
+    let ClusterLink { fleet, workload } = match known_link
+        .as_ref()
+        .filter(|(version, _)| *version == secret_version)
+    {
+        Some((_, link)) => link.clone(),
         None => {
             let ClusterCredentials {
                 talos, workload, ..
@@ -138,14 +162,13 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
 
     let machines = machines.map_err(|e| e.to_string())?;
     // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
-    let need = if machines.is_some() {
-        inventory::AddressNeed::Optional
-    } else {
-        inventory::AddressNeed::Required
-    };
-    let workload_nodes = inventory::from_workload_nodes(workload_client.clone(), need)
-        .await
-        .map_err(|e| e.to_string())?;
+    let workload_nodes = match listed_early.filter(|(version, _)| *version == secret_version) {
+        Some((_, listed)) => listed,
+        None => {
+            inventory::from_workload_nodes(workload_client.clone(), address_need(&machines)).await
+        }
+    }
+    .map_err(|e| e.to_string())?;
     let inventory = match machines {
         Some(machines) => machines,
         None => workload_nodes.iter().map(|n| n.node.clone()).collect(),

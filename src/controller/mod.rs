@@ -93,6 +93,10 @@ pub struct Context {
     links: Mutex<LinkCache>,
     /// Followers of the nodes in flight, which wake a cluster's reconcile when a node changes.
     wakeups: wakeups::Wakeups,
+    /// Progress records and Machine inventories reused between reconciles while unchanged (kept
+    /// current by the metadata watches [`run`] starts; without them every reconcile reads).
+    progress_reads: Arc<crate::store::ProgressCache>,
+    machines: crate::inventory::MachineInventories,
 }
 
 impl Context {
@@ -118,20 +122,45 @@ impl Context {
             settings,
             links: Mutex::new(HashMap::new()),
             wakeups: wakeups::Wakeups::default(),
+            progress_reads: Arc::default(),
+            machines: Default::default(),
         }
     }
 
-    /// The cached connections of a cluster if its Secret is unchanged (`version` is the Secret's
-    /// resourceVersion).
-    fn cached_link(&self, key: &(String, String), version: &str) -> Option<ClusterLink> {
+    /// Follows the progress ConfigMaps and the Machines (metadata only) until dropped, so that
+    /// reconciles reuse what they read while it is unchanged.
+    fn watch_reads(self: &Arc<Self>, namespace: Option<String>) -> AbortOnDrop {
+        let progress = {
+            let ctx = self.clone();
+            let namespace = namespace.clone();
+            tokio::spawn(async move {
+                crate::store::follow_progress(
+                    &ctx.progress_reads,
+                    ctx.client.clone(),
+                    namespace.as_deref(),
+                )
+                .await;
+            })
+        };
+        let machines = {
+            let ctx = self.clone();
+            tokio::spawn(async move {
+                ctx.machines
+                    .follow(ctx.client.clone(), namespace.as_deref())
+                    .await;
+            })
+        };
+        AbortOnDrop(vec![progress.abort_handle(), machines.abort_handle()])
+    }
+
+    /// The connections last built for a cluster, with the resourceVersion of the Secret they were built
+    /// from (usable once the Secret is read at that version).
+    fn known_link(&self, key: &(String, String)) -> Option<(String, ClusterLink)> {
         let links = self
             .links
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        links
-            .get(key)
-            .filter(|(cached, _)| cached == version)
-            .map(|(_, link)| link.clone())
+        links.get(key).cloned()
     }
 
     /// Keeps `link` as the cluster's connections for the Secret at `version`.
@@ -141,6 +170,17 @@ impl Context {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         links.insert(key, (version.to_string(), link));
+    }
+}
+
+/// Stops background tasks when the controller stops.
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -173,7 +213,8 @@ pub async fn reconcile(
     let _timer = ctx.metrics.reconcile_timer();
     let namespace = cluster.namespace().unwrap_or_default();
     let intent = UpgradeIntent::from_annotations(cluster.annotations());
-    let store = ProgressStore::new(ctx.client.clone(), &namespace);
+    let store =
+        ProgressStore::new(ctx.client.clone(), &namespace).with_cache(ctx.progress_reads.clone());
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let now = jiff::Timestamp::now();
 
@@ -355,6 +396,7 @@ pub async fn run(
         None => Api::all(client.clone()),
     };
     let ctx = Arc::new(Context::new(client, metrics, settings, instance));
+    let _watching_reads = ctx.watch_reads(namespace.clone());
     // Readiness comes from the watch stream itself: the reflector store's readiness future wakes only
     // one waiter, which the controller's own runner already is.
     let (reader, writer) = kube::runtime::reflector::store();

@@ -1,0 +1,409 @@
+//! Reads the reconciles reuse, and what a metadata-only watch last saw of one kind of object, so that a reconcile can reuse what it read
+//! before instead of asking the API server again.
+//!
+//! Every reconcile used to read a cluster's progress ConfigMap and list its Machines, although they rarely
+//! change between two reconciles a second apart. A cached read is reused only while the watch has seen
+//! exactly the same objects at exactly the same resourceVersions as the read returned (its
+//! [`Fingerprint`]); anything else (an edit, a deletion, a new Machine, the watch not yet synced or broken)
+//! makes the next reconcile read again. The watch carries object metadata only, and this keeps only
+//! names and resourceVersions.
+//!
+//! The cache can never serve something the watch knows to be out of date; it can serve something a
+//! write not yet seen by the watch has changed, which is why progress is still written with
+//! `resourceVersion` (a stale read ends in a conflict, never in an overwrite).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher;
+
+/// The names and resourceVersions of a group of objects, reduced to a number. Two reads of the same
+/// objects at the same versions have the same fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint(u64);
+
+impl Fingerprint {
+    /// The fingerprint of objects given as (name, resourceVersion), in any order.
+    pub fn of<'a>(objects: impl IntoIterator<Item = (&'a str, &'a str)>) -> Fingerprint {
+        let sorted: BTreeMap<&str, &str> = objects.into_iter().collect();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        sorted.hash(&mut hasher);
+        Fingerprint(hasher.finish())
+    }
+
+    /// The fingerprint of no objects (a ConfigMap that does not exist, a cluster without Machines).
+    pub fn none() -> Fingerprint {
+        Fingerprint::of([])
+    }
+}
+
+/// The watch's view: objects grouped by key `K` (name → resourceVersion).
+struct View<K> {
+    /// False until the first complete list arrived, and again after an error until the watch is back.
+    synced: bool,
+    /// A complete list arrived once (a watch that breaks afterwards resumes where it stopped).
+    listed: bool,
+    groups: HashMap<K, BTreeMap<String, String>>,
+    /// The objects of a relist in progress, swapped in when it is complete.
+    relisting: Option<HashMap<K, BTreeMap<String, String>>>,
+}
+
+impl<K> View<K> {
+    /// A watch that delivers a change after an error resumed where it stopped (one that cannot resume
+    /// relists instead), so nothing was missed.
+    fn resumed(&mut self) {
+        if self.listed && self.relisting.is_none() {
+            self.synced = true;
+        }
+    }
+}
+
+/// A metadata watch's view of one kind, grouped by `K`.
+pub struct SeenVersions<K> {
+    view: Mutex<View<K>>,
+}
+
+impl<K> Default for SeenVersions<K> {
+    fn default() -> Self {
+        SeenVersions {
+            view: Mutex::new(View {
+                synced: false,
+                listed: false,
+                groups: HashMap::new(),
+                relisting: None,
+            }),
+        }
+    }
+}
+
+/// One change the watch reports, reduced to what [`SeenVersions`] keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen<K> {
+    /// The watch (re)starts listing everything.
+    Relist,
+    /// An object during a relist, or created or changed afterwards.
+    Present {
+        key: K,
+        name: String,
+        version: String,
+    },
+    Deleted {
+        key: K,
+        name: String,
+    },
+    /// The relist is complete.
+    Listed,
+    /// The watch failed; it retries, and until it is back nothing it saw can be trusted.
+    Broken,
+}
+
+impl<K: Hash + Eq + Clone> SeenVersions<K> {
+    fn view(&self) -> std::sync::MutexGuard<'_, View<K>> {
+        self.view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The fingerprint of the group `key` as the watch last saw it; `None` while the watch is not
+    /// synced (nothing may be reused then).
+    pub fn fingerprint(&self, key: &K) -> Option<Fingerprint> {
+        let view = self.view();
+        if !view.synced {
+            return None;
+        }
+        Some(
+            view.groups
+                .get(key)
+                .map_or_else(Fingerprint::none, |group| {
+                    Fingerprint::of(group.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+                }),
+        )
+    }
+
+    /// Whether a read of group `key` whose result had fingerprint `read` is still what the watch sees.
+    pub fn still_current(&self, key: &K, read: Fingerprint) -> bool {
+        self.fingerprint(key) == Some(read)
+    }
+
+    /// Takes in one change.
+    pub fn record(&self, seen: Seen<K>) {
+        let mut view = self.view();
+        let view = &mut *view;
+        match seen {
+            Seen::Relist => view.relisting = Some(HashMap::new()),
+            Seen::Present { key, name, version } => {
+                let groups = view.relisting.as_mut().unwrap_or(&mut view.groups);
+                groups.entry(key).or_default().insert(name, version);
+                view.resumed();
+            }
+            Seen::Deleted { key, name } => {
+                let groups = view.relisting.as_mut().unwrap_or(&mut view.groups);
+                if let Some(group) = groups.get_mut(&key) {
+                    group.remove(&name);
+                    if group.is_empty() {
+                        groups.remove(&key);
+                    }
+                }
+                view.resumed();
+            }
+            Seen::Listed => {
+                if let Some(listed) = view.relisting.take() {
+                    view.groups = listed;
+                }
+                view.synced = true;
+                view.listed = true;
+            }
+            Seen::Broken => view.synced = false,
+        }
+    }
+
+    /// Follows `api`'s objects (metadata only: `Api<PartialObjectMeta<_>>` asks for nothing else) until the controller stops, grouping them by `key_of`
+    /// (objects it returns `None` for are not kept).
+    pub async fn follow<R>(
+        &self,
+        api: Api<PartialObjectMeta<R>>,
+        config: watcher::Config,
+        what: &'static str,
+        key_of: impl Fn(&PartialObjectMeta<R>) -> Option<K>,
+    ) where
+        R: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let events = kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(api, config));
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            let present = |object: &PartialObjectMeta<R>| {
+                key_of(object).map(|key| Seen::Present {
+                    key,
+                    name: object.name_any(),
+                    version: object.resource_version().unwrap_or_default(),
+                })
+            };
+            let seen = match event {
+                Ok(watcher::Event::Init) => Some(Seen::Relist),
+                Ok(watcher::Event::InitApply(object) | watcher::Event::Apply(object)) => {
+                    present(&object)
+                }
+                Ok(watcher::Event::Delete(object)) => key_of(&object).map(|key| Seen::Deleted {
+                    key,
+                    name: object.name_any(),
+                }),
+                Ok(watcher::Event::InitDone) => Some(Seen::Listed),
+                Err(error) => {
+                    // Debug only: a kind that is not installed (no Machine CRD) fails this way for good,
+                    // and reads then simply go to the API server every time.
+                    tracing::debug!(%error, what, "metadata watch failed; reading without it until it is back");
+                    Some(Seen::Broken)
+                }
+            };
+            if let Some(seen) = seen {
+                self.record(seen);
+            }
+        }
+    }
+}
+
+/// Reads of one kind kept per key `K`, each reused while [`SeenVersions`] says it is still current.
+pub struct CachedReads<K, V> {
+    pub seen: SeenVersions<K>,
+    reads: Mutex<HashMap<K, (Fingerprint, V)>>,
+}
+
+impl<K, V> Default for CachedReads<K, V> {
+    fn default() -> Self {
+        CachedReads {
+            seen: SeenVersions::default(),
+            reads: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> CachedReads<K, V> {
+    fn reads(&self) -> std::sync::MutexGuard<'_, HashMap<K, (Fingerprint, V)>> {
+        self.reads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The value last read for `key`, if the objects it was read from are unchanged. A read that is no
+    /// longer current is dropped.
+    pub fn get(&self, key: &K) -> Option<V> {
+        let mut reads = self.reads();
+        let (read, value) = reads.get(key)?;
+        if self.seen.still_current(key, *read) {
+            return Some(value.clone());
+        }
+        reads.remove(key);
+        None
+    }
+
+    /// Keeps `value`, read (or written) from objects whose fingerprint is `read`.
+    pub fn keep(&self, key: K, read: Fingerprint, value: V) {
+        self.reads().insert(key, (read, value));
+    }
+
+    /// Drops what is kept for `key` (after a conflict: someone else wrote).
+    pub fn forget(&self, key: &K) {
+        self.reads().remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn present(key: &str, name: &str, version: &str) -> Seen<String> {
+        Seen::Present {
+            key: key.into(),
+            name: name.into(),
+            version: version.into(),
+        }
+    }
+
+    fn synced(events: Vec<Seen<String>>) -> SeenVersions<String> {
+        let seen = SeenVersions::default();
+        seen.record(Seen::Relist);
+        for event in events {
+            seen.record(event);
+        }
+        seen.record(Seen::Listed);
+        seen
+    }
+
+    #[test]
+    fn a_read_is_reused_only_while_the_watch_sees_the_same_objects_at_the_same_versions() {
+        let read = Fingerprint::of([("m1", "10"), ("m2", "11")]);
+        let same_in_other_order = Fingerprint::of([("m2", "11"), ("m1", "10")]);
+        assert_eq!(read, same_in_other_order);
+
+        struct Case {
+            name: &'static str,
+            after_list: Vec<Seen<String>>,
+            reusable: bool,
+        }
+        let cases = [
+            Case {
+                name: "nothing changed",
+                after_list: vec![],
+                reusable: true,
+            },
+            Case {
+                name: "a Machine changed",
+                after_list: vec![present("c", "m2", "12")],
+                reusable: false,
+            },
+            Case {
+                name: "a Machine was added",
+                after_list: vec![present("c", "m3", "13")],
+                reusable: false,
+            },
+            Case {
+                name: "a Machine was deleted",
+                after_list: vec![Seen::Deleted {
+                    key: "c".into(),
+                    name: "m1".into(),
+                }],
+                reusable: false,
+            },
+            Case {
+                name: "another cluster's Machine changed",
+                after_list: vec![present("other", "x1", "14")],
+                reusable: true,
+            },
+            Case {
+                name: "the watch broke",
+                after_list: vec![Seen::Broken],
+                reusable: false,
+            },
+            Case {
+                name: "the watch broke and resumed with a change elsewhere",
+                after_list: vec![Seen::Broken, present("other", "x1", "14")],
+                reusable: true,
+            },
+            Case {
+                name: "the watch is relisting",
+                after_list: vec![Seen::Relist, present("c", "m1", "10")],
+                reusable: true,
+            },
+            Case {
+                name: "a relist without one of the Machines",
+                after_list: vec![Seen::Relist, present("c", "m1", "10"), Seen::Listed],
+                reusable: false,
+            },
+        ];
+        for case in cases {
+            let seen = synced(vec![present("c", "m1", "10"), present("c", "m2", "11")]);
+            for event in case.after_list {
+                seen.record(event);
+            }
+            let key = "c".to_string();
+            assert_eq!(
+                seen.still_current(&key, read),
+                case.reusable,
+                "{}",
+                case.name
+            );
+        }
+    }
+
+    #[test]
+    fn nothing_is_reused_before_the_first_list_and_an_absent_object_is_a_fingerprint_too() {
+        let seen = SeenVersions::<String>::default();
+        assert_eq!(seen.fingerprint(&"c".to_string()), None);
+        seen.record(present("c", "cm", "5"));
+        assert_eq!(
+            seen.fingerprint(&"c".to_string()),
+            None,
+            "a change before any list"
+        );
+
+        let seen = synced(vec![]);
+        assert!(seen.still_current(&"c".to_string(), Fingerprint::none()));
+        seen.record(present("c", "cm", "5"));
+        assert!(!seen.still_current(&"c".to_string(), Fingerprint::none()));
+        assert!(seen.still_current(&"c".to_string(), Fingerprint::of([("cm", "5")])));
+    }
+
+    #[test]
+    fn a_kept_read_is_dropped_once_its_objects_change_and_forgotten_after_a_conflict() {
+        let reads = CachedReads::<String, &str>::default();
+        let key = "c".to_string();
+        reads.seen.record(Seen::Relist);
+        reads.seen.record(present("c", "cm", "5"));
+        reads.seen.record(Seen::Listed);
+
+        reads.keep(key.clone(), Fingerprint::of([("cm", "5")]), "as read at 5");
+        assert_eq!(reads.get(&key), Some("as read at 5"));
+        // Written at 6 by this controller, before the watch has seen the write: not reused yet.
+        reads.keep(
+            key.clone(),
+            Fingerprint::of([("cm", "6")]),
+            "as written at 6",
+        );
+        assert_eq!(reads.get(&key), None);
+        reads.keep(
+            key.clone(),
+            Fingerprint::of([("cm", "6")]),
+            "as written at 6",
+        );
+        reads.seen.record(present("c", "cm", "6"));
+        assert_eq!(reads.get(&key), Some("as written at 6"));
+        // Someone else writes 7: dropped, and stays dropped.
+        reads.seen.record(present("c", "cm", "7"));
+        assert_eq!(reads.get(&key), None);
+        reads.seen.record(present("c", "cm", "6"));
+        assert_eq!(reads.get(&key), None, "a dropped read does not come back");
+
+        reads.keep(
+            key.clone(),
+            Fingerprint::of([("cm", "6")]),
+            "as written at 6",
+        );
+        reads.forget(&key);
+        assert_eq!(reads.get(&key), None);
+    }
+}
