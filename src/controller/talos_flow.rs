@@ -17,7 +17,7 @@ use crate::crd::KubernetesCluster;
 use crate::credentials;
 use crate::drain;
 use crate::intent::{Target, UpgradeIntent};
-use crate::inventory::WorkloadNodeInfo;
+use crate::inventory::{self, AddressNeed, WorkloadNodeInfo};
 use crate::observe::{InventoryNode, TalosFleet};
 use crate::rollout::progress::{NodeRole, NodeStep, Outcome, Run};
 use crate::rollout::talos::{
@@ -981,11 +981,6 @@ async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
         secret_name,
         ..
     } = access;
-    let ready = |name: &str| {
-        workload_nodes
-            .iter()
-            .any(|n: &WorkloadNodeInfo| n.node.name == name && n.ready)
-    };
     let kubernetes = kubelet_floor(access);
 
     let control_planes: Vec<InventoryNode> = inventory
@@ -1008,13 +1003,32 @@ async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
             })
             .collect(),
     );
+    // The Nodes were listed before the nodes were asked. A node that Talos reports running and ready
+    // while its Node is not Ready may have turned Ready in between (the kubelet reports right after
+    // Talos is ready), so the Nodes are read once more, rather than leaving it to a whole further
+    // reconcile to notice.
+    let ready_in = |nodes: &[WorkloadNodeInfo], name: &str| {
+        nodes.iter().any(|n| n.node.name == name && n.ready)
+    };
+    let behind = inventory.iter().zip(&states).any(|(node, state)| {
+        matches!(state, TalosState::Up { ready: true, .. }) && !ready_in(workload_nodes, &node.name)
+    });
+    let reread = if behind {
+        inventory::from_workload_nodes(workload_client.clone(), AddressNeed::Optional)
+            .await
+            .inspect_err(|error| tracing::debug!(%error, "reading the workload Nodes again"))
+            .ok()
+    } else {
+        None
+    };
+    let workload_nodes: &[WorkloadNodeInfo] = reread.as_deref().unwrap_or(workload_nodes);
     let nodes: Vec<NodeObservation> = inventory
         .iter()
         .zip(states)
         .map(|(node, talos)| NodeObservation {
             name: node.name.clone(),
             role: node.role,
-            kubernetes_ready: ready(&node.name),
+            kubernetes_ready: ready_in(workload_nodes, &node.name),
             cordoned: workload_nodes
                 .iter()
                 .any(|n| n.node.name == node.name && n.unschedulable),
