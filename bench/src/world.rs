@@ -66,6 +66,8 @@ pub struct World {
     pub clusters: Vec<SimCluster>,
     pub times: Arc<Mutex<BTreeMap<String, ClusterTimes>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The API server's CA, base64, for the workload kubeconfigs.
+    ca_base64: String,
 }
 
 impl Drop for World {
@@ -83,9 +85,16 @@ pub fn cluster_name(i: usize) -> String {
     format!("c{i:03}")
 }
 
-fn kubeconfig(server: &str) -> String {
+/// A kubeconfig for `server`. `ca` (base64 PEM) is given to workload kubeconfigs as a production one
+/// would carry it: the proxy speaks plain HTTP so it is never used to verify anything, but without it
+/// kube-client loads the system's trust roots for each cluster (67 KB each), which no production
+/// kubeconfig makes it do.
+fn kubeconfig(server: &str, ca: Option<&str>) -> String {
+    let ca = ca
+        .map(|ca| format!("    certificate-authority-data: {ca}\n"))
+        .unwrap_or_default();
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n    server: {server}\nusers:\n- name: bench\n  user: {{}}\ncontexts:\n- name: bench\n  context:\n    cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n{ca}    server: {server}\nusers:\n- name: bench\n  user: {{}}\ncontexts:\n- name: bench\n  context:\n    cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n"
     )
 }
 
@@ -187,7 +196,12 @@ impl World {
             clusters.push(SimCluster { name, sim, states });
         }
 
+        let ca_base64 = {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(control_plane.ca_pem())
+        };
         let world = World {
+            ca_base64,
             _control_plane: control_plane,
             admin,
             proxy,
@@ -244,7 +258,7 @@ impl World {
             "metadata": {"name": cluster_id, "namespace": NAMESPACE},
             "stringData": {
                 "talosconfig": cluster.sim.talosconfig(ClientRole::Admin),
-                "kube.config": kubeconfig(&self.proxy.workload_url(name)),
+                "kube.config": kubeconfig(&self.proxy.workload_url(name), Some(&self.ca_base64)),
             },
         }))?;
         Api::<Secret>::namespaced(self.admin.clone(), NAMESPACE)
@@ -433,7 +447,7 @@ impl ControllerProcess {
         extra_args: &[String],
     ) -> anyhow::Result<ControllerProcess> {
         let kubeconfig_path = dir.join("controller.kubeconfig");
-        std::fs::write(&kubeconfig_path, kubeconfig(management_url))?;
+        std::fs::write(&kubeconfig_path, kubeconfig(management_url, None))?;
         // A free port for /metrics: bind, read, release.
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
