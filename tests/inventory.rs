@@ -288,13 +288,18 @@ async fn a_kept_machine_inventory_is_reused_until_a_machine_changes() {
         }
     };
 
-    wait_for_watch(seen_now().await).await;
-    let first = inventories
-        .get(ns.client.clone(), &ns.name, "kept")
-        .await
-        .expect("list");
+    // The inventory as the next reconcile gets it, once the watch has seen the Machines as they are.
+    let next_inventory = async || {
+        wait_for_watch(seen_now().await).await;
+        let nodes = inventories
+            .get(ns.client.clone(), &ns.name, "kept")
+            .await
+            .expect("list");
+        addresses(nodes)
+    };
+
     assert_eq!(
-        addresses(first),
+        next_inventory().await,
         vec![
             ("kept-ctp0".to_string(), "127.0.7.1".to_string()),
             ("kept-wrk0".to_string(), "127.0.7.2".to_string())
@@ -310,13 +315,8 @@ async fn a_kept_machine_inventory_is_reused_until_a_machine_changes() {
         )
         .await
         .expect("machine status");
-    wait_for_watch(seen_now().await).await;
-    let readdressed = inventories
-        .get(ns.client.clone(), &ns.name, "kept")
-        .await
-        .expect("list");
     assert_eq!(
-        addresses(readdressed),
+        next_inventory().await,
         vec![
             ("kept-ctp0".to_string(), "127.0.7.1".to_string()),
             ("kept-wrk0".to_string(), "127.0.7.3".to_string())
@@ -326,13 +326,9 @@ async fn a_kept_machine_inventory_is_reused_until_a_machine_changes() {
     // A Machine of another cluster does not matter; one added to this cluster does.
     create_machine(&machines, "other-wrk0", "other", "worker", &["127.0.7.9"]).await;
     create_machine(&machines, "kept-wrk1", "kept", "worker", &["127.0.7.4"]).await;
-    wait_for_watch(seen_now().await).await;
-    let grown = inventories
-        .get(ns.client.clone(), &ns.name, "kept")
-        .await
-        .expect("list");
     assert_eq!(
-        addresses(grown)
+        next_inventory()
+            .await
             .into_iter()
             .map(|(name, _)| name)
             .collect::<Vec<_>>(),

@@ -121,7 +121,15 @@ async fn a_kept_record_is_reused_until_someone_else_changes_or_deletes_it() {
     let name = configmap_name("my-cluster");
     let key = (ns.name.clone(), name.clone());
     let configmaps: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
-    let version = |configmap: &ConfigMap| configmap.metadata.resource_version.clone().unwrap();
+    // The watch has seen the record at exactly this ConfigMap's version.
+    let seen_at = |configmap: &ConfigMap| {
+        let version = configmap
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default();
+        cache.seen.fingerprint(&key) == Some(Fingerprint::of([(name.as_str(), version)]))
+    };
 
     until("the watch lists", || {
         cache.seen.fingerprint(&key) == Some(Fingerprint::none())
@@ -134,14 +142,7 @@ async fn a_kept_record_is_reused_until_someone_else_changes_or_deletes_it() {
         .await
         .expect("create");
     let written = configmaps.get(&name).await.expect("get");
-    until("the watch sees the write", || {
-        cache.seen.fingerprint(&key)
-            == Some(Fingerprint::of([(
-                name.as_str(),
-                version(&written).as_str(),
-            )]))
-    })
-    .await;
+    until("the watch sees the write", || seen_at(&written)).await;
     assert_eq!(
         store.load("my-cluster").await.expect("load").talos,
         Some(run(NodeStep::Pending)),
@@ -164,14 +165,7 @@ async fn a_kept_record_is_reused_until_someone_else_changes_or_deletes_it() {
         .await
         .expect("patch");
     let patched = configmaps.get(&name).await.expect("get");
-    until("the watch sees their write", || {
-        cache.seen.fingerprint(&key)
-            == Some(Fingerprint::of([(
-                name.as_str(),
-                version(&patched).as_str(),
-            )]))
-    })
-    .await;
+    until("the watch sees their write", || seen_at(&patched)).await;
     let reread = store.load("my-cluster").await.expect("load");
     assert_eq!(reread.talos, Some(theirs));
     // The copy loaded before their write is stale and must not overwrite it.
