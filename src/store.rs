@@ -116,13 +116,21 @@ impl ProgressStore {
     }
 
     /// Keeps what was just read or written, as the ConfigMap at `progress.resource_version`.
+    ///
+    /// That there is no record is not kept: the watch sees only ConfigMaps with the controller's label,
+    /// and a record someone creates by hand (a restore, a mistake) carries none, so only a read finds it.
+    /// A record the controller wrote keeps its label, and losing it looks like a deletion to the watch.
     fn remember(&self, name: &str, progress: &Progress) {
-        if let Some(cache) = &self.cache {
-            let read = match &progress.resource_version {
-                Some(version) => Fingerprint::of([(name, version.as_str())]),
-                None => Fingerprint::none(),
-            };
-            cache.keep(self.cache_key(name), read, progress.clone());
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        match &progress.resource_version {
+            Some(version) => cache.keep(
+                self.cache_key(name),
+                Fingerprint::of([(name, version.as_str())]),
+                progress.clone(),
+            ),
+            None => cache.forget(&self.cache_key(name)),
         }
     }
 

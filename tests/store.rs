@@ -184,5 +184,21 @@ async fn a_kept_record_is_reused_until_someone_else_changes_or_deletes_it() {
     })
     .await;
     assert_eq!(store.load("my-cluster").await.expect("load").talos, None);
+
+    // Made again by hand, without the controller's label (which the watch selects on): read at once.
+    let restored = run(NodeStep::Pending);
+    let unlabelled: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "data": {"talos.json": serde_json::to_string(&restored).expect("json")},
+    }))
+    .expect("configmap");
+    configmaps
+        .create(&Default::default(), &unlabelled)
+        .await
+        .expect("create by hand");
+    assert_eq!(
+        store.load("my-cluster").await.expect("load").talos,
+        Some(restored)
+    );
     watch.abort();
 }
