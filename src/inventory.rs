@@ -6,7 +6,6 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
-
 use kube::core::PartialObjectMeta;
 
 use crate::observe::InventoryNode;

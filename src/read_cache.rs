@@ -1,5 +1,5 @@
-//! Reads the reconciles reuse, and what a metadata-only watch last saw of one kind of object, so that a reconcile can reuse what it read
-//! before instead of asking the API server again.
+//! Reads the reconciles reuse, and what a metadata-only watch last saw of one kind of object, so that a
+//! reconcile can reuse what it read before instead of asking the API server again.
 //!
 //! Every reconcile used to read a cluster's progress ConfigMap and list its Machines, although they rarely
 //! change between two reconciles a second apart. A cached read is reused only while the watch has seen
@@ -162,8 +162,8 @@ impl<K: Hash + Eq + Clone> SeenVersions<K> {
         }
     }
 
-    /// Follows `api`'s objects (metadata only: `Api<PartialObjectMeta<_>>` asks for nothing else) until the controller stops, grouping them by `key_of`
-    /// (objects it returns `None` for are not kept).
+    /// Follows `api`'s objects until the controller stops, grouping them by `key_of` (objects it returns
+    /// `None` for are not kept). Metadata only: `Api<PartialObjectMeta<_>>` asks for nothing else.
     pub async fn follow<R>(
         &self,
         api: Api<PartialObjectMeta<R>>,

@@ -130,7 +130,14 @@ impl ProgressStore {
                 Fingerprint::of([(name, version.as_str())]),
                 progress.clone(),
             ),
-            None => cache.forget(&self.cache_key(name)),
+            None => self.forget(name),
+        }
+    }
+
+    /// Drops the kept record (after a failed save: the next load reads).
+    fn forget(&self, name: &str) {
+        if let Some(cache) = &self.cache {
+            cache.forget(&self.cache_key(name));
         }
     }
 
@@ -263,14 +270,6 @@ impl ProgressStore {
                 self.forget(&name);
                 Err(self.kube_error(&name)(source))
             }
-        }
-    }
-}
-
-impl ProgressStore {
-    fn forget(&self, name: &str) {
-        if let Some(cache) = &self.cache {
-            cache.forget(&self.cache_key(name));
         }
     }
 }
