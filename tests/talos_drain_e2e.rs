@@ -265,3 +265,66 @@ async fn a_drain_held_past_its_timeout_fails_naming_the_pod_and_uncordons_the_no
         assert_eq!(node.talos_version, "1.13.0", "{}", node.name);
     }
 }
+
+#[tokio::test]
+async fn a_lost_reboot_is_sent_again_and_the_node_still_reboots_once() {
+    let world = World::start(
+        "lost-reboot",
+        WorldSpec {
+            talos: "1.13.0",
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    let worker_1 = world.node("worker-1");
+    // worker-1's first reboot never reaches machined: the controller gets `Unavailable` and the node
+    // keeps running its old system, drained and cordoned.
+    world
+        .sim
+        .inject_fault(&worker_1, talos_upgrade_controller::sim::Fault::RebootLost)
+        .expect("fault");
+    world
+        .wait_for_annotation("talos-current", "1.13.0", "60s")
+        .await;
+
+    world.annotate("talos-target", "1.14.0").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    // Every node, worker-1 included, rebooted exactly once into 1.14.0, is uncordoned, and the run says
+    // it completed; never two control planes down.
+    world.assert_talos_run_kept_its_promises("1.14.0").await;
+
+    // worker-1 was installed once; the reboot it received is the one sent again.
+    let calls = changing_calls(&world);
+    for node in world.sim.nodes() {
+        let of_node: Vec<&str> = calls
+            .iter()
+            .filter(|(_, n)| *n == node.name)
+            .map(|(m, _)| m.as_str())
+            .collect();
+        assert_eq!(
+            of_node,
+            vec![IMAGE_PULL, LIFECYCLE_UPGRADE, REBOOT],
+            "{}: {calls:?}",
+            node.name
+        );
+    }
+    let resent: Vec<(String, String)> = world
+        .cluster_events()
+        .await
+        .into_iter()
+        .filter(|e| e.reason == "NodeRebootResent")
+        .map(|e| (e.type_, e.message))
+        .collect();
+    assert_eq!(
+        resent,
+        vec![(
+            "Normal".to_string(),
+            format!(
+                "Node {worker_1} is still running its old system, ready, after its reboot got no \
+                 answer; sending the reboot again"
+            )
+        )]
+    );
+}

@@ -540,7 +540,8 @@ async fn requested(
     // done too: if the controller dies during the calls, the next one resumes from the saved run and
     // would never tell them. Report and events go out together, and both before the write-ahead, so
     // that recording a call and making it are as close as they can be (a controller killed between
-    // the two leaves a recorded reboot unsent, which only the node deadline ends). Should the save
+    // the two leaves the call recorded as unanswered, and `advance` makes it again once the node is
+    // seen not to have got it). Should the save
     // fail, the next reconcile decides, reports and announces again (a repeated event counts up its
     // series). The reconcile's own report follows the calls.
     notes.append(&mut decision.report.notes);
@@ -580,8 +581,8 @@ async fn requested(
     let mut leadership_moved = false;
     for action in &decision.actions {
         match execute(&observed, action).await {
-            // An install is made again next pass; a legacy call stays recorded as unanswered, and
-            // is made again only if the node is then seen not to have got it.
+            // An install is made again next pass; a legacy upgrade or a reboot stays recorded as
+            // unanswered, and is made again only if the node is then seen not to have got it.
             Ok(Called::NotReached) => {}
             Ok(Called::Done) => {
                 if let Action::ForfeitEtcdLeadership { .. } = action {
@@ -594,6 +595,10 @@ async fn requested(
                 } = action
                 {
                     rollout::answered(&mut run, node);
+                    answered = true;
+                }
+                if let Action::Reboot { node } = action {
+                    rollout::reboot_answered(&mut run, node);
                     answered = true;
                 }
                 if let Action::Upgrade {
@@ -855,11 +860,10 @@ fn report_from(decision: &Decision) -> KindReport {
 
 /// How a call went, when the node did not refuse it.
 enum Called {
-    /// The call did what it should (or the node dropped the connection going down to reboot, which is
-    /// what an upgrade or reboot call does).
+    /// The call did what it should.
     Done,
-    /// The node could not be reached for a call that has to complete to count (an install): the run is
-    /// unchanged and the next pass tries again.
+    /// The node could not be reached, so it may never have got the call: an install is made again next
+    /// pass; a legacy upgrade or a reboot stays recorded as unanswered.
     NotReached,
 }
 
@@ -933,15 +937,14 @@ async fn execute(observed: &Observed, action: &Action) -> Result<Called, (String
     };
     match (result, action) {
         (Ok(()), _) => Ok(Called::Done),
-        // The legacy upgrade call answers before the node goes down, so no answer means the node may
-        // never have got it: the run keeps it as unanswered, and makes it again only if the node is seen
-        // still running its old boot, ready, after a grace period (see `Settings::unanswered_grace`).
-        (Err(error), Action::Upgrade { .. }) if error.is_unreachable() => {
-            tracing::warn!(node = %node_name, %error, "the upgrade call got no answer");
+        // Both the legacy upgrade call and the reboot answer before the node goes down, so no answer
+        // means the node may never have got the call (apid answering `Unavailable` is one way): the run
+        // keeps it as unanswered, and makes it again only if the node is seen still running its old
+        // boot, ready, after a grace period (see `Settings::unanswered_grace`).
+        (Err(error), Action::Upgrade { .. } | Action::Reboot { .. }) if error.is_unreachable() => {
+            tracing::warn!(node = %node_name, %error, "{what} got no answer");
             Ok(Called::NotReached)
         }
-        // A reboot call may be cut off by the reboot itself.
-        (Err(error), _) if error.is_unreachable() => Ok(Called::Done),
         (Err(error), _) => Err((node_name, format!("refused {what}: {error}"))),
     }
 }

@@ -131,9 +131,17 @@ pub enum LifecycleStage {
     /// Installed; the node is cordoned and its pods are being evicted since `since`. `uncordon` is false
     /// when the node was already cordoned before (by someone else), so it is left as it was found.
     Draining { since: Timestamp, uncordon: bool },
-    /// Drained; `Reboot` sent (or about to be) at `at`. Never sent twice: the node's deadline counts
-    /// from here. The node stays in flight until it is back, Ready and (if `uncordon`) uncordoned.
-    Rebooting { at: Timestamp, uncordon: bool },
+    /// Drained; `Reboot` sent (or about to be) at `at`. The node's deadline counts from here. The node
+    /// stays in flight until it is back, Ready and (if `uncordon`) uncordoned.
+    Rebooting {
+        at: Timestamp,
+        uncordon: bool,
+        /// The reboot was recorded but its answer never came (the controller stopped mid-call, or the
+        /// node did not answer). Only then, and only if the node is seen still on its old boot, running
+        /// and ready, for a while, is the reboot sent again: an answered reboot is never repeated.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        unanswered: bool,
+    },
 }
 
 impl LifecycleStage {

@@ -358,6 +358,20 @@ pub fn answered(run: &mut Run, node: &str) {
     }
 }
 
+/// Records that the reboot sent to `node` (Talos ≥ 1.13) was answered: it is never sent again.
+pub fn reboot_answered(run: &mut Run, node: &str) {
+    for progress in &mut run.nodes {
+        if progress.name == node
+            && let NodeStep::Issued {
+                lifecycle: Some(LifecycleStage::Rebooting { unanswered, .. }),
+                ..
+            } = &mut progress.step
+        {
+            *unanswered = false;
+        }
+    }
+}
+
 /// Nodes the run is draining right now: the reconciler cordons them and evicts their pods, and reports
 /// what is left in [`NodeObservation::drain`].
 pub fn draining(run: &Run) -> Vec<&str> {
@@ -426,9 +440,7 @@ pub fn advance(
         if *unanswered
             && !settings.paused
             && now.duration_since(*at).unsigned_abs() > settings.unanswered_grace
-            && observed.is_some_and(|n| {
-                matches!(&n.talos, TalosState::Up { boot_id: seen, ready: true, .. } if seen == boot_id)
-            })
+            && untouched_since(observed, boot_id)
         {
             progress.step = NodeStep::Pending;
             continue;
@@ -457,6 +469,7 @@ pub fn advance(
                         *lifecycle = Some(LifecycleStage::Rebooting {
                             at: now,
                             uncordon: *uncordon,
+                            unanswered: true,
                         });
                         actions.push(Action::Reboot { node: name });
                     }
@@ -490,7 +503,33 @@ pub fn advance(
                 }
                 continue;
             }
-            Some(LifecycleStage::Rebooting { at, uncordon }) => (*at, *uncordon),
+            Some(LifecycleStage::Rebooting {
+                at,
+                uncordon,
+                unanswered,
+            }) => {
+                // A reboot without an answer, and the node still on the same boot, running and ready
+                // well after it: the reboot never reached it (the controller stopped between recording
+                // and sending it, or the call failed on the way). A node that got it would be going down
+                // or back on a new boot by now. The node is drained and waits for nothing else, so the
+                // reboot is sent again, paused or not, and the deadline counts from then.
+                if *unanswered
+                    && now.duration_since(*at).unsigned_abs() > settings.unanswered_grace
+                    && untouched_since(observed, boot_id)
+                {
+                    notes.push(Note::normal(
+                        "NodeRebootResent",
+                        format!(
+                            "Node {name} is still running its old system, ready, after its reboot \
+                             got no answer; sending the reboot again"
+                        ),
+                    ));
+                    *at = now;
+                    actions.push(Action::Reboot { node: name });
+                    continue;
+                }
+                (*at, *uncordon)
+            }
         };
         match check_in_flight(observed, &target, boot_id, from_version) {
             InFlight::Done if uncordon && observed.is_some_and(|n| n.cordoned) => {
@@ -599,6 +638,14 @@ pub fn advance(
         };
     }
     decision
+}
+
+/// The node is up on the boot recorded before its call, running and ready: nothing the call would have
+/// set off (an upgrade, a reboot) has happened to it.
+fn untouched_since(observed: Option<&NodeObservation>, boot_id_before: &str) -> bool {
+    observed.is_some_and(|n| {
+        matches!(&n.talos, TalosState::Up { boot_id, ready: true, .. } if boot_id == boot_id_before)
+    })
 }
 
 enum Waiting {
@@ -852,7 +899,16 @@ fn finish(
                 lifecycle,
                 unanswered,
                 ..
-            } => !unanswered && matches!(lifecycle, None | Some(LifecycleStage::Rebooting { .. })),
+            } => {
+                !unanswered
+                    && matches!(
+                        lifecycle,
+                        None | Some(LifecycleStage::Rebooting {
+                            unanswered: false,
+                            ..
+                        })
+                    )
+            }
             NodeStep::Pending | NodeStep::Done { .. } | NodeStep::Failed { .. } => true,
         });
     Decision {

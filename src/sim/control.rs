@@ -32,6 +32,7 @@ pub const FAULT_NAMES: &[&str] = &[
     "fail-next-calls",
     "ready-delay",
     "apply-config-rejected",
+    "reboot-lost",
 ];
 
 /// Parses a fault name and its query parameters (`count` for `fail-next-calls`, `ms` for `ready-delay`).
@@ -53,6 +54,7 @@ pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault
         ),
         "ready-delay" => Fault::ReadyDelay(Duration::from_millis(number("ms")?)),
         "apply-config-rejected" => Fault::ApplyConfigRejected,
+        "reboot-lost" => Fault::RebootLost,
         other => {
             return Err(format!(
                 "unknown fault {other:?}; known faults: {}",

@@ -25,6 +25,9 @@ pub enum Fault {
     ReadyDelay(Duration),
     /// ApplyConfiguration is refused with `InvalidArgument`.
     ApplyConfigRejected,
+    /// The next `Reboot` call is lost on its way to machined: apid answers `Unavailable` and the node
+    /// keeps running (one call, then the fault is spent).
+    RebootLost,
 }
 
 /// The faults active on a node.
@@ -37,6 +40,7 @@ pub struct ActiveFaults {
     pub fail_next_calls: u32,
     pub ready_delay: Option<Duration>,
     pub apply_config_rejected: bool,
+    pub reboot_lost: bool,
 }
 
 /// A node's faults behind a watch channel, so waiting code (a node kept down, a delayed readiness)
@@ -62,6 +66,7 @@ impl FaultSet {
             Fault::FailNextCalls(n) => f.fail_next_calls = f.fail_next_calls.saturating_add(n),
             Fault::ReadyDelay(delay) => f.ready_delay = Some(delay),
             Fault::ApplyConfigRejected => f.apply_config_rejected = true,
+            Fault::RebootLost => f.reboot_lost = true,
         });
     }
 
@@ -75,6 +80,12 @@ impl FaultSet {
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<ActiveFaults> {
         self.tx.subscribe()
+    }
+
+    /// Consume a lost reboot; true if this `Reboot` call must be lost.
+    pub(crate) fn take_lost_reboot(&self) -> bool {
+        self.tx
+            .send_if_modified(|f| std::mem::replace(&mut f.reboot_lost, false))
     }
 
     /// Consume one injected call failure; true if this call must fail.
@@ -105,5 +116,14 @@ mod tests {
         assert!(faults.current().etcd_unhealthy);
         faults.clear();
         assert_eq!(faults.current(), ActiveFaults::default());
+    }
+
+    #[test]
+    fn a_lost_reboot_is_spent_by_one_reboot() {
+        let faults = FaultSet::new();
+        assert!(!faults.take_lost_reboot());
+        faults.inject(Fault::RebootLost);
+        assert!(faults.take_lost_reboot());
+        assert!(!faults.take_lost_reboot());
     }
 }

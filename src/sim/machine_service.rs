@@ -309,6 +309,12 @@ impl MachineApi {
         node: Arc<Node>,
         req: &machine::RebootRequest,
     ) -> Result<machine::RebootResponse, Status> {
+        if node.faults.take_lost_reboot() {
+            // Lost before machined: not in the call record, and nothing happens to the node.
+            return Err(Status::unavailable(
+                "injected fault: the reboot was lost on its way",
+            ));
+        }
         let mode = machine::reboot_request::Mode::try_from(req.mode)
             .map(|m| m.as_str_name())
             .unwrap_or("UNKNOWN");

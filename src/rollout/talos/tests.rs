@@ -726,7 +726,7 @@ fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
 }
 
 #[test]
-fn an_install_found_unfinished_is_made_again_but_a_reboot_never_is() {
+fn an_install_found_unfinished_is_made_again() {
     let obs = cluster("1.13.0");
     let run = workers_first("1.14.0", &obs);
     let first = decide(&run, &settings(), &obs, t0());
@@ -740,23 +740,115 @@ fn an_install_found_unfinished_is_made_again_but_a_reboot_never_is() {
             api: UpgradeApi::Lifecycle,
         }]
     );
+}
 
+#[test]
+fn a_reboot_without_an_answer_is_sent_again_only_if_the_node_never_got_it() {
     let (run, mut obs) = draining_run();
     drain(&mut obs, "worker-1", 0, None);
-    let drained = decide(&run, &settings(), &obs, t0() + 2.minutes());
+    set(&mut obs, "worker-1", |n| n.drain = None);
+    let reboot = vec![Action::Reboot {
+        node: "worker-1".into(),
+    }];
+    let mut drained_obs = obs.clone();
+    drain(&mut drained_obs, "worker-1", 0, None);
+    let drained = decide(&run, &settings(), &drained_obs, t0() + 2.minutes());
+    assert_eq!(drained.actions, reboot);
+    // Recorded before it is sent, as unanswered until the call returns.
+    assert!(matches!(
+        lifecycle_stage(&drained.run, "worker-1"),
+        Some(LifecycleStage::Rebooting {
+            unanswered: true,
+            ..
+        })
+    ));
+
+    let mut going_down = obs.clone();
+    set(&mut going_down, "worker-1", |n| {
+        if let TalosState::Up { ready, .. } = &mut n.talos {
+            *ready = false;
+        }
+    });
+    let mut gone = obs.clone();
+    down(&mut gone, "worker-1");
+    // (case, observation, when, reboot sent again?)
+    let cases = [
+        (
+            "untouched, within the grace",
+            &obs,
+            t0() + 2.minutes() + 30.seconds(),
+            false,
+        ),
+        (
+            "going down, past the grace",
+            &going_down,
+            t0() + 4.minutes(),
+            false,
+        ),
+        (
+            "unreachable, past the grace",
+            &gone,
+            t0() + 4.minutes(),
+            false,
+        ),
+        ("untouched, past the grace", &obs, t0() + 4.minutes(), true),
+    ];
+    for (case, observation, now, sent_again) in cases {
+        let decision = decide(&drained.run, &settings(), observation, now);
+        let expected: &[Action] = if sent_again { &reboot } else { &[] };
+        assert_eq!(decision.actions, expected, "{case}");
+        assert_eq!(
+            decision
+                .report
+                .notes
+                .iter()
+                .any(|n| n.reason == "NodeRebootResent"
+                    && n.message
+                        .starts_with("Node worker-1 is still running its old system")),
+            sent_again,
+            "{case}: {:?}",
+            decision.report.notes
+        );
+        assert_eq!(decision.report.state, RunState::InProgress, "{case}");
+    }
+
+    // Sent again, the grace and the deadline count from the new reboot.
+    let resent = decide(&drained.run, &settings(), &obs, t0() + 4.minutes()).run;
+    assert!(matches!(
+        lifecycle_stage(&resent, "worker-1"),
+        Some(LifecycleStage::Rebooting { at, unanswered: true, .. }) if at == t0() + 4.minutes()
+    ));
+    let soon = decide(
+        &resent,
+        &settings(),
+        &obs,
+        t0() + 4.minutes() + 30.seconds(),
+    );
+    assert!(soon.actions.is_empty(), "{:?}", soon.actions);
+
+    // An answered reboot is never sent again: a node that stays on its old boot runs into its deadline.
+    let mut answered_run = drained.run.clone();
+    reboot_answered(&mut answered_run, "worker-1");
+    let waiting = decide(&answered_run, &settings(), &obs, t0() + 4.minutes());
+    assert!(waiting.actions.is_empty(), "{:?}", waiting.actions);
+    assert_eq!(waiting.report.state, RunState::InProgress);
+    let late = decide(
+        &answered_run,
+        &settings(),
+        &obs,
+        t0() + 2.minutes() + DEADLINE + 1.seconds(),
+    );
+    assert_eq!(late.report.state, RunState::Failed);
     assert_eq!(
-        drained.actions,
-        vec![Action::Reboot {
+        late.actions,
+        vec![Action::Uncordon {
             node: "worker-1".into()
         }]
     );
-    // The reboot is recorded before it is sent; whatever is seen next, it is not sent again.
-    let mut gone = obs.clone();
-    down(&mut gone, "worker-1");
-    for now_obs in [obs.clone(), gone] {
-        let later = decide(&drained.run, &settings(), &now_obs, t0() + 3.minutes());
-        assert!(later.actions.is_empty(), "{:?}", later.actions);
-    }
+    assert_eq!(
+        late.report.message,
+        "Talos upgrade failed: node worker-1 did not reboot into the new version within 15m"
+    );
 }
 
 #[test]
@@ -854,6 +946,7 @@ fn a_rebooted_node_is_done_only_once_uncordoned() {
         lifecycle: Some(LifecycleStage::Rebooting {
             at: t0() + 1.minutes(),
             uncordon: false,
+            unanswered: false,
         }),
         unanswered: false,
     };
@@ -982,7 +1075,9 @@ fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them
     let installing = decide(&run_13, &settings(), &obs_13, t0()).run;
     let (draining_run, mut drained_obs) = draining_run();
     drain(&mut drained_obs, "worker-1", 0, None);
-    let rebooting = decide(&draining_run, &settings(), &drained_obs, t0()).run;
+    let rebooting_unanswered = decide(&draining_run, &settings(), &drained_obs, t0()).run;
+    let mut rebooting = rebooting_unanswered.clone();
+    reboot_answered(&mut rebooting, "worker-1");
     let mut rebooting_down = drained_obs.clone();
     down(&mut rebooting_down, "worker-1");
     // A node in flight that is back on the target and ready is done: nothing is awaited any more.
@@ -990,13 +1085,19 @@ fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them
     rebooted(&mut worker_1_back, "worker-1", "1.12.0", true);
 
     // (case, run, observation, awaiting reboots only?)
-    let cases: [(&str, &Run, &Observation, bool); 7] = [
+    let cases: [(&str, &Run, &Observation, bool); 8] = [
         ("nothing in flight yet", &run, &obs, false),
         ("legacy call unanswered", &recorded, &worker_1_down, false),
         ("legacy call answered", &answered_run, &worker_1_down, true),
         ("1.13 installing", &installing, &obs_13, false),
         ("1.13 draining", &draining_run, &obs_13, false),
-        ("1.13 reboot sent", &rebooting, &rebooting_down, true),
+        (
+            "1.13 reboot unanswered",
+            &rebooting_unanswered,
+            &rebooting_down,
+            false,
+        ),
+        ("1.13 reboot answered", &rebooting, &rebooting_down, true),
         ("the node came back", &answered_run, &worker_1_back, false),
     ];
     for (case, run, observation, expected) in cases {
