@@ -202,6 +202,7 @@ async fn measure(
         .counter_sum("talos_upgrade_talos_api_calls_total")
         .await?;
     let (_, cpu_before) = controller.usage()?;
+    let world_cpu_before = world.cpu()?;
     let upgrade_started = Instant::now();
     world.annotate_all().await?;
     wait_for(
@@ -226,6 +227,7 @@ async fn measure(
         .counter_sum("talos_upgrade_talos_api_calls_total")
         .await?;
     let (_, cpu_upgrade) = controller.usage()?;
+    let world_cpu_upgrade = world.cpu()?.minus(world_cpu_before);
     eprintln!(
         "all {n} cluster(s) completed after {upgrade_s:.1}s; {}s to settle, then watching the idle controller for {}s",
         args.settle_secs, args.idle_secs
@@ -375,6 +377,8 @@ async fn measure(
         cpu_seconds_total: cpu_total,
         cpu_seconds_upgrade: cpu_upgrade - cpu_before,
         cpu_seconds_idle: cpu_total - cpu_upgrade,
+        world_cpu_seconds_upgrade: world_cpu_upgrade,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         reconciles,
         reconcile_mean_seconds: if reconciles > 0.0 {
             reconcile_seconds / reconciles

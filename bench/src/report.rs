@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use talos_upgrade_controller::sim::Timings;
 
+use crate::world::WorldCpu;
+
 /// Nearest-rank percentiles of a sample.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Stats {
@@ -84,6 +86,11 @@ pub struct SizeResult {
     pub cpu_seconds_total: f64,
     pub cpu_seconds_upgrade: f64,
     pub cpu_seconds_idle: f64,
+    /// What the rest of the machine used during the upgrade (annotation → last `completed`): everything
+    /// runs on the same CPUs as the controller.
+    pub world_cpu_seconds_upgrade: WorldCpu,
+    /// CPUs the machine has, to tell how busy it was.
+    pub cpus: usize,
     /// Reconciles finished over the controller's whole life (its metric).
     pub reconciles: f64,
     /// Mean duration of one reconcile over the controller's life (its metric's sum ÷ count).
@@ -253,6 +260,29 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             "–".into(),
             "–".into(),
         ],
+        [
+            "CPU seconds during the upgrade: kube-apiserver / etcd / benchmark process (simulated nodes, \
+             proxy) / controller"
+                .into(),
+            format!(
+                "{:.1} / {:.1} / {:.1} / {:.1}",
+                r.world_cpu_seconds_upgrade.kube_apiserver,
+                r.world_cpu_seconds_upgrade.etcd,
+                r.world_cpu_seconds_upgrade.benchmark,
+                r.cpu_seconds_upgrade
+            ),
+            "–".into(),
+            "–".into(),
+        ],
+        [
+            format!(
+                "machine busy during the upgrade: those four ÷ ({} CPUs × upgrade time)",
+                r.cpus
+            ),
+            format!("{:.0} %", 100.0 * machine_busy(r)),
+            "–".into(),
+            "–".into(),
+        ],
     ]
 }
 
@@ -319,4 +349,17 @@ pub fn summary_table(results: &[SizeResult]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The share of the machine's CPU time the API server, etcd, the benchmark process and the controller
+/// used between the first annotation and the last `completed`.
+pub fn machine_busy(r: &SizeResult) -> f64 {
+    let cpu = &r.world_cpu_seconds_upgrade;
+    let used = cpu.kube_apiserver + cpu.etcd + cpu.benchmark + r.cpu_seconds_upgrade;
+    let available = r.upgrade_seconds * r.cpus.max(1) as f64;
+    if available > 0.0 {
+        used / available
+    } else {
+        0.0
+    }
 }

@@ -60,7 +60,7 @@ pub struct ClusterTimes {
 
 pub struct World {
     /// Kept for its lifetime: dropping it stops etcd and kube-apiserver.
-    _control_plane: ControlPlane,
+    control_plane: ControlPlane,
     pub admin: kube::Client,
     pub proxy: Proxy,
     pub clusters: Vec<SimCluster>,
@@ -120,6 +120,16 @@ async fn install_crd(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
 }
 
 impl World {
+    /// CPU seconds used so far by the API server, etcd and this process.
+    pub fn cpu(&self) -> anyhow::Result<WorldCpu> {
+        let ids = self.control_plane.process_ids();
+        Ok(WorldCpu {
+            kube_apiserver: cpu_seconds(ids.kube_apiserver)?,
+            etcd: cpu_seconds(ids.etcd)?,
+            benchmark: cpu_seconds(std::process::id())?,
+        })
+    }
+
     pub async fn start(n: usize, timings: Timings) -> anyhow::Result<World> {
         let control_plane = ControlPlane::start()
             .await
@@ -202,7 +212,7 @@ impl World {
         };
         let world = World {
             ca_base64,
-            _control_plane: control_plane,
+            control_plane,
             admin,
             proxy,
             clusters,
@@ -499,16 +509,7 @@ impl ControllerProcess {
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
             .context("VmHWM in /proc/<pid>/status")?;
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
-        // Fields after the command name (which may contain spaces) closed by the last ')'.
-        let after = &stat[stat.rfind(')').context("/proc/<pid>/stat")? + 2..];
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name and state.
-        let utime: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-        let stime: f64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-        // SAFETY: sysconf has no preconditions.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        Ok((hwm_kb * 1024, (utime + stime) / ticks))
+        Ok((hwm_kb * 1024, cpu_seconds(self.pid)?))
     }
 
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
@@ -582,4 +583,38 @@ fn dechunk(body: &str) -> String {
         rest = after[size..].trim_start_matches("\r\n");
     }
     out
+}
+
+/// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may contain spaces) closed by the last ')'.
+    let after = &stat[stat.rfind(')').context("/proc/<pid>/stat")? + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name and state.
+    let utime: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let stime: f64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((utime + stime) / ticks)
+}
+
+/// CPU seconds used so far by everything on the machine that is not the controller.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct WorldCpu {
+    pub kube_apiserver: f64,
+    pub etcd: f64,
+    /// This process: the simulated Talos nodes, their workload mirror, the counting proxy and the
+    /// benchmark's own watches.
+    pub benchmark: f64,
+}
+
+impl WorldCpu {
+    pub fn minus(self, before: WorldCpu) -> WorldCpu {
+        WorldCpu {
+            kube_apiserver: self.kube_apiserver - before.kube_apiserver,
+            etcd: self.etcd - before.etcd,
+            benchmark: self.benchmark - before.benchmark,
+        }
+    }
 }

@@ -26,6 +26,13 @@ const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const LOG_TAIL_LINES: usize = 60;
 const DIR_PREFIX: &str = "tuc-testenv-";
 
+/// The process ids of a running control plane.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessIds {
+    pub kube_apiserver: u32,
+    pub etcd: u32,
+}
+
 /// A running etcd + kube-apiserver pair on loopback.
 pub struct ControlPlane {
     server: String,
@@ -453,6 +460,14 @@ impl ControlPlane {
         command.args(&self.apiserver_args);
         self.apiserver.restart(command, Duration::from_secs(10))?;
         self.wait_ready().await
+    }
+
+    /// The process ids of kube-apiserver and etcd, for measuring what they cost (the benchmark).
+    pub fn process_ids(&self) -> ProcessIds {
+        ProcessIds {
+            kube_apiserver: self.apiserver.pid(),
+            etcd: self.etcd.pid(),
+        }
     }
 
     /// Stops etcd (as a test of what the apiserver and our clients do without it).
