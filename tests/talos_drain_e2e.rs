@@ -90,6 +90,25 @@ fn changing_calls(world: &World) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Asserts that every node received exactly pull, install and reboot, in that order; returns the calls.
+fn each_node_pulled_installed_and_rebooted_once(world: &World) -> Vec<(String, String)> {
+    let calls = changing_calls(world);
+    for node in world.sim.nodes() {
+        let of_node: Vec<&str> = calls
+            .iter()
+            .filter(|(_, n)| *n == node.name)
+            .map(|(m, _)| m.as_str())
+            .collect();
+        assert_eq!(
+            of_node,
+            vec![IMAGE_PULL, LIFECYCLE_UPGRADE, REBOOT],
+            "{}: {calls:?}",
+            node.name
+        );
+    }
+    calls
+}
+
 #[tokio::test]
 async fn nodes_are_drained_within_their_budgets_then_rebooted_and_uncordoned() {
     let world = World::start(
@@ -160,20 +179,9 @@ async fn nodes_are_drained_within_their_budgets_then_rebooted_and_uncordoned() {
     );
 
     // Per node, exactly: pull, install, reboot, in that order; workers first; one control plane at a time.
-    let calls = changing_calls(&world);
+    let calls = each_node_pulled_installed_and_rebooted_once(&world);
     let mut order = Vec::new();
     for node in world.sim.nodes() {
-        let of_node: Vec<&str> = calls
-            .iter()
-            .filter(|(_, n)| *n == node.name)
-            .map(|(m, _)| m.as_str())
-            .collect();
-        assert_eq!(
-            of_node,
-            vec![IMAGE_PULL, LIFECYCLE_UPGRADE, REBOOT],
-            "{}: {calls:?}",
-            node.name
-        );
         let rebooted_at = calls
             .iter()
             .position(|(m, n)| m == REBOOT && *n == node.name)
@@ -296,20 +304,7 @@ async fn a_lost_reboot_is_sent_again_and_the_node_still_reboots_once() {
     world.assert_talos_run_kept_its_promises("1.14.0").await;
 
     // worker-1 was installed once; the reboot it received is the one sent again.
-    let calls = changing_calls(&world);
-    for node in world.sim.nodes() {
-        let of_node: Vec<&str> = calls
-            .iter()
-            .filter(|(_, n)| *n == node.name)
-            .map(|(m, _)| m.as_str())
-            .collect();
-        assert_eq!(
-            of_node,
-            vec![IMAGE_PULL, LIFECYCLE_UPGRADE, REBOOT],
-            "{}: {calls:?}",
-            node.name
-        );
-    }
+    each_node_pulled_installed_and_rebooted_once(&world);
     let resent: Vec<(String, String)> = world
         .cluster_events()
         .await
