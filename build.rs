@@ -28,6 +28,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // prost's codec with a small first encode buffer (see src/grpc_codec.rs).
+        .codec_path("crate::grpc_codec::TalosCodec")
         .compile_fds(descriptors)?;
     Ok(())
 }

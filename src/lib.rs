@@ -8,6 +8,7 @@ pub mod controller;
 pub mod crd;
 pub mod credentials;
 pub mod drain;
+pub mod grpc_codec;
 pub mod intent;
 pub mod inventory;
 pub mod k8s_upgrade;
