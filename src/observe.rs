@@ -84,25 +84,28 @@ impl TalosFleet {
 
     async fn try_observe_node(&self, node: &InventoryNode) -> Result<TalosState, TalosError> {
         let client = self.client(node.address)?;
-        let (version, boot_id, status, config) = futures::try_join!(
-            client.version(),
-            client.boot_id(),
-            client.machine_status(),
-            client.machine_config(),
-        )?;
+        let (version, boot_id, status) =
+            futures::try_join!(client.version(), client.boot_id(), client.machine_status())?;
         let version = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
             endpoint: client.endpoint().to_string(),
             message: reason,
         })?;
         let ready = status.stage() == RuntimeMachineStage::MachineStageRunning
             && status.status.as_ref().is_some_and(|s| s.ready);
-        let installer_image = installer_image_from_config(config.as_bytes()).unwrap_or_default();
         Ok(TalosState::Up {
             version,
             boot_id,
             ready,
-            installer_image,
+            // Read separately, only for the nodes a run may start next (`read_installer_image`).
+            installer_image: None,
         })
+    }
+
+    /// `machine.install.image` of the node's running config (empty when the config has none, which
+    /// the version rules then refuse with their own message).
+    pub async fn read_installer_image(&self, node: &InventoryNode) -> Result<String, TalosError> {
+        let config = self.client(node.address)?.machine_config().await?;
+        Ok(installer_image_from_config(config.as_bytes()).unwrap_or_default())
     }
 
     /// etcd's health as the control planes report it: every member answers without errors, the control

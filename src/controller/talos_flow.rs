@@ -532,6 +532,7 @@ async fn requested(
         ..settings(ctx, order)
     };
     drain_pass(&run, &mut observed).await;
+    read_installer_images(&mut observed, &rollout::may_start(&run, &settings)).await;
     let mut decision = rollout::advance(&run, &settings, &observed.observation, &derive_image, now);
     let nodes_finished = newly_done(&run, &decision.run);
     // The status says what is about to happen before the calls: an install (Talos >= 1.13 pulls and
@@ -970,6 +971,49 @@ async fn drain_pass(run: &Run, observed: &mut Observed) {
             observation.drain = status;
         }
     }
+}
+
+/// Reads the installer image of the named nodes that answered, all at once. A node whose config
+/// cannot be read counts as unreachable in this pass, as it would have if any other read had failed.
+async fn read_installer_images(observed: &mut Observed, names: &[&str]) {
+    let (fleet, inventory) = (&observed.fleet, &observed.inventory);
+    let reads = observed
+        .observation
+        .nodes
+        .iter_mut()
+        .filter(|n| names.contains(&n.name.as_str()))
+        .filter(|n| {
+            matches!(
+                n.talos,
+                TalosState::Up {
+                    installer_image: None,
+                    ..
+                }
+            )
+        })
+        .filter_map(|observation| {
+            let node = inventory.iter().find(|n| n.name == observation.name)?;
+            Some(async move {
+                match (
+                    fleet.read_installer_image(node).await,
+                    &mut observation.talos,
+                ) {
+                    (
+                        Ok(image),
+                        TalosState::Up {
+                            installer_image, ..
+                        },
+                    ) => *installer_image = Some(image),
+                    (Ok(_), TalosState::Unreachable { .. }) => {}
+                    (Err(error), talos) => {
+                        *talos = TalosState::Unreachable {
+                            reason: error.to_string(),
+                        }
+                    }
+                }
+            })
+        });
+    futures::future::join_all(reads).await;
 }
 
 /// Credentials, inventory and the nodes' state; a problem is a sentence for the user.

@@ -74,8 +74,9 @@ pub enum TalosState {
         boot_id: String,
         /// Machine stage `running` and every readiness check met.
         ready: bool,
-        /// `machine.install.image` of the running config.
-        installer_image: String,
+        /// `machine.install.image` of the running config. Read only for the nodes the run may start
+        /// now ([`may_start`]); `None` for the others.
+        installer_image: Option<String>,
     },
     /// Connection refused, reset, timed out: the node is down or rebooting.
     Unreachable { reason: String },
@@ -688,6 +689,31 @@ fn check_in_flight(
     }
 }
 
+/// The nodes [`advance`] may start in this pass, whose installer image the observation must carry
+/// (every other node's machine config is left unread, a Talos call saved per node and pass): the pending
+/// nodes of the role that comes next in the run's order, whether or not the batch has room now (a node
+/// in flight may finish in this very pass and free it), and a legacy call without an answer (it may be
+/// taken back and made again). None while paused or once the run has an outcome.
+pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
+    if settings.paused || run.outcome.is_some() {
+        return Vec::new();
+    }
+    let next_role = run
+        .nodes
+        .iter()
+        .find(|n| matches!(n.step, NodeStep::Pending))
+        .map(|n| n.role);
+    run.nodes
+        .iter()
+        .filter(|n| match &n.step {
+            NodeStep::Pending => Some(n.role) == next_role,
+            NodeStep::Issued { unanswered, .. } => *unanswered,
+            NodeStep::Done { .. } | NodeStep::Failed { .. } => false,
+        })
+        .map(|n| n.name.as_str())
+        .collect()
+}
+
 /// Starts as many next nodes as the order and batch size allow and their preflight checks pass. Returns
 /// why it is holding, if it is.
 #[allow(clippy::too_many_arguments)]
@@ -743,7 +769,7 @@ fn start_next(
                 boot_id,
                 installer_image,
                 ..
-            } => (version, boot_id, installer_image),
+            } => (version, boot_id, installer_image.as_deref()),
             TalosState::Unreachable { reason } => {
                 return Some((
                     PreflightCheck::TalosApi,
@@ -793,6 +819,13 @@ fn start_next(
                 ));
             }
         }
+        // Read for every node `may_start` names; a node without it is held, not failed.
+        let Some(installer_image) = installer_image else {
+            return Some((
+                PreflightCheck::TalosApi,
+                format!("node {name}'s machine config was not read; holding before upgrading it"),
+            ));
+        };
         let image = match installer_image_for(installer_image, target) {
             Ok(image) => image,
             Err(reason) => {

@@ -45,7 +45,7 @@ fn node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
             version: v(version),
             boot_id: format!("{name}-boot-1"),
             ready: true,
-            installer_image: format!("factory.talos.dev/installer/abc123:v{version}"),
+            installer_image: Some(format!("factory.talos.dev/installer/abc123:v{version}")),
         },
         kubernetes_ready: true,
         cordoned: false,
@@ -86,7 +86,7 @@ fn rebooted(obs: &mut Observation, name: &str, version: &str, ready: bool) {
             version: v(version),
             boot_id: format!("{name}-boot-2"),
             ready,
-            installer_image: format!("factory.talos.dev/installer/abc123:v{version}"),
+            installer_image: Some(format!("factory.talos.dev/installer/abc123:v{version}")),
         };
         n.kubernetes_ready = ready;
     });
@@ -504,7 +504,7 @@ fn an_underivable_installer_image_fails_before_any_call() {
             installer_image, ..
         } = &mut n.talos
         {
-            *installer_image = "no-tag-here".into();
+            *installer_image = Some("no-tag-here".into());
         }
     });
     let run = workers_first("1.12.0", &obs);
@@ -1117,4 +1117,77 @@ fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them
     assert_eq!(decision.report.in_flight, vec!["worker-1"]);
     assert!(decision.actions.is_empty(), "{:?}", decision.actions);
     assert!(!decision.report.awaiting_reboots);
+}
+
+#[test]
+fn only_the_nodes_that_may_start_next_need_their_machine_config() {
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let recorded = decide(&run, &settings(), &obs, t0()).run;
+    let mut answered_run = recorded.clone();
+    answered(&mut answered_run, "worker-1");
+    let mut workers_done = run.clone();
+    for node in &mut workers_done.nodes {
+        if node.role == NodeRole::Worker {
+            node.step = NodeStep::Done {
+                at: t0(),
+                started_at: None,
+            };
+        }
+    }
+    let paused = Settings {
+        paused: true,
+        ..settings()
+    };
+    let mut finished = run.clone();
+    finished.outcome = Some(Outcome::Completed { at: t0() });
+
+    // (case, run, settings, nodes whose machine config is read)
+    let cases: [(&str, &Run, &Settings, &[&str]); 6] = [
+        // The batch has room for one, but worker-1 may turn out to be on the target already.
+        ("a fresh run", &run, &settings(), &["worker-1", "worker-2"]),
+        // worker-1 may come back in this very pass, and worker-2 start in the same decision.
+        (
+            "worker-1 in flight",
+            &answered_run,
+            &settings(),
+            &["worker-2"],
+        ),
+        // A call without an answer may be taken back and made again.
+        (
+            "worker-1's call unanswered",
+            &recorded,
+            &settings(),
+            &["worker-1", "worker-2"],
+        ),
+        (
+            "the workers done",
+            &workers_done,
+            &settings(),
+            &["cp-1", "cp-2", "cp-3"],
+        ),
+        ("paused", &run, &paused, &[]),
+        ("finished", &finished, &settings(), &[]),
+    ];
+    for (case, run, settings, expected) in cases {
+        assert_eq!(may_start(run, settings), expected, "{case}");
+    }
+
+    // A node the run would start whose config was not read is held, never failed.
+    let mut unread = obs.clone();
+    set(&mut unread, "worker-1", |n| {
+        if let TalosState::Up {
+            installer_image, ..
+        } = &mut n.talos
+        {
+            *installer_image = None;
+        }
+    });
+    let held = decide(&run, &settings(), &unread, t0());
+    assert!(held.actions.is_empty(), "{:?}", held.actions);
+    assert_eq!(held.report.state, RunState::InProgress);
+    assert_eq!(
+        held.report.message,
+        "Waiting: node worker-1's machine config was not read; holding before upgrading it (0/5 done)"
+    );
 }
