@@ -542,9 +542,8 @@ async fn requested(
     // would never tell them. Report and events go out together, and both before the write-ahead, so
     // that recording a call and making it are as close as they can be (a controller killed between
     // the two leaves the call recorded as unanswered, and `advance` makes it again once the node is
-    // seen not to have got it). Should the save
-    // fail, the next reconcile decides, reports and announces again (a repeated event counts up its
-    // series). The reconcile's own report follows the calls.
+    // seen not to have got it). Should the save fail, the next reconcile decides, reports and announces
+    // again (a repeated event counts up its series). The reconcile's own report follows the calls.
     notes.append(&mut decision.report.notes);
     let early = (!decision.actions.is_empty()).then(|| {
         let mut early = report_from(&decision);
@@ -593,13 +592,10 @@ async fn requested(
                     node,
                     api: UpgradeApi::Legacy,
                     ..
-                } = action
+                }
+                | Action::Reboot { node } = action
                 {
                     rollout::answered(&mut run, node);
-                    answered = true;
-                }
-                if let Action::Reboot { node } = action {
-                    rollout::reboot_answered(&mut run, node);
                     answered = true;
                 }
                 if let Action::Upgrade {
@@ -977,36 +973,35 @@ async fn drain_pass(run: &Run, observed: &mut Observed) {
 /// cannot be read counts as unreachable in this pass, as it would have if any other read had failed.
 async fn read_installer_images(observed: &mut Observed, names: &[&str]) {
     let (fleet, inventory) = (&observed.fleet, &observed.inventory);
-    let reads = observed
-        .observation
-        .nodes
-        .iter_mut()
-        .filter(|n| names.contains(&n.name.as_str()))
-        .filter(|n| {
-            matches!(
+    let unread = |n: &NodeObservation| {
+        names.contains(&n.name.as_str())
+            && matches!(
                 n.talos,
                 TalosState::Up {
                     installer_image: None,
                     ..
                 }
             )
-        })
+    };
+    let reads = observed
+        .observation
+        .nodes
+        .iter_mut()
+        .filter(|n| unread(n))
         .filter_map(|observation| {
             let node = inventory.iter().find(|n| n.name == observation.name)?;
             Some(async move {
-                match (
-                    fleet.read_installer_image(node).await,
-                    &mut observation.talos,
-                ) {
-                    (
-                        Ok(image),
-                        TalosState::Up {
+                match fleet.read_installer_image(node).await {
+                    Ok(image) => {
+                        if let TalosState::Up {
                             installer_image, ..
-                        },
-                    ) => *installer_image = Some(image),
-                    (Ok(_), TalosState::Unreachable { .. }) => {}
-                    (Err(error), talos) => {
-                        *talos = TalosState::Unreachable {
+                        } = &mut observation.talos
+                        {
+                            *installer_image = Some(image);
+                        }
+                    }
+                    Err(error) => {
+                        observation.talos = TalosState::Unreachable {
                             reason: error.to_string(),
                         }
                     }

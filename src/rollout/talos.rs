@@ -348,27 +348,23 @@ pub fn installed(run: &mut Run, node: &str, already_cordoned: bool, now: Timesta
     }
 }
 
-/// Records that the legacy upgrade call to `node` was answered: the node has it, whatever comes next.
+/// Records that the call just made to `node` was answered, so it is never made again: the legacy
+/// upgrade call, or (Talos ≥ 1.13) the reboot.
 pub fn answered(run: &mut Run, node: &str) {
     for progress in &mut run.nodes {
-        if progress.name == node
-            && let NodeStep::Issued { unanswered, .. } = &mut progress.step
-        {
-            *unanswered = false;
+        if progress.name != node {
+            continue;
         }
-    }
-}
-
-/// Records that the reboot sent to `node` (Talos ≥ 1.13) was answered: it is never sent again.
-pub fn reboot_answered(run: &mut Run, node: &str) {
-    for progress in &mut run.nodes {
-        if progress.name == node
-            && let NodeStep::Issued {
-                lifecycle: Some(LifecycleStage::Rebooting { unanswered, .. }),
-                ..
-            } = &mut progress.step
+        if let NodeStep::Issued {
+            unanswered,
+            lifecycle,
+            ..
+        } = &mut progress.step
         {
             *unanswered = false;
+            if let Some(LifecycleStage::Rebooting { unanswered, .. }) = lifecycle {
+                *unanswered = false;
+            }
         }
     }
 }

@@ -828,7 +828,7 @@ fn a_reboot_without_an_answer_is_sent_again_only_if_the_node_never_got_it() {
 
     // An answered reboot is never sent again: a node that stays on its old boot runs into its deadline.
     let mut answered_run = drained.run.clone();
-    reboot_answered(&mut answered_run, "worker-1");
+    answered(&mut answered_run, "worker-1");
     let waiting = decide(&answered_run, &settings(), &obs, t0() + 4.minutes());
     assert!(waiting.actions.is_empty(), "{:?}", waiting.actions);
     assert_eq!(waiting.report.state, RunState::InProgress);
@@ -1077,7 +1077,7 @@ fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them
     drain(&mut drained_obs, "worker-1", 0, None);
     let rebooting_unanswered = decide(&draining_run, &settings(), &drained_obs, t0()).run;
     let mut rebooting = rebooting_unanswered.clone();
-    reboot_answered(&mut rebooting, "worker-1");
+    answered(&mut rebooting, "worker-1");
     let mut rebooting_down = drained_obs.clone();
     down(&mut rebooting_down, "worker-1");
     // A node in flight that is back on the target and ready is done: nothing is awaited any more.
