@@ -8,6 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use semver::Version;
@@ -28,15 +29,64 @@ pub struct InventoryNode {
     pub address: IpAddr,
 }
 
-/// Talos API access to every node of one cluster, one cached connection per node, all sharing one TLS
-/// configuration.
+/// Talos API access to every node of one cluster, all sharing one TLS configuration.
+///
+/// Calls go the way talosctl sends them: over one connection to a control plane (the *relay*), whose
+/// apid forwards each call to the node named in the `node` header. A cluster then costs one connection,
+/// not one per node: at 1,000 nodes that is the largest part of the controller's memory. A node is
+/// dialled directly only when the relay is the node itself, when there is no relay (no control plane
+/// known, or every one failing), and to check an answer the relay gave for a read that failed (see
+/// [`TalosFleet::ask`]). Direct connections are dropped once unused for [`DIRECT_KEPT_IDLE`].
 pub struct TalosFleet {
     credentials: TalosCredentials,
     options: ConnectOptions,
     /// Built from the credentials on first use; until it builds, each client asks again (and fails
     /// naming its node).
     tls: OnceLock<TalosTls>,
-    clients: Mutex<HashMap<IpAddr, TalosClient>>,
+    connections: Mutex<Connections>,
+}
+
+/// How long a direct connection to a node is kept after its last use. The relay's own connection is
+/// kept for as long as it relays.
+pub const DIRECT_KEPT_IDLE: Duration = Duration::from_secs(30);
+
+/// How long a control plane that failed to relay is passed over when choosing the next relay.
+pub const RELAY_COOL_DOWN: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Connections {
+    /// Direct connections by node address, the relay's included, with when each was last handed out.
+    direct: HashMap<IpAddr, (TalosClient, Instant)>,
+    /// The cluster's control planes in inventory order: the machines that may relay.
+    control_planes: Vec<IpAddr>,
+    /// The control plane relaying now.
+    relay: Option<IpAddr>,
+    /// Control planes that failed to relay, and when.
+    failed_relays: HashMap<IpAddr, Instant>,
+}
+
+impl Connections {
+    /// The first control plane, starting after `after` (inventory order, wrapping around), that has
+    /// not failed to relay within the cool-down.
+    fn choose_relay(&self, after: Option<IpAddr>, now: Instant) -> Option<IpAddr> {
+        let start = after
+            .and_then(|after| self.control_planes.iter().position(|cp| *cp == after))
+            .map_or(0, |index| index + 1);
+        let count = self.control_planes.len();
+        (0..count)
+            .map(|offset| self.control_planes[(start + offset) % count])
+            .find(|cp| {
+                self.failed_relays
+                    .get(cp)
+                    .is_none_or(|failed| now.duration_since(*failed) >= RELAY_COOL_DOWN)
+            })
+    }
+}
+
+/// How a call reaches a node: the client to use, and the relay it goes through (if any).
+struct Route {
+    client: TalosClient,
+    relay: Option<IpAddr>,
 }
 
 impl TalosFleet {
@@ -45,18 +95,85 @@ impl TalosFleet {
             credentials,
             options,
             tls: OnceLock::new(),
-            clients: Mutex::new(HashMap::new()),
+            connections: Mutex::new(Connections::default()),
         }
     }
 
-    /// A client for the node at `address`. Connections are lazy and survive reboots, so one per node is
-    /// kept for the fleet's lifetime.
-    pub fn client(&self, address: IpAddr) -> Result<TalosClient, TalosError> {
-        let mut clients = self
-            .clients
+    /// Tell the fleet the cluster's control planes (from this reconcile's inventory), the machines
+    /// whose apid may relay calls to the others. Until told, every node is dialled directly. A relay
+    /// that is no longer a control plane stops relaying.
+    pub fn relay_through(&self, control_planes: impl IntoIterator<Item = IpAddr>) {
+        let mut connections = self.lock();
+        connections.control_planes = control_planes.into_iter().collect();
+        if let Some(relay) = connections.relay
+            && !connections.control_planes.contains(&relay)
+        {
+            connections.relay = None;
+        }
+    }
+
+    /// The control plane relaying calls now, if any.
+    pub fn relay(&self) -> Option<IpAddr> {
+        self.lock().relay
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connections> {
+        self.connections
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(client) = clients.get(&address) {
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A client for the node at `address`: through the relay when there is one, else direct.
+    /// Connections are lazy and survive reboots.
+    pub fn client(&self, address: IpAddr) -> Result<TalosClient, TalosError> {
+        Ok(self.route(address)?.client)
+    }
+
+    /// A client dialling the node at `address` itself, never through a relay: for questions about the
+    /// node's own TLS and credentials.
+    pub fn direct_client(&self, address: IpAddr) -> Result<TalosClient, TalosError> {
+        let mut connections = self.lock();
+        self.direct_locked(&mut connections, address, Instant::now())
+    }
+
+    fn route(&self, address: IpAddr) -> Result<Route, TalosError> {
+        let now = Instant::now();
+        let mut connections = self.lock();
+        if connections.relay.is_none() {
+            connections.relay = connections.choose_relay(None, now);
+        }
+        match connections.relay {
+            Some(relay) if relay != address => {
+                let client = self
+                    .direct_locked(&mut connections, relay, now)?
+                    .relayed_to(address)?;
+                Ok(Route {
+                    client,
+                    relay: Some(relay),
+                })
+            }
+            _ => Ok(Route {
+                client: self.direct_locked(&mut connections, address, now)?,
+                relay: None,
+            }),
+        }
+    }
+
+    /// The kept direct client for `address` (made on first use), after letting go of the direct
+    /// clients unused for [`DIRECT_KEPT_IDLE`] (except the relay's). Dropping the fleet's clone closes
+    /// the connection once no call or follower holds another.
+    fn direct_locked(
+        &self,
+        connections: &mut Connections,
+        address: IpAddr,
+        now: Instant,
+    ) -> Result<TalosClient, TalosError> {
+        let relay = connections.relay;
+        connections.direct.retain(|kept, (_, used)| {
+            *kept == address || Some(*kept) == relay || now.duration_since(*used) < DIRECT_KEPT_IDLE
+        });
+        if let Some((client, used)) = connections.direct.get_mut(&address) {
+            *used = now;
             return Ok(client.clone());
         }
         let tls = match self.tls.get() {
@@ -68,8 +185,49 @@ impl TalosFleet {
             }
         };
         let client = TalosClient::lazy_with(&tls, Target::Node(address), &self.options)?;
-        clients.insert(address, client.clone());
+        connections.direct.insert(address, (client.clone(), now));
         Ok(client)
+    }
+
+    /// Stop relaying through `relay` after it failed where the node itself answered; the next call
+    /// chooses the next control plane.
+    fn relay_failed(&self, relay: IpAddr) {
+        let now = Instant::now();
+        let mut connections = self.lock();
+        connections.failed_relays.insert(relay, now);
+        if connections.relay == Some(relay) {
+            connections.relay = connections.choose_relay(Some(relay), now);
+            tracing::debug!(
+                failed = %relay,
+                next = ?connections.relay,
+                "a Talos relay failed where the node answered directly; relaying through the next control plane"
+            );
+        }
+    }
+
+    /// Ask the node at `address` a question that changes nothing (a read), through the relay. When the
+    /// relayed read fails, the node is asked directly, and that answer counts: a relay that is down or
+    /// cannot reach the node never makes a node look unreachable. If the node answers directly, the
+    /// relay is passed over for the next control plane.
+    pub async fn ask<T, F, Fut>(&self, address: IpAddr, read: F) -> Result<T, TalosError>
+    where
+        F: Fn(TalosClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, TalosError>>,
+    {
+        let Route { client, relay } = self.route(address)?;
+        let relayed = read(client).await;
+        let Some(relay) = relay else {
+            return relayed;
+        };
+        let Err(relayed_error) = relayed else {
+            return relayed;
+        };
+        let direct = read(self.direct_client(address)?).await;
+        if direct.is_ok() {
+            tracing::debug!(%relay, node = %address, error = %relayed_error, "relayed read failed, direct read answered");
+            self.relay_failed(relay);
+        }
+        direct
     }
 
     /// What the node's Talos API says now. Any failure to ask makes the node unreachable, with the reason.
@@ -83,13 +241,21 @@ impl TalosFleet {
     }
 
     async fn try_observe_node(&self, node: &InventoryNode) -> Result<TalosState, TalosError> {
-        let client = self.client(node.address)?;
-        let (version, boot_id, status) =
-            futures::try_join!(client.version(), client.boot_id(), client.machine_status())?;
-        let version = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
-            endpoint: client.endpoint().to_string(),
-            message: reason,
-        })?;
+        let (version, boot_id, status) = self
+            .ask(node.address, |client| async move {
+                let (version, boot_id, status) = futures::try_join!(
+                    client.version(),
+                    client.boot_id(),
+                    client.machine_status()
+                )?;
+                let version =
+                    parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
+                        endpoint: client.endpoint().to_string(),
+                        message: reason,
+                    })?;
+                Ok((version, boot_id, status))
+            })
+            .await?;
         let ready = status.stage() == RuntimeMachineStage::MachineStageRunning
             && status.status.as_ref().is_some_and(|s| s.ready);
         Ok(TalosState::Up {
@@ -104,7 +270,11 @@ impl TalosFleet {
     /// `machine.install.image` of the node's running config (empty when the config has none, which
     /// the version rules then refuse with their own message).
     pub async fn read_installer_image(&self, node: &InventoryNode) -> Result<String, TalosError> {
-        let config = self.client(node.address)?.machine_config().await?;
+        let config = self
+            .ask(node.address, |client| async move {
+                client.machine_config().await
+            })
+            .await?;
         Ok(installer_image_from_config(config.as_bytes()).unwrap_or_default())
     }
 
@@ -112,10 +282,10 @@ impl TalosFleet {
     /// planes agree on the member list, and quorum survives one more member going down.
     pub async fn observe_etcd(&self, control_planes: &[InventoryNode]) -> EtcdObservation {
         let answers = join_all(control_planes.iter().map(|node| async move {
-            let client = self.client(node.address)?;
-            let (members, status) =
-                futures::try_join!(client.etcd_member_list(), client.etcd_status())?;
-            Ok::<_, TalosError>((members, status))
+            self.ask(node.address, |client| async move {
+                futures::try_join!(client.etcd_member_list(), client.etcd_status())
+            })
+            .await
         }))
         .await;
 

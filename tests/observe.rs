@@ -129,3 +129,145 @@ async fn unhealthy_members_and_rebooting_nodes_are_observed_with_their_reason() 
         "{problem}"
     );
 }
+
+/// The record's calls of `method` on `node`, as `(node, endpoint that received it)`.
+fn received(sim: &Simulator, node: &str, method: &str) -> Vec<(String, String)> {
+    sim.record()
+        .into_iter()
+        .filter(|call| call.node == node && call.method == method)
+        .map(|call| (call.node, call.endpoint))
+        .collect()
+}
+
+#[tokio::test]
+async fn calls_go_through_one_control_plane_and_around_it_when_it_is_down() {
+    let sim = Simulator::start(
+        SimConfig::uniform("observe-relay", 3, 2, "1.11.6", "1.34.1").with_timings(Timings::fast()),
+    )
+    .await
+    .expect("simulator");
+    let (fleet, inventory) = fleet_for(&sim).await;
+    let node = |name: &str| {
+        inventory
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("{name} in the inventory"))
+            .clone()
+    };
+    let (cp1, cp2, worker1, worker2) = (
+        node("cp-1"),
+        node("cp-2"),
+        node("worker-1"),
+        node("worker-2"),
+    );
+    const REBOOT: &str = "/machine.MachineService/Reboot";
+
+    // Until told the control planes, every node is dialled directly.
+    fleet
+        .client(worker1.address)
+        .expect("client")
+        .reboot(RebootMode::Default)
+        .await
+        .expect("reboot");
+    assert_eq!(
+        received(&sim, "worker-1", REBOOT),
+        [("worker-1".to_string(), "worker-1".to_string())]
+    );
+    sim.wait_for("worker-1", PATIENCE, |s| !s.down && s.ready)
+        .await
+        .expect("worker-1 back");
+
+    fleet.relay_through(control_planes(&inventory).iter().map(|n| n.address));
+    for node in &inventory {
+        assert!(
+            matches!(fleet.observe_node(node).await, TalosState::Up { .. }),
+            "{} is up",
+            node.name
+        );
+    }
+    assert_eq!(
+        fleet.relay(),
+        Some(cp1.address),
+        "the first control plane relays"
+    );
+    assert_eq!(
+        fleet
+            .observe_etcd(&control_planes(&inventory))
+            .await
+            .problem,
+        None
+    );
+
+    // A call to a worker arrives at cp-1, which acts on worker-2.
+    fleet
+        .client(worker2.address)
+        .expect("client")
+        .reboot(RebootMode::Default)
+        .await
+        .expect("reboot through cp-1");
+    assert_eq!(
+        received(&sim, "worker-2", REBOOT),
+        [("worker-2".to_string(), "cp-1".to_string())]
+    );
+    sim.wait_for("worker-2", PATIENCE, |s| s.down)
+        .await
+        .expect("worker-2 down");
+    // A node that is down is unreachable whichever way it is asked, and that does not move the relay.
+    match fleet.observe_node(&worker2).await {
+        TalosState::Unreachable { reason } => assert!(!reason.is_empty()),
+        other => panic!("worker-2 should be unreachable while it reboots: {other:?}"),
+    }
+    assert_eq!(fleet.relay(), Some(cp1.address));
+    sim.wait_for("worker-2", PATIENCE, |s| !s.down && s.ready)
+        .await
+        .expect("worker-2 back");
+
+    // The relay itself goes down and stays down: its own calls went to it directly, and the other
+    // nodes are still observed as up (asked directly), while the relay moves on to cp-2.
+    sim.inject_fault("cp-1", Fault::NeverReturns)
+        .expect("fault");
+    fleet
+        .client(cp1.address)
+        .expect("client")
+        .reboot(RebootMode::Default)
+        .await
+        .expect("reboot cp-1");
+    assert_eq!(
+        received(&sim, "cp-1", REBOOT),
+        [("cp-1".to_string(), "cp-1".to_string())]
+    );
+    sim.wait_for("cp-1", PATIENCE, |s| s.down)
+        .await
+        .expect("cp-1 down");
+    match fleet.observe_node(&worker1).await {
+        TalosState::Up { ready, .. } => assert!(ready, "worker-1 ready"),
+        other => panic!("worker-1 is up, whatever its relay: {other:?}"),
+    }
+    assert_eq!(
+        fleet.relay(),
+        Some(cp2.address),
+        "the next control plane relays"
+    );
+    let problem = fleet
+        .observe_etcd(&control_planes(&inventory))
+        .await
+        .problem
+        .expect("cp-1's etcd member is down");
+    assert!(
+        problem.contains("control plane cp-1 does not answer"),
+        "{problem}"
+    );
+    fleet
+        .client(worker1.address)
+        .expect("client")
+        .reboot(RebootMode::Default)
+        .await
+        .expect("reboot through cp-2");
+    assert_eq!(
+        received(&sim, "worker-1", REBOOT),
+        [
+            ("worker-1".to_string(), "worker-1".to_string()),
+            ("worker-1".to_string(), "cp-2".to_string())
+        ]
+    );
+}

@@ -16,6 +16,7 @@ use crate::credentials::{self, ClusterCredentials};
 use crate::intent::UpgradeIntent;
 use crate::inventory::{self, WorkloadNodeInfo};
 use crate::observe::{InventoryNode, TalosFleet};
+use crate::rollout::progress::NodeRole;
 
 /// Everything needed to look at and act on one cluster's nodes.
 pub struct Access {
@@ -39,8 +40,11 @@ impl Access {
         self.talos_versions
             .get_or_init(|| async {
                 futures::future::join_all(self.inventory.iter().map(|node| async {
-                    let client = self.fleet.client(node.address).map_err(|e| e.to_string())?;
-                    let answer = client.version().await.map_err(|e| e.to_string())?;
+                    let answer = self
+                        .fleet
+                        .ask(node.address, |client| async move { client.version().await })
+                        .await
+                        .map_err(|e| e.to_string())?;
                     crate::observe::parse_talos_tag(&answer.tag)
                 }))
                 .await
@@ -173,6 +177,12 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         Some(machines) => machines,
         None => workload_nodes.iter().map(|n| n.node.clone()).collect(),
     };
+    fleet.relay_through(
+        inventory
+            .iter()
+            .filter(|node| node.role == NodeRole::ControlPlane)
+            .map(|node| node.address),
+    );
     Ok(Access {
         fleet,
         inventory,

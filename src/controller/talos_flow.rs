@@ -1121,7 +1121,8 @@ async fn credentials_refused(
             credentials::TALOSCONFIG_KEY
         )
     };
-    let client = match fleet.client(node.address) {
+    // Directly: through a relay, a refusal could be the relay's hop rather than these credentials.
+    let client = match fleet.direct_client(node.address) {
         Ok(client) => client,
         Err(error) => return Some(refused(error.to_string())),
     };

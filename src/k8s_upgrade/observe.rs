@@ -165,15 +165,18 @@ async fn observe_talos(fleet: &TalosFleet, node: &InventoryNode) -> TalosSide {
 }
 
 async fn try_observe_talos(fleet: &TalosFleet, node: &InventoryNode) -> Result<TalosSide, String> {
-    let client = fleet.client(node.address).map_err(|e| e.to_string())?;
     let control_plane = node.role == NodeRole::ControlPlane;
-    let (version, status, config, config_versions) = futures::try_join!(
-        client.version(),
-        client.machine_status(),
-        client.machine_config(),
-        config_versions(&client, control_plane),
-    )
-    .map_err(|e| e.to_string())?;
+    let (version, status, config, config_versions) = fleet
+        .ask(node.address, |client| async move {
+            futures::try_join!(
+                client.version(),
+                client.machine_status(),
+                client.machine_config(),
+                config_versions(&client, control_plane),
+            )
+        })
+        .await
+        .map_err(|e| e.to_string())?;
     let version = parse_talos_tag(&version.tag).map(TalosVersion::from_semver)?;
     let ready = status.stage() == RuntimeMachineStage::MachineStageRunning
         && status.status.as_ref().is_some_and(|s| s.ready);

@@ -247,6 +247,27 @@ impl TalosClient {
         &self.endpoint
     }
 
+    /// A client for `node` that shares this client's connection and asks this client's machine (a
+    /// control plane, whose apid forwards by the `node` header) to relay every call to `node`, as
+    /// [`Target::ViaEndpoint`] does. Many nodes over one connection: one TLS session and one set of
+    /// HTTP/2 buffers instead of one per node.
+    pub fn relayed_to(&self, node: IpAddr) -> Result<TalosClient> {
+        let label = format!("node {node} via {}", self.endpoint);
+        let header =
+            node_header(&node.to_string()).map_err(|message| TalosError::InvalidArgument {
+                endpoint: label.clone(),
+                message,
+            })?;
+        Ok(TalosClient {
+            channel: self.channel.clone(),
+            endpoint: label.into(),
+            node: Some(header),
+            request_timeout: self.request_timeout,
+            long_request_timeout: self.long_request_timeout,
+            observer: self.observer.clone(),
+        })
+    }
+
     // ----- MachineService -----
 
     /// Talos version, platform and features of the node.
