@@ -90,8 +90,28 @@ fn changing_calls(world: &World) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Asserts that every node received exactly pull, install and reboot, in that order; returns the calls.
+/// Asserts that every node received exactly pull, install and reboot, in that order, each through a
+/// control plane's Talos API (the controller relays a cluster's calls through one, as talosctl does);
+/// returns the calls.
 fn each_node_pulled_installed_and_rebooted_once(world: &World) -> Vec<(String, String)> {
+    let control_planes: Vec<String> = world
+        .sim
+        .nodes()
+        .into_iter()
+        .filter(|n| n.role.is_control_plane())
+        .map(|n| n.name)
+        .collect();
+    for call in world.sim.record() {
+        if [IMAGE_PULL, LIFECYCLE_UPGRADE, REBOOT].contains(&call.method.as_str()) {
+            assert!(
+                control_planes.contains(&call.endpoint),
+                "{} for {} arrived at {}, not at a control plane",
+                call.method,
+                call.node,
+                call.endpoint
+            );
+        }
+    }
     let calls = changing_calls(world);
     for node in world.sim.nodes() {
         let of_node: Vec<&str> = calls

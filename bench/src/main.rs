@@ -47,10 +47,31 @@ struct Args {
     /// The controller binary (default: talos-upgrade-controller next to this binary).
     #[arg(long)]
     controller_bin: Option<PathBuf>,
+    /// How long the simulated nodes take: `fast` (the tests' timings: a node upgrades in about half a
+    /// second, so the whole fleet's upgrade is squeezed into seconds and its API traffic with it) or
+    /// `demo` (the demo's: about 11 s per node, still several times faster than a real Talos node).
+    #[arg(long, value_enum, default_value_t = NodeTimings::Fast)]
+    node_timings: NodeTimings,
     /// Extra arguments for `talos-upgrade-controller run` (none by default: production defaults), e.g.
     /// --controller-arg=--poll-interval=500ms.
     #[arg(long = "controller-arg", allow_hyphen_values = true)]
     controller_args: Vec<String>,
+}
+
+/// The simulated nodes' timings a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum NodeTimings {
+    Fast,
+    Demo,
+}
+
+impl NodeTimings {
+    fn timings(self) -> Timings {
+        match self {
+            NodeTimings::Fast => Timings::fast(),
+            NodeTimings::Demo => Timings::default(),
+        }
+    }
 }
 
 #[tokio::main]
@@ -103,7 +124,7 @@ impl Drop for TempDir {
 }
 
 async fn run_size(n: usize, binary: &std::path::Path, args: &Args) -> anyhow::Result<SizeResult> {
-    let timings = Timings::fast();
+    let timings = args.node_timings.timings();
     let mut dir = TempDir(
         std::env::temp_dir().join(format!("tuc-bench-{}-{n}", std::process::id())),
         false,

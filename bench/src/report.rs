@@ -299,6 +299,11 @@ pub fn size_table(r: &SizeResult) -> String {
         r.reconcile_mean_seconds,
         r.load_average_after
     );
+    let t = &r.timings;
+    out.push_str(&format!(
+        "Simulated node timings, ms: pull {}, install {}, reboot (port closed) {}, boot {}, running → ready {}\n\n",
+        t.pull_ms, t.install_ms, t.reboot_ms, t.boot_ms, t.ready_ms
+    ));
     out.push_str("| measurement | value | target | verdict |\n|---|---|---|---|\n");
     for [a, b, c, d] in rows(r) {
         out.push_str(&format!("| {a} | {b} | {c} | {d} |\n"));
