@@ -139,6 +139,22 @@ fn received(sim: &Simulator, node: &str, method: &str) -> Vec<(String, String)> 
         .collect()
 }
 
+/// Reboots `node` with the fleet's client for it; returns every Reboot the node received so far, as
+/// `(node, endpoint that received it)`.
+async fn reboot(
+    fleet: &TalosFleet,
+    sim: &Simulator,
+    node: &InventoryNode,
+) -> Vec<(String, String)> {
+    fleet
+        .client(node.address)
+        .expect("client")
+        .reboot(RebootMode::Default)
+        .await
+        .unwrap_or_else(|error| panic!("rebooting {}: {error}", node.name));
+    received(sim, &node.name, "/machine.MachineService/Reboot")
+}
+
 #[tokio::test]
 async fn calls_go_through_one_control_plane_and_around_it_when_it_is_down() {
     let sim = Simulator::start(
@@ -160,17 +176,10 @@ async fn calls_go_through_one_control_plane_and_around_it_when_it_is_down() {
         node("worker-1"),
         node("worker-2"),
     );
-    const REBOOT: &str = "/machine.MachineService/Reboot";
 
     // Until told the control planes, every node is dialled directly.
-    fleet
-        .client(worker1.address)
-        .expect("client")
-        .reboot(RebootMode::Default)
-        .await
-        .expect("reboot");
     assert_eq!(
-        received(&sim, "worker-1", REBOOT),
+        reboot(&fleet, &sim, &worker1).await,
         [("worker-1".to_string(), "worker-1".to_string())]
     );
     sim.wait_for("worker-1", PATIENCE, |s| !s.down && s.ready)
@@ -199,14 +208,8 @@ async fn calls_go_through_one_control_plane_and_around_it_when_it_is_down() {
     );
 
     // A call to a worker arrives at cp-1, which acts on worker-2.
-    fleet
-        .client(worker2.address)
-        .expect("client")
-        .reboot(RebootMode::Default)
-        .await
-        .expect("reboot through cp-1");
     assert_eq!(
-        received(&sim, "worker-2", REBOOT),
+        reboot(&fleet, &sim, &worker2).await,
         [("worker-2".to_string(), "cp-1".to_string())]
     );
     sim.wait_for("worker-2", PATIENCE, |s| s.down)
@@ -226,14 +229,8 @@ async fn calls_go_through_one_control_plane_and_around_it_when_it_is_down() {
     // nodes are still observed as up (asked directly), while the relay moves on to cp-2.
     sim.inject_fault("cp-1", Fault::NeverReturns)
         .expect("fault");
-    fleet
-        .client(cp1.address)
-        .expect("client")
-        .reboot(RebootMode::Default)
-        .await
-        .expect("reboot cp-1");
     assert_eq!(
-        received(&sim, "cp-1", REBOOT),
+        reboot(&fleet, &sim, &cp1).await,
         [("cp-1".to_string(), "cp-1".to_string())]
     );
     sim.wait_for("cp-1", PATIENCE, |s| s.down)
@@ -257,14 +254,8 @@ async fn calls_go_through_one_control_plane_and_around_it_when_it_is_down() {
         problem.contains("control plane cp-1 does not answer"),
         "{problem}"
     );
-    fleet
-        .client(worker1.address)
-        .expect("client")
-        .reboot(RebootMode::Default)
-        .await
-        .expect("reboot through cp-2");
     assert_eq!(
-        received(&sim, "worker-1", REBOOT),
+        reboot(&fleet, &sim, &worker1).await,
         [
             ("worker-1".to_string(), "worker-1".to_string()),
             ("worker-1".to_string(), "cp-2".to_string())
