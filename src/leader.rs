@@ -12,8 +12,27 @@ use std::time::Duration;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
 
-/// Field manager of the controller's writes to the Lease.
-const FIELD_MANAGER: &str = "talos-upgrade-controller";
+/// Prefix of the field manager of a replica's writes to the Lease; the replica's identity follows.
+const FIELD_MANAGER_PREFIX: &str = "talos-upgrade-controller";
+
+/// Kubernetes refuses a longer `fieldManager`.
+const FIELD_MANAGER_MAX_LEN: usize = 128;
+
+/// The field manager a replica writes the Lease with: its own, never shared with another replica.
+///
+/// A free Lease is taken with a server-side apply of `holderIdentity` without force, and it is the
+/// API server's field ownership that refuses the second of two replicas racing for it. Two replicas
+/// writing under one manager would both succeed, and both would lead.
+/// An identity too long for the limit keeps its end, where pod names differ (the replica set's hash
+/// and the pod's own suffix).
+pub fn field_manager(identity: &str) -> String {
+    let room = FIELD_MANAGER_MAX_LEN - FIELD_MANAGER_PREFIX.len() - 1;
+    let mut start = identity.len().saturating_sub(room);
+    while !identity.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("{FIELD_MANAGER_PREFIX}-{}", &identity[start..])
+}
 
 /// Where and how long the Lease is held.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +86,7 @@ where
         .with_identity(&election.identity)
         .with_duration(election.duration.as_secs().max(1))
         .with_grace(election.grace.as_secs().max(1))
-        .with_field_manager(FIELD_MANAGER)
+        .with_field_manager(field_manager(&election.identity))
         .build()
         .await
         .map_err(error)?;
@@ -112,5 +131,32 @@ where
             return Ok(());
         }
         tracing::warn!(identity = %election.identity, "lost leadership; standing by");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_replica_writes_the_lease_under_its_own_bounded_field_manager() {
+        assert_eq!(
+            field_manager("controller-7d9f-abcde"),
+            "talos-upgrade-controller-controller-7d9f-abcde"
+        );
+        assert_ne!(field_manager("replica-a"), field_manager("replica-b"));
+        // Pods of one Deployment share a long prefix and differ at the end, which is what is kept.
+        let stem = "a-very-long-deployment-name".repeat(5);
+        let (one, two) = (
+            field_manager(&format!("{stem}-7d9f8c6b5-abcde")),
+            field_manager(&format!("{stem}-7d9f8c6b5-fghij")),
+        );
+        assert!(one.len() <= FIELD_MANAGER_MAX_LEN, "{}", one.len());
+        assert!(one.starts_with("talos-upgrade-controller-"), "{one}");
+        assert!(one.ends_with("-7d9f8c6b5-abcde"), "{one}");
+        assert_ne!(one, two);
+        let wide = field_manager(&"é".repeat(100));
+        assert!(wide.len() <= FIELD_MANAGER_MAX_LEN, "{}", wide.len());
+        assert!(wide.ends_with('é'));
     }
 }

@@ -66,6 +66,27 @@ async fn holder(world: &World) -> Option<String> {
         .filter(|holder| !holder.is_empty())
 }
 
+/// The field managers that own the Lease's `holderIdentity`. A free Lease is taken with a server-side
+/// apply without force, so only per-replica managers make the API server refuse the second of two
+/// replicas racing for it.
+async fn holder_identity_managers(world: &World) -> Vec<String> {
+    let leases: Api<Lease> = Api::namespaced(world.ns.client.clone(), &world.ns.name);
+    let lease = leases.get(LEASE).await.expect("get lease");
+    lease
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|fields| fields.0.to_string().contains("f:holderIdentity"))
+        })
+        .filter_map(|entry| entry.manager)
+        .collect()
+}
+
 /// `reportingInstance` of every Event the controller published on the cluster.
 async fn reporting_instances(world: &World) -> Vec<String> {
     let json = world
@@ -105,6 +126,11 @@ async fn only_the_leader_acts_and_a_standby_finishes_after_the_leader_is_killed(
         .await;
     let leader = holder(&world).await.expect("a Lease holder");
     assert!(leader == id_a || leader == id_b, "{leader}");
+    assert_eq!(
+        holder_identity_managers(&world).await,
+        [format!("talos-upgrade-controller-{leader}")],
+        "the holder is written under the leader's own field manager"
+    );
     let standby = if leader == id_a {
         id_b.clone()
     } else {
