@@ -23,6 +23,7 @@ const FIELD_MANAGER_MAX_LEN: usize = 128;
 /// A free Lease is taken with a server-side apply of `holderIdentity` without force, and it is the
 /// API server's field ownership that refuses the second of two replicas racing for it. Two replicas
 /// writing under one manager would both succeed, and both would lead.
+///
 /// An identity too long for the limit keeps its end, where pod names differ (the replica set's hash
 /// and the pod's own suffix).
 pub fn field_manager(identity: &str) -> String {

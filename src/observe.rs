@@ -14,10 +14,11 @@ use futures::future::join_all;
 use semver::Version;
 use serde::Deserialize as _;
 
-use crate::proto::talos::resource::definitions::enums::RuntimeMachineStage;
 use crate::rollout::progress::NodeRole;
 use crate::rollout::talos::{EtcdObservation, TalosState};
-use crate::talos::{ConnectOptions, TalosClient, TalosCredentials, TalosError, TalosTls, Target};
+use crate::talos::{
+    ConnectOptions, TalosClient, TalosCredentials, TalosError, TalosTls, Target, resources,
+};
 
 /// A node of the cluster as the inventory (vitistack Machines or the workload Nodes) lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,8 +257,7 @@ impl TalosFleet {
                 Ok((version, boot_id, status))
             })
             .await?;
-        let ready = status.stage() == RuntimeMachineStage::MachineStageRunning
-            && status.status.as_ref().is_some_and(|s| s.ready);
+        let ready = resources::machine_status::is_running_and_ready(&status);
         Ok(TalosState::Up {
             version,
             boot_id,

@@ -12,7 +12,6 @@ use kube::api::{Api, ListParams};
 use super::machine_config;
 use crate::inventory::WorkloadNodeInfo;
 use crate::observe::{InventoryNode, TalosFleet, parse_talos_tag};
-use crate::proto::talos::resource::definitions::enums::RuntimeMachineStage;
 use crate::proto::talos::resource::definitions::k8s as k8s_pb;
 use crate::rollout::kubernetes::{
     Component, ConfigVersions, ConfiguredImages, NodeObservation, Observation, StaticPod, TalosApi,
@@ -178,8 +177,7 @@ async fn try_observe_talos(fleet: &TalosFleet, node: &InventoryNode) -> Result<T
         .await
         .map_err(|e| e.to_string())?;
     let version = parse_talos_tag(&version.tag).map(TalosVersion::from_semver)?;
-    let ready = status.stage() == RuntimeMachineStage::MachineStageRunning
-        && status.status.as_ref().is_some_and(|s| s.ready);
+    let ready = resources::machine_status::is_running_and_ready(&status);
     let images =
         machine_config::configured_images(config.as_bytes(), control_plane).map_err(|e| {
             format!(

@@ -252,19 +252,11 @@ impl TalosClient {
     /// [`Target::ViaEndpoint`] does. Many nodes over one connection: one TLS session and one set of
     /// HTTP/2 buffers instead of one per node.
     pub fn relayed_to(&self, node: IpAddr) -> Result<TalosClient> {
-        let label = format!("node {node} via {}", self.endpoint);
-        let header =
-            node_header(&node.to_string()).map_err(|message| TalosError::InvalidArgument {
-                endpoint: label.clone(),
-                message,
-            })?;
+        let (label, header) = relayed(&node.to_string(), &self.endpoint)?;
         Ok(TalosClient {
-            channel: self.channel.clone(),
             endpoint: label.into(),
             node: Some(header),
-            request_timeout: self.request_timeout,
-            long_request_timeout: self.long_request_timeout,
-            observer: self.observer.clone(),
+            ..self.clone()
         })
     }
 
@@ -935,11 +927,7 @@ fn resolve(target: &Target, options: &ConnectOptions) -> Result<Resolved> {
         }
         Target::ViaEndpoint { endpoint, node } => {
             let authority = endpoint_authority(endpoint, options.port)?;
-            let label = format!("node {node} via {authority}");
-            let value = node_header(node).map_err(|message| TalosError::InvalidArgument {
-                endpoint: label.clone(),
-                message,
-            })?;
+            let (label, value) = relayed(node, &authority)?;
             (authority, label, Some(value))
         }
     };
@@ -986,6 +974,17 @@ fn prepare(tls: &TalosTls, resolved: Resolved, options: &ConnectOptions) -> Resu
         label: label.into(),
         node,
     })
+}
+
+/// How errors name `node` reached through the apid at `via`, and the `node` header asking `via` to
+/// relay each call to it.
+fn relayed(node: &str, via: &str) -> Result<(String, AsciiMetadataValue)> {
+    let label = format!("node {node} via {via}");
+    let header = node_header(node).map_err(|message| TalosError::InvalidArgument {
+        endpoint: label.clone(),
+        message,
+    })?;
+    Ok((label, header))
 }
 
 fn node_header(node: &str) -> std::result::Result<AsciiMetadataValue, String> {

@@ -49,9 +49,19 @@ pub mod resources {
 
     /// Machine stage and readiness. Spec `talos::resource::definitions::runtime::MachineStatusSpec`.
     pub mod machine_status {
+        use crate::proto::talos::resource::definitions::enums::RuntimeMachineStage;
+        use crate::proto::talos::resource::definitions::runtime::MachineStatusSpec;
+
         pub const NAMESPACE: &str = super::NS_RUNTIME;
         pub const TYPE: &str = "MachineStatuses.runtime.talos.dev";
         pub const ID: &str = "machine";
+
+        /// Stage `running` and every readiness check met: the node finished booting and is ready (the
+        /// resource's side of [`crate::talos::EventPayload::is_running_and_ready`]).
+        pub fn is_running_and_ready(status: &MachineStatusSpec) -> bool {
+            status.stage() == RuntimeMachineStage::MachineStageRunning
+                && status.status.as_ref().is_some_and(|s| s.ready)
+        }
     }
 
     /// Talos version (Talos 1.10+). Spec `talos::resource::definitions::runtime::VersionSpec`.
