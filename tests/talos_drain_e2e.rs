@@ -10,7 +10,7 @@ use e2e_common::{World, WorldSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, PostParams};
-use talos_upgrade_controller::sim::{Role, max_concurrently_down};
+use talos_upgrade_controller::sim::{CallRecord, Role, max_concurrently_down};
 
 const LIFECYCLE_UPGRADE: &str = "/machine.LifecycleService/Upgrade";
 const IMAGE_PULL: &str = "/machine.ImageService/Pull";
@@ -79,13 +79,20 @@ async fn unschedulable_nodes(world: &World) -> Vec<String> {
     cordoned
 }
 
-/// `(method, node)` of the calls that change a node, in the order the simulator received them.
-fn changing_calls(world: &World) -> Vec<(String, String)> {
+/// The calls that change a node, in the order the simulator received them.
+fn changing_records(world: &World) -> Vec<CallRecord> {
     world
         .sim
         .record()
         .into_iter()
         .filter(|c| [IMAGE_PULL, LIFECYCLE_UPGRADE, REBOOT].contains(&c.method.as_str()))
+        .collect()
+}
+
+/// `(method, node)` of the calls that change a node, in the order the simulator received them.
+fn changing_calls(world: &World) -> Vec<(String, String)> {
+    changing_records(world)
+        .into_iter()
         .map(|c| (c.method, c.node))
         .collect()
 }
@@ -101,18 +108,17 @@ fn each_node_pulled_installed_and_rebooted_once(world: &World) -> Vec<(String, S
         .filter(|n| n.role.is_control_plane())
         .map(|n| n.name)
         .collect();
-    for call in world.sim.record() {
-        if [IMAGE_PULL, LIFECYCLE_UPGRADE, REBOOT].contains(&call.method.as_str()) {
-            assert!(
-                control_planes.contains(&call.endpoint),
-                "{} for {} arrived at {}, not at a control plane",
-                call.method,
-                call.node,
-                call.endpoint
-            );
-        }
+    let records = changing_records(world);
+    for call in &records {
+        assert!(
+            control_planes.contains(&call.endpoint),
+            "{} for {} arrived at {}, not at a control plane",
+            call.method,
+            call.node,
+            call.endpoint
+        );
     }
-    let calls = changing_calls(world);
+    let calls: Vec<(String, String)> = records.into_iter().map(|c| (c.method, c.node)).collect();
     for node in world.sim.nodes() {
         let of_node: Vec<&str> = calls
             .iter()

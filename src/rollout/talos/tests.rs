@@ -126,6 +126,18 @@ fn workers_first(target: &str, observation: &Observation) -> Run {
     )
 }
 
+/// A workers-first run whose workers are all done: the control planes come next.
+fn workers_done(target: &str, observation: &Observation) -> Run {
+    let mut run = workers_first(target, observation);
+    for n in run.nodes.iter_mut().filter(|n| n.role == NodeRole::Worker) {
+        n.step = NodeStep::Done {
+            at: t0(),
+            started_at: Some(t0()),
+        };
+    }
+    run
+}
+
 fn decide(run: &Run, settings: &Settings, obs: &Observation, now: Timestamp) -> Decision {
     advance(run, settings, obs, &image_for, now)
 }
@@ -377,17 +389,6 @@ fn deadlines_and_fallbacks_fail_the_run_naming_the_node() {
 
 #[test]
 fn preflight_holds_name_the_node_and_the_reason() {
-    let done_workers = |obs: &Observation| {
-        let mut run = workers_first("1.12.0", obs);
-        for n in run.nodes.iter_mut().filter(|n| n.role == NodeRole::Worker) {
-            n.step = NodeStep::Done {
-                at: t0(),
-                started_at: Some(t0()),
-            };
-        }
-        run
-    };
-
     let mut worker_not_ready = cluster("1.11.6");
     set(&mut worker_not_ready, "worker-2", |n| {
         n.kubernetes_ready = false
@@ -412,7 +413,7 @@ fn preflight_holds_name_the_node_and_the_reason() {
         ),
     ];
     for (obs, message) in cases {
-        let run = done_workers(&obs);
+        let run = workers_done("1.12.0", &obs);
         let decision = decide(&run, &settings(), &obs, t0());
         assert!(decision.actions.is_empty(), "{message}");
         assert_eq!(decision.report.state, RunState::InProgress);
@@ -1126,15 +1127,7 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
     let recorded = decide(&run, &settings(), &obs, t0()).run;
     let mut answered_run = recorded.clone();
     answered(&mut answered_run, "worker-1");
-    let mut workers_done = run.clone();
-    for node in &mut workers_done.nodes {
-        if node.role == NodeRole::Worker {
-            node.step = NodeStep::Done {
-                at: t0(),
-                started_at: None,
-            };
-        }
-    }
+    let workers_done = workers_done("1.12.0", &obs);
     let paused = Settings {
         paused: true,
         ..settings()
