@@ -285,6 +285,8 @@ async fn measure(
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     let mut overhead = Vec::new();
+    let mut kubelet_part = Vec::new();
+    let mut controller_part = Vec::new();
     let mut first_call = Vec::new();
     let mut finish = Vec::new();
     let mut in_progress = Vec::new();
@@ -333,6 +335,11 @@ async fn measure(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        let written = cluster
+            .written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let mut physical_sum = 0.0;
         let mut last_ready = None;
         for (i, (node, called)) in calls.iter().enumerate() {
@@ -351,6 +358,18 @@ async fn measure(
             }
             if let Some((_, next)) = calls.get(i + 1) {
                 overhead.push(secs(ready, *next));
+                // Split at the moment the simulated kubelet's write of the node's return was answered.
+                let in_api_server = written
+                    .get(node)
+                    .into_iter()
+                    .flatten()
+                    .find(|w| w.at >= *called && w.version == TALOS_TO && w.ready_uncordoned)
+                    .map(|w| w.at)
+                    .with_context(|| {
+                        format!("{node}'s Node was never written Ready on {TALOS_TO}")
+                    })?;
+                kubelet_part.push(secs(ready, in_api_server));
+                controller_part.push(secs(in_api_server, *next));
             }
             last_ready = Some(ready);
         }
@@ -374,6 +393,8 @@ async fn measure(
         first_look_seconds: first_look_s,
         upgrade_seconds: upgrade_s,
         overhead_seconds: Stats::of(&overhead),
+        overhead_kubelet_seconds: Stats::of(&kubelet_part),
+        overhead_controller_seconds: Stats::of(&controller_part),
         first_call_seconds: Stats::of(&first_call),
         finish_seconds: Stats::of(&finish),
         node_physical_seconds: Stats::of(&node_physical),

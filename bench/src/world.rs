@@ -40,12 +40,24 @@ pub struct NodeState {
     pub ready_running_up: bool,
 }
 
+/// A state of a node the simulated kubelet finished writing into the API server (timestamped when
+/// its last write was answered).
+#[derive(Debug, Clone)]
+pub struct NodeWritten {
+    pub at: SystemTime,
+    pub version: String,
+    /// The Node is Ready and Talos's cordon is lifted: what the controller waits for.
+    pub ready_uncordoned: bool,
+}
+
 /// One simulated cluster.
 pub struct SimCluster {
     pub name: String,
     pub sim: Simulator,
     /// Node name → its state changes, oldest first.
     pub states: Arc<Mutex<BTreeMap<String, Vec<NodeState>>>>,
+    /// Node name → the states its workload mirror wrote, oldest first.
+    pub written: Arc<Mutex<BTreeMap<String, Vec<NodeWritten>>>>,
 }
 
 /// Per cluster: when it was annotated and when the watch saw it `in-progress` and `completed`.
@@ -169,6 +181,7 @@ impl World {
                 .await
                 .with_context(|| format!("starting the simulator of {name}"))?;
             let states = Arc::new(Mutex::new(BTreeMap::new()));
+            let written = Arc::new(Mutex::new(BTreeMap::new()));
             let mirror = WorkloadMirror::new(admin.clone()).with_labels(BTreeMap::from([(
                 crate::proxy::CLUSTER_LABEL.to_string(),
                 name.clone(),
@@ -177,7 +190,23 @@ impl World {
                 let mut rx = sim.subscribe(&node.name)?;
                 let mirror = mirror.clone();
                 let snapshots = sim.subscribe(&node.name)?;
-                tasks.push(tokio::spawn(async move { mirror.follow(snapshots).await }));
+                let node_written = written.clone();
+                tasks.push(tokio::spawn(async move {
+                    mirror
+                        .follow_reporting(snapshots, |node| {
+                            node_written
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .entry(node.name.clone())
+                                .or_insert_with(Vec::new)
+                                .push(NodeWritten {
+                                    at: SystemTime::now(),
+                                    version: node.talos_version.clone(),
+                                    ready_uncordoned: node.ready && !node.talos_cordoned,
+                                });
+                        })
+                        .await
+                }));
                 let states = states.clone();
                 tasks.push(tokio::spawn(async move {
                     loop {
@@ -203,7 +232,12 @@ impl World {
                     }
                 }));
             }
-            clusters.push(SimCluster { name, sim, states });
+            clusters.push(SimCluster {
+                name,
+                sim,
+                states,
+                written,
+            });
         }
 
         let ca_base64 = {
