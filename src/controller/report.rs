@@ -178,16 +178,21 @@ pub async fn write(
     }
     let status_patch = KubernetesClusterStatus::merge_patch(current, &desired, now);
 
+    // The annotations first, then the status: `kubectl wait` and the user's tools read the annotations,
+    // so they go out at once. Sent together, the two patches of one object collide in the API server
+    // (its optimistic concurrency makes one of them read the object again and redo its work), which
+    // under load delayed the annotations by seconds.
     let (name, params) = (&name, &PatchParams::default());
-    let (with_annotations, with_status) = tokio::join!(
-        OptionFuture::from(
-            annotations_patch
-                .map(|patch| async move { api.patch(name, params, &Patch::Merge(patch)).await })
-        ),
+    let with_annotations = OptionFuture::from(
+        annotations_patch
+            .map(|patch| async move { api.patch(name, params, &Patch::Merge(patch)).await }),
+    )
+    .await;
+    let with_status =
         OptionFuture::from(status_patch.map(|patch| async move {
             api.patch_status(name, params, &Patch::Merge(patch)).await
-        })),
-    );
+        }))
+        .await;
     // Each answer is sure of its own part only (the other patch may have landed before or after it).
     let written = match (with_annotations.transpose()?, with_status.transpose()?) {
         (Some(mut object), Some(with_status)) => {
