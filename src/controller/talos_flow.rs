@@ -198,7 +198,7 @@ async fn absent(
                 .any(|n| matches!(n.step, NodeStep::Issued { .. }))
     });
     if in_flight {
-        let observed = observe(access).await;
+        let observed = observe(access, &StartingNodes::Named(Vec::new())).await;
         // Nodes in flight that cannot be seen right now (a transient API error, every node slow to answer)
         // are not given up on: the run is kept until they are seen finished.
         if let Err(problem) = &observed {
@@ -398,7 +398,25 @@ async fn requested(
         }
     }
 
-    let mut observed = match observe(access).await {
+    let settings = Settings {
+        max_parallel_workers: parallel,
+        paused: intent.paused,
+        ..settings(ctx, order)
+    };
+    // The machine configs (installer images) of the nodes this pass may start are read together with
+    // every node's state, not one round trip after it: the run under way names them; a run about to
+    // start begins with the nodes of the role its order puts first.
+    let may_start_next = match &existing {
+        Some(run) if !run.is_finished() => StartingNodes::Named(
+            rollout::may_start(run, &settings)
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+        ),
+        Some(_) => StartingNodes::Named(Vec::new()),
+        None => StartingNodes::FirstInOrder(order),
+    };
+    let mut observed = match observe(access, &may_start_next).await {
         Ok(observed) => observed,
         Err(problem) => {
             let message = format!("Talos upgrade cannot proceed: {problem}");
@@ -427,7 +445,7 @@ async fn requested(
         .as_ref()
         .map(|(low, _)| low.to_string());
 
-    let mut run = match existing {
+    let run = match existing {
         Some(mut run) if run.is_finished() => {
             // Resume: the failed node goes back to pending; everything done stays done.
             for node in &mut run.nodes {
@@ -526,99 +544,65 @@ async fn requested(
         }
     };
 
-    let settings = Settings {
-        max_parallel_workers: parallel,
-        paused: intent.paused,
-        ..settings(ctx, order)
-    };
     drain_pass(&run, &mut observed).await;
     read_installer_images(&mut observed, &rollout::may_start(&run, &settings)).await;
     let mut decision = rollout::advance(&run, &settings, &observed.observation, &derive_image, now);
     let nodes_finished = newly_done(&run, &decision.run);
-    // The status says what is about to happen before the calls: an install (Talos >= 1.13 pulls and
-    // writes the new image first) can take minutes, and `kubectl wait` and the message should show the
-    // run and the node being upgraded during it, not after it. The events announce it before it is
-    // done too: if the controller dies during the calls, the next one resumes from the saved run and
-    // would never tell them. Report and events go out together, and both before the write-ahead, so
-    // that recording a call and making it are as close as they can be (a controller killed between
-    // the two leaves the call recorded as unanswered, and `advance` makes it again once the node is
-    // seen not to have got it). Should the save fail, the next reconcile decides, reports and announces
-    // again (a repeated event counts up its series). The reconcile's own report follows the calls.
     notes.append(&mut decision.report.notes);
-    let early = (!decision.actions.is_empty()).then(|| {
-        let mut early = report_from(&decision);
-        early.current = current.clone();
-        early.consumed = consumed.clone();
-        early
-    });
-    let api: &kube::Api<KubernetesCluster> =
-        &kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-    let write_early = early.as_ref().map(|early| async move {
-        report::write(api, &ctx.recorder, cluster, &[(early, &[])], now).await
-    });
-    let (written, ()) = tokio::join!(
-        futures::future::OptionFuture::from(write_early),
-        report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, &notes),
-    );
-    let reported = match written.transpose() {
-        Ok(written) => written.flatten(),
-        // Not fatal: the report after the calls says it all again.
-        Err(error) => {
-            tracing::warn!(%error, "reporting the run before its calls");
-            None
-        }
+    let pass = Pass {
+        ctx,
+        cluster,
+        store,
+        name,
+        owner: &owner,
+        current: &current,
+        consumed: &consumed,
+        now,
     };
-    // Write-ahead: the run, with every call about to be made recorded as issued, is saved first.
-    if progress.talos.as_ref() != Some(&decision.run) {
-        progress.talos = Some(decision.run.clone());
-        store.save(name, owner.clone(), progress).await?;
-    }
-    run = decision.run.clone();
-    let announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
-    let mut failed_call = None;
-    let mut installed = false;
-    let mut answered = false;
-    let mut leadership_moved = false;
-    for action in &decision.actions {
-        match execute(&observed, action).await {
-            // An install is made again next pass; a legacy upgrade or a reboot stays recorded as
-            // unanswered, and is made again only if the node is then seen not to have got it.
-            Ok(Called::NotReached) => {}
-            Ok(Called::Done) => {
-                if let Action::ForfeitEtcdLeadership { .. } = action {
-                    leadership_moved = true;
-                }
-                if let Action::Upgrade {
-                    node,
-                    api: UpgradeApi::Legacy,
-                    ..
-                }
-                | Action::Reboot { node } = action
-                {
-                    rollout::answered(&mut run, node);
-                    answered = true;
-                }
-                if let Action::Upgrade {
-                    node,
-                    api: UpgradeApi::Lifecycle,
-                    ..
-                } = action
-                {
-                    let cordoned = observed
-                        .observation
-                        .nodes
-                        .iter()
-                        .any(|n| &n.name == node && n.cordoned);
-                    rollout::installed(&mut run, node, cordoned, now);
-                    installed = true;
-                }
-            }
-            Err((node, reason)) => {
-                failed_call = Some((node, reason));
-                break;
-            }
+    let mut acted = pass.act(progress, &observed, &decision, &notes).await?;
+    let mut announced: Vec<&'static str> = notes.drain(..).map(|note| note.reason).collect();
+    // etcd leadership moved off the next control plane: etcd is looked at once more, and when that
+    // fresh look shows it healthy with another leader, the control plane is upgraded in this same
+    // reconcile rather than after another read of the Secret and the Nodes. (The fresh look is what
+    // the upgrade needs: Talos's legacy upgrade checks every etcd member when it gets the call, and an
+    // election still in progress would fail it.) Otherwise the next reconcile comes at once.
+    if acted.calls.leadership_moved && acted.calls.failed_call.is_none() {
+        let control_planes: Vec<InventoryNode> = observed
+            .inventory
+            .iter()
+            .filter(|n| n.role == NodeRole::ControlPlane)
+            .cloned()
+            .collect();
+        observed.observation.etcd = observed.fleet.observe_etcd(&control_planes).await;
+        let mut next = rollout::advance(
+            &acted.run,
+            &settings,
+            &observed.observation,
+            &derive_image,
+            now,
+        );
+        if !next.actions.is_empty() && !next.actions.iter().any(is_leadership_move) {
+            notes.append(&mut next.report.notes);
+            let second = pass.act(progress, &observed, &next, &notes).await?;
+            announced.extend(notes.drain(..).map(|note| note.reason));
+            acted = Acted {
+                reported: second.reported.or(acted.reported),
+                ..second
+            };
+            decision = next;
         }
     }
+    let Acted {
+        reported,
+        calls:
+            Calls {
+                failed_call,
+                installed,
+                answered,
+                leadership_moved,
+            },
+        mut run,
+    } = acted;
     if (installed || answered) && failed_call.is_none() {
         // Draining starts with the next pass; the run must say so before anything else happens.
         progress.talos = Some(run.clone());
@@ -692,6 +676,192 @@ async fn requested(
     result.follow = follow;
     result.reported = reported;
     Ok(result)
+}
+
+/// What one reconcile needs to act on a decision.
+struct Pass<'a> {
+    ctx: &'a Context,
+    cluster: &'a KubernetesCluster,
+    store: &'a ProgressStore,
+    name: &'a str,
+    owner: &'a Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    current: &'a Option<String>,
+    consumed: &'a Vec<&'static str>,
+    now: Timestamp,
+}
+
+/// What acting on a decision did.
+struct Acted {
+    /// The cluster as written by the report made before the calls, if one was.
+    reported: Option<KubernetesCluster>,
+    calls: Calls,
+    /// The run after the calls (answered calls recorded).
+    run: Run,
+}
+
+fn is_leadership_move(action: &Action) -> bool {
+    matches!(action, Action::ForfeitEtcdLeadership { .. })
+}
+
+impl Pass<'_> {
+    /// Reports what is about to happen, announces it, saves the run and makes the decided calls.
+    ///
+    /// The status says what is about to happen before the calls: an install (Talos >= 1.13 pulls and
+    /// writes the new image first) can take minutes, and `kubectl wait` and the message should show
+    /// the run and the node being upgraded during it, not after it. The events announce it before it
+    /// is done too: if the controller dies during the calls, the next one resumes from the saved run
+    /// and would never tell them. Report, events and the write-ahead go out together, and the calls
+    /// wait for the write-ahead and the events only, not for the report (two patches of the cluster,
+    /// the slowest writes): a node's return costs no round trip to the API server before the next
+    /// call but the write-ahead, and recording a call and making it stay as close as they can be (a
+    /// controller killed between the two leaves the call recorded as unanswered, and `advance` makes
+    /// it again once the node is seen not to have got it). Should the save fail, no call is made and
+    /// the next reconcile decides, reports and announces again (a repeated event counts up its
+    /// series). The reconcile's own report follows the calls, once the early one is written.
+    ///
+    /// Moving etcd leadership changes no node and takes a moment: it is neither reported before
+    /// (the report after it, or the upgrade it makes way for, says what happened) nor kept waiting
+    /// for the save.
+    async fn act(
+        &self,
+        progress: &mut Progress,
+        observed: &Observed,
+        decision: &Decision,
+        notes: &[Note],
+    ) -> Result<Acted, super::Error> {
+        let Pass {
+            ctx,
+            cluster,
+            store,
+            name,
+            owner,
+            current,
+            consumed,
+            now,
+        } = *self;
+        let changes_nodes = decision.actions.iter().any(|a| !is_leadership_move(a));
+        let early = changes_nodes.then(|| {
+            let mut early = report_from(decision);
+            early.current = current.clone();
+            early.consumed = consumed.clone();
+            early
+        });
+        let api: &kube::Api<KubernetesCluster> =
+            &kube::Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+        let write_early = early.as_ref().map(|early| async move {
+            report::write(api, &ctx.recorder, cluster, &[(early, &[])], now).await
+        });
+        // Write-ahead: the run, with every call about to be made recorded as issued, is saved first.
+        let write_ahead = async {
+            if progress.talos.as_ref() != Some(&decision.run) {
+                progress.talos = Some(decision.run.clone());
+                store.save(name, owner.clone(), progress).await?;
+            }
+            Ok::<(), super::Error>(())
+        };
+        let mut run = decision.run.clone();
+        let announce_save_and_call = async {
+            let announce = report::publish(&ctx.recorder, cluster, UpgradeKind::Talos, notes);
+            if changes_nodes {
+                let ((), saved) = tokio::join!(announce, write_ahead);
+                saved?;
+                Ok(make_calls(observed, &decision.actions, &mut run, now).await)
+            } else {
+                let ((), saved, calls) = tokio::join!(
+                    announce,
+                    write_ahead,
+                    make_calls(observed, &decision.actions, &mut run, now)
+                );
+                saved.map(|()| calls)
+            }
+        };
+        let (written, calls) = tokio::join!(
+            futures::future::OptionFuture::from(write_early),
+            announce_save_and_call,
+        );
+        let reported = match written.transpose() {
+            Ok(written) => written.flatten(),
+            // Not fatal: the report after the calls says it all again.
+            Err(error) => {
+                tracing::warn!(%error, "reporting the run before its calls");
+                None
+            }
+        };
+        Ok(Acted {
+            reported,
+            calls: calls?,
+            run,
+        })
+    }
+}
+
+/// What the calls of one pass did.
+struct Calls {
+    /// The node whose call failed, and why (the calls after it were not made).
+    failed_call: Option<(String, String)>,
+    /// A Talos >= 1.13 install succeeded.
+    installed: bool,
+    /// A legacy upgrade or a reboot was answered.
+    answered: bool,
+    /// etcd leadership moved off a control plane.
+    leadership_moved: bool,
+}
+
+/// Makes the decided calls in order, recording in `run` each one the node answered; stops at the
+/// first failed call.
+async fn make_calls(
+    observed: &Observed,
+    actions: &[Action],
+    run: &mut Run,
+    now: Timestamp,
+) -> Calls {
+    let mut calls = Calls {
+        failed_call: None,
+        installed: false,
+        answered: false,
+        leadership_moved: false,
+    };
+    for action in actions {
+        match execute(observed, action).await {
+            // An install is made again next pass; a legacy upgrade or a reboot stays recorded as
+            // unanswered, and is made again only if the node is then seen not to have got it.
+            Ok(Called::NotReached) => {}
+            Ok(Called::Done) => {
+                if let Action::ForfeitEtcdLeadership { .. } = action {
+                    calls.leadership_moved = true;
+                }
+                if let Action::Upgrade {
+                    node,
+                    api: UpgradeApi::Legacy,
+                    ..
+                }
+                | Action::Reboot { node } = action
+                {
+                    rollout::answered(run, node);
+                    calls.answered = true;
+                }
+                if let Action::Upgrade {
+                    node,
+                    api: UpgradeApi::Lifecycle,
+                    ..
+                } = action
+                {
+                    let cordoned = observed
+                        .observation
+                        .nodes
+                        .iter()
+                        .any(|n| &n.name == node && n.cordoned);
+                    rollout::installed(run, node, cordoned, now);
+                    calls.installed = true;
+                }
+            }
+            Err((node, reason)) => {
+                calls.failed_call = Some((node, reason));
+                break;
+            }
+        }
+    }
+    calls
 }
 
 /// The connections to follow the named nodes in flight with.
@@ -969,8 +1139,34 @@ async fn drain_pass(run: &Run, observed: &mut Observed) {
     }
 }
 
+/// A node's state with its installer image as read: a node up whose config cannot be read cannot be
+/// upgraded, so it counts as unreachable, with the reason.
+fn with_installer_image_read(state: TalosState, read: Result<String, TalosError>) -> TalosState {
+    match (state, read) {
+        (
+            TalosState::Up {
+                version,
+                boot_id,
+                ready,
+                ..
+            },
+            Ok(image),
+        ) => TalosState::Up {
+            version,
+            boot_id,
+            ready,
+            installer_image: Some(image),
+        },
+        (TalosState::Up { .. }, Err(error)) => TalosState::Unreachable {
+            reason: error.to_string(),
+        },
+        (unreachable @ TalosState::Unreachable { .. }, _) => unreachable,
+    }
+}
+
 /// Reads the installer image of the named nodes that answered, all at once. A node whose config
 /// cannot be read counts as unreachable in this pass, as it would have if any other read had failed.
+/// (Those the observation already read are not read again.)
 async fn read_installer_images(observed: &mut Observed, names: &[&str]) {
     let (fleet, inventory) = (&observed.fleet, &observed.inventory);
     let unread = |n: &NodeObservation| {
@@ -1011,8 +1207,35 @@ async fn read_installer_images(observed: &mut Observed, names: &[&str]) {
     futures::future::join_all(reads).await;
 }
 
-/// Credentials, inventory and the nodes' state; a problem is a sentence for the user.
-async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
+/// The nodes whose installer image the observation reads.
+enum StartingNodes {
+    Named(Vec<String>),
+    /// The nodes of the role the order upgrades first (the first role present in the inventory).
+    FirstInOrder(crate::intent::UpgradeOrder),
+}
+
+impl StartingNodes {
+    fn names(&self, inventory: &[InventoryNode]) -> Vec<String> {
+        match self {
+            StartingNodes::Named(names) => names.clone(),
+            StartingNodes::FirstInOrder(order) => {
+                let first = inventory
+                    .iter()
+                    .map(|n| rollout::role_rank(n.role, *order))
+                    .min();
+                inventory
+                    .iter()
+                    .filter(|n| Some(rollout::role_rank(n.role, *order)) == first)
+                    .map(|n| n.name.clone())
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Credentials, inventory and the nodes' state, with the installer image of the nodes `starting`
+/// names; a problem is a sentence for the user.
+async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<Observed, String> {
     let access = access.get().await?;
     let Access {
         fleet,
@@ -1031,9 +1254,17 @@ async fn observe(access: &SharedAccess<'_>) -> Result<Observed, String> {
         .cloned()
         .collect();
     // Every node and etcd at once: one round trip to the nodes, however many there are.
+    let with_installer_image = &starting.names(inventory);
     let observed_at = std::time::Instant::now();
     let (states, etcd) = tokio::join!(
-        futures::future::join_all(inventory.iter().map(|node| fleet.observe_node(node))),
+        futures::future::join_all(inventory.iter().map(|node| async move {
+            if !with_installer_image.contains(&node.name) {
+                return fleet.observe_node(node).await;
+            }
+            let (state, image) =
+                tokio::join!(fleet.observe_node(node), fleet.read_installer_image(node));
+            with_installer_image_read(state, image)
+        })),
         fleet.observe_etcd(&control_planes),
     );
     access.note_talos_versions(
@@ -1135,5 +1366,94 @@ async fn credentials_refused(
         }
         Err(TalosError::Config(reason)) => Some(refused(reason)),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::intent::UpgradeOrder;
+
+    fn node(name: &str, role: NodeRole) -> InventoryNode {
+        InventoryNode {
+            name: name.to_string(),
+            role,
+            address: "127.0.0.1".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_run_about_to_start_reads_the_installer_images_of_the_role_its_order_puts_first() {
+        let mixed = [
+            node("cp-1", NodeRole::ControlPlane),
+            node("w-1", NodeRole::Worker),
+            node("cp-2", NodeRole::ControlPlane),
+            node("w-2", NodeRole::Worker),
+        ];
+        let control_planes_only = [
+            node("cp-1", NodeRole::ControlPlane),
+            node("cp-2", NodeRole::ControlPlane),
+        ];
+        let cases: [(&[InventoryNode], StartingNodes, &[&str]); 5] = [
+            (
+                &mixed,
+                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
+                &["w-1", "w-2"],
+            ),
+            (
+                &mixed,
+                StartingNodes::FirstInOrder(UpgradeOrder::ControlPlanesFirst),
+                &["cp-1", "cp-2"],
+            ),
+            // No workers: the control planes come first whatever the order.
+            (
+                &control_planes_only,
+                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
+                &["cp-1", "cp-2"],
+            ),
+            (
+                &[],
+                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
+                &[],
+            ),
+            (&mixed, StartingNodes::Named(vec!["cp-2".into()]), &["cp-2"]),
+        ];
+        for (inventory, starting, expected) in cases {
+            assert_eq!(starting.names(inventory), expected, "{inventory:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_up_whose_config_cannot_be_read_counts_as_unreachable() {
+        let up = || TalosState::Up {
+            version: Version::new(1, 11, 6),
+            boot_id: "boot-1".into(),
+            ready: true,
+            installer_image: None,
+        };
+        let refused = || TalosError::Unreachable {
+            endpoint: "node cp-1".into(),
+            reason: "connection refused".into(),
+        };
+        assert_eq!(
+            with_installer_image_read(up(), Ok("ghcr.io/siderolabs/installer:v1.11.6".into())),
+            TalosState::Up {
+                version: Version::new(1, 11, 6),
+                boot_id: "boot-1".into(),
+                ready: true,
+                installer_image: Some("ghcr.io/siderolabs/installer:v1.11.6".into()),
+            }
+        );
+        assert!(matches!(
+            with_installer_image_read(up(), Err(refused())),
+            TalosState::Unreachable { reason } if reason.contains("connection refused")
+        ));
+        let down = TalosState::Unreachable {
+            reason: "node cp-1 is rebooting".into(),
+        };
+        assert_eq!(
+            with_installer_image_read(down.clone(), Err(refused())),
+            down
+        );
     }
 }

@@ -291,7 +291,8 @@ pub fn start_run(
     }
 }
 
-fn role_rank(role: NodeRole, order: UpgradeOrder) -> u8 {
+/// Where a role comes in the order: 0 first, 1 second.
+pub fn role_rank(role: NodeRole, order: UpgradeOrder) -> u8 {
     match (order, role) {
         (UpgradeOrder::WorkersFirst, NodeRole::Worker)
         | (UpgradeOrder::ControlPlanesFirst, NodeRole::ControlPlane) => 0,

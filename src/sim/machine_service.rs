@@ -373,6 +373,9 @@ impl MachineApi {
                 "stage": req.stage,
                 "force": req.force,
                 "reboot_mode": reboot_mode.as_str_name(),
+                // Whether this node led etcd when the call arrived (null on a worker): the controller
+                // moves leadership off a control plane before upgrading it, and the tests check that.
+                "etcd_leader": self.ctx.cluster.etcd.snapshot_for(&node.name).map(|m| m.leader),
             }),
         );
         let result = self.legacy_upgrade(&node, req, reboot_mode).await;
