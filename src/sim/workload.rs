@@ -103,6 +103,14 @@ pub enum WorkloadError {
     },
 }
 
+/// Parameters of the status patches, under the simulator's field manager.
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
+}
+
 fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> WorkloadError {
     let action = action.into();
     move |source| WorkloadError::Kube { action, source }
@@ -251,10 +259,9 @@ impl WorkloadMirror {
             }) if previous == status => since,
             _ => now.clone(),
         };
+        // A strategic merge patch, as kubelet sends its node status (conditions and addresses merge
+        // by type): far cheaper for the API server than a server-side apply of the same fields.
         let body = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": node.name},
             "status": {
                 "addresses": [
                     {"type": "InternalIP", "address": node.address.to_string()},
@@ -283,11 +290,7 @@ impl WorkloadMirror {
             },
         });
         nodes
-            .patch_status(
-                &node.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(body),
-            )
+            .patch_status(&node.name, &merge_params(), &Patch::Strategic(body))
             .await
             .map_err(kube_error(format!("updating Node {} status", node.name)))?;
         Ok(ReadySince {
@@ -364,10 +367,8 @@ impl WorkloadMirror {
         } else {
             "False"
         };
+        // Strategic merge, as kubelet patches pod status (conditions by type, containers by name).
         let status = json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": STATIC_POD_NAMESPACE},
             "status": {
                 "phase": "Running",
                 "hostIP": node.address.to_string(),
@@ -383,13 +384,9 @@ impl WorkloadMirror {
                 }],
             },
         });
-        pods.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(status),
-        )
-        .await
-        .map_err(kube_error(format!("updating Pod {name} status")))?;
+        pods.patch_status(&name, &merge_params(), &Patch::Strategic(status))
+            .await
+            .map_err(kube_error(format!("updating Pod {name} status")))?;
         Ok(())
     }
 
