@@ -56,6 +56,12 @@ struct Args {
     /// --controller-arg=--poll-interval=500ms.
     #[arg(long = "controller-arg", allow_hyphen_values = true)]
     controller_args: Vec<String>,
+    /// Write a timeline of each size to `<path>.<clusters>`, one line per event, Unix milliseconds
+    /// first: every Kubernetes request the controller made (arrival and answer), every Talos call a
+    /// simulator received, each node's Ready in the simulator and its Node written Ready, and each
+    /// cluster's annotation, `in-progress` and `completed`. For reading where a node's time went.
+    #[arg(long)]
+    timeline: Option<PathBuf>,
 }
 
 /// The simulated nodes' timings a run uses.
@@ -133,7 +139,11 @@ async fn run_size(n: usize, binary: &std::path::Path, args: &Args) -> anyhow::Re
 
     let setup = Instant::now();
     eprintln!("starting the API server and {n} simulated cluster(s) ...");
-    let mut world = World::start(n, timings).await?;
+    let timeline = args
+        .timeline
+        .as_ref()
+        .map(|path| PathBuf::from(format!("{}.{n}", path.display())));
+    let mut world = World::start(n, timings, timeline.as_deref()).await?;
     world.watch_clusters().await?;
     let setup_s = setup.elapsed().as_secs_f64();
     eprintln!("setup took {setup_s:.1}s; starting the controller");
@@ -156,6 +166,10 @@ async fn run_size(n: usize, binary: &std::path::Path, args: &Args) -> anyhow::Re
     }
     let _ = controller.child.start_kill();
     let _ = tokio::time::timeout(Duration::from_secs(10), controller.child.wait()).await;
+    if let Some(path) = &timeline {
+        world.proxy.flush_log();
+        world::append_timeline(&world, path)?;
+    }
     drop(world);
     let mut result = outcome?;
     result.setup_seconds = setup_s;
@@ -290,6 +304,8 @@ async fn measure(
     let mut first_call = Vec::new();
     let mut finish = Vec::new();
     let mut in_progress = Vec::new();
+    let mut in_progress_written = Vec::new();
+    let written_at = world.proxy.in_progress_written();
     let mut wall = Vec::new();
     let mut physical = Vec::new();
     let mut node_physical = Vec::new();
@@ -307,6 +323,13 @@ async fn measure(
             )
         })?;
         in_progress.push(secs(annotated, progressing));
+        let written = written_at.get(&cluster.name).with_context(|| {
+            format!(
+                "{}: the controller never patched talos-status=in-progress",
+                cluster.name
+            )
+        })?;
+        in_progress_written.push(secs(annotated, *written));
         wall.push(secs(annotated, completed));
 
         let calls: Vec<(String, SystemTime)> = cluster
@@ -399,6 +422,7 @@ async fn measure(
         finish_seconds: Stats::of(&finish),
         node_physical_seconds: Stats::of(&node_physical),
         annotate_to_in_progress_seconds: Stats::of(&in_progress),
+        annotate_to_in_progress_written_seconds: Stats::of(&in_progress_written),
         cluster_wall_seconds: Stats::of(&wall),
         cluster_physical_seconds: Stats::of(&physical),
         wall_over_physical: Stats::of(&ratio),

@@ -68,7 +68,15 @@ impl Counts {
 struct ProxyState {
     upstream: kube::Client,
     counts: Mutex<Counts>,
+    /// `--request-log`: one line per request, for reading a cluster's reconciles request by request.
+    log: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
+    /// Cluster name → when the API server answered the controller's first patch that set its
+    /// `talos-status` to `in-progress` (the moment every reader of the object can see it).
+    in_progress_written: Mutex<BTreeMap<String, std::time::SystemTime>>,
 }
+
+/// What the controller's patch of a cluster's annotations says when it reports a Talos run in progress.
+const IN_PROGRESS_PATCH: &str = r#""upgrade.vitistack.io/talos-status":"in-progress""#;
 
 pub struct Proxy {
     pub addr: SocketAddr,
@@ -77,13 +85,24 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Serves on 127.0.0.1 (a free port), forwarding through `upstream` (which authenticates).
-    pub async fn start(upstream: kube::Client) -> anyhow::Result<Proxy> {
+    /// Serves on 127.0.0.1 (a free port), forwarding through `upstream` (which authenticates). With
+    /// `log`, writes a line per request there: when it arrived and when the API server's answer
+    /// started (Unix milliseconds), scope, cluster, verb, resource, status code and path.
+    pub async fn start(
+        upstream: kube::Client,
+        log: Option<&std::path::Path>,
+    ) -> anyhow::Result<Proxy> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let log = log
+            .map(std::fs::File::create)
+            .transpose()?
+            .map(|file| Mutex::new(std::io::BufWriter::new(file)));
         let state = Arc::new(ProxyState {
             upstream,
             counts: Mutex::new(Counts::default()),
+            log,
+            in_progress_written: Mutex::new(BTreeMap::new()),
         });
         let router = axum::Router::new()
             .fallback(handle)
@@ -104,6 +123,23 @@ impl Proxy {
 
     pub fn workload_url(&self, cluster: &str) -> String {
         format!("http://{}/w/{cluster}", self.addr)
+    }
+
+    /// When the API server answered each cluster's first `talos-status: in-progress` patch.
+    pub fn in_progress_written(&self) -> BTreeMap<String, std::time::SystemTime> {
+        self.state
+            .in_progress_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Writes out the request log's buffer.
+    pub fn flush_log(&self) {
+        if let Some(log) = &self.state.log {
+            use std::io::Write;
+            let _ = log.lock().unwrap_or_else(|p| p.into_inner()).flush();
+        }
     }
 
     pub fn counts(&self) -> Counts {
@@ -211,6 +247,9 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
     }
 
     let bytes = axum::body::to_bytes(body, 64 << 20).await?;
+    let reports_in_progress = verb == "patch"
+        && resource == "kubernetesclusters"
+        && std::str::from_utf8(&bytes).is_ok_and(|body| body.contains(IN_PROGRESS_PATCH));
     let mut builder = http::Request::builder()
         .method(parts.method.clone())
         .uri(rest.as_str());
@@ -220,7 +259,27 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
         }
     }
     let upstream = builder.body(kube::client::Body::from(bytes))?;
+    let sent = unix_millis();
     let response = state.upstream.send(upstream).await?;
+    if reports_in_progress && response.status().is_success() {
+        let name = path.rsplit('/').next().unwrap_or_default().to_string();
+        state
+            .in_progress_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name)
+            .or_insert_with(std::time::SystemTime::now);
+    }
+    if let Some(log) = &state.log {
+        use std::io::Write;
+        let _ = writeln!(
+            log.lock().unwrap_or_else(|p| p.into_inner()),
+            "{sent} {} request {scope} {} {verb} {resource} {} {path}",
+            unix_millis(),
+            cluster.as_deref().unwrap_or("-"),
+            response.status().as_u16()
+        );
+    }
     let (mut head, body) = response.into_parts();
     head.headers.remove(TRANSFER_ENCODING);
     head.headers.remove(CONNECTION);
@@ -232,6 +291,14 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
         return Ok(Response::from_parts(head, axum::body::Body::from(filtered)));
     }
     Ok(Response::from_parts(head, axum::body::Body::new(body)))
+}
+
+/// Now, in milliseconds since the Unix epoch.
+pub fn unix_millis() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 /// The label every simulated Node and mirror Pod of a benchmark cluster carries: the cluster's name.

@@ -67,7 +67,11 @@ pub struct SizeResult {
     pub finish_seconds: Stats,
     /// One node's own time: its upgrade call → Ready on the target.
     pub node_physical_seconds: Stats,
+    /// Annotation → `in-progress` seen by the benchmark's watch.
     pub annotate_to_in_progress_seconds: Stats,
+    /// Annotation → the API server's answer to the controller's patch setting `in-progress` (when
+    /// any reader can see it; the watch above adds its delivery to the benchmark process).
+    pub annotate_to_in_progress_written_seconds: Stats,
     /// Annotation → `completed` seen, per cluster.
     pub cluster_wall_seconds: Stats,
     /// The sum of the 5 nodes' own times, per cluster: the physical limit of a sequential upgrade.
@@ -224,9 +228,17 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             "–".into(),
         ],
         [
-            "annotate → talos-status in-progress, s (p50 / p99 / max)".into(),
-            r.annotate_to_in_progress_seconds.three(),
+            "annotate → talos-status in-progress written (API server's answer), s (p50 / p99 / max)"
+                .into(),
+            r.annotate_to_in_progress_written_seconds.three(),
             "≤ 1 (judged on p99)".into(),
+            verdict(r.annotate_to_in_progress_written_seconds.p99 <= 1.0).into(),
+        ],
+        [
+            "annotate → talos-status in-progress seen by the benchmark's watch, s (p50 / p99 / max)"
+                .into(),
+            r.annotate_to_in_progress_seconds.three(),
+            "≤ 1 (for comparison)".into(),
             verdict(r.annotate_to_in_progress_seconds.p99 <= 1.0).into(),
         ],
         [

@@ -142,7 +142,11 @@ impl World {
         })
     }
 
-    pub async fn start(n: usize, timings: Timings) -> anyhow::Result<World> {
+    pub async fn start(
+        n: usize,
+        timings: Timings,
+        request_log: Option<&Path>,
+    ) -> anyhow::Result<World> {
         let control_plane = ControlPlane::start()
             .await
             .context("starting etcd and kube-apiserver")?;
@@ -154,7 +158,7 @@ impl World {
         Api::<Namespace>::all(admin.clone())
             .create(&PostParams::default(), &namespace)
             .await?;
-        let proxy = Proxy::start(admin.clone()).await?;
+        let proxy = Proxy::start(admin.clone(), request_log).await?;
 
         let mut tasks = Vec::new();
         let mut clusters = Vec::new();
@@ -651,4 +655,80 @@ impl WorldCpu {
             benchmark: self.benchmark - before.benchmark,
         }
     }
+}
+
+/// Appends the simulators' and the benchmark's own events to the timeline the proxy wrote (see
+/// `--timeline`): Talos calls received, nodes Ready, Nodes written Ready, and the clusters' annotation,
+/// `in-progress` and `completed`. Lines are not sorted; `sort -n` orders them.
+pub fn append_timeline(world: &World, path: &Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    let millis = |t: SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+    };
+    let mut out = std::io::BufWriter::new(std::fs::OpenOptions::new().append(true).open(path)?);
+    for cluster in &world.clusters {
+        let name = &cluster.name;
+        for call in cluster.sim.record() {
+            let at = millis(call.time);
+            let end = at + call.elapsed.as_millis();
+            writeln!(
+                out,
+                "{at} {end} talos {name} {} {} via {}",
+                call.node, call.method, call.endpoint
+            )?;
+        }
+        let states = cluster.states.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, changes) in states.iter() {
+            let mut was_ready = false;
+            for change in changes {
+                if change.ready_running_up != was_ready {
+                    let what = if change.ready_running_up {
+                        "ready"
+                    } else {
+                        "not-ready"
+                    };
+                    let at = millis(change.at);
+                    writeln!(
+                        out,
+                        "{at} {at} node {name} {node} {what} {}",
+                        change.version
+                    )?;
+                }
+                was_ready = change.ready_running_up;
+            }
+        }
+        let written = cluster.written.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, writes) in written.iter() {
+            for write in writes {
+                let at = millis(write.at);
+                let what = if write.ready_uncordoned {
+                    "Ready"
+                } else {
+                    "NotReady-or-cordoned"
+                };
+                writeln!(
+                    out,
+                    "{at} {at} written {name} {node} {what} {}",
+                    write.version
+                )?;
+            }
+        }
+    }
+    let times = world.times.lock().unwrap_or_else(|p| p.into_inner());
+    for (name, t) in times.iter() {
+        for (what, at) in [
+            ("annotated", t.annotated),
+            ("in-progress", t.in_progress),
+            ("completed", t.completed),
+        ] {
+            if let Some(at) = at {
+                let at = millis(at);
+                writeln!(out, "{at} {at} cluster {name} {what}")?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
 }
