@@ -537,6 +537,11 @@ impl WorkloadMirror {
                     }
                     Err(error) => {
                         tracing::warn!(%error, node = %wanted.name, "workload cluster sync failed; retrying");
+                        // What the failed sync left behind is unknown: a write whose answer was lost
+                        // (an API server going down after committing it) may have landed, and the
+                        // node may have moved back to the state last written since. The retry
+                        // writes everything again.
+                        written = None;
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                         continue;
                     }
