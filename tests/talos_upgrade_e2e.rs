@@ -7,6 +7,28 @@ mod e2e_common;
 use e2e_common::{World, WorldSpec};
 use talos_upgrade_controller::sim::{Role, max_concurrently_down};
 
+/// etcd leadership was moved off each control plane before its upgrade call: cp-1 leads when the
+/// cluster starts, so at least one move was made, and no control plane led when its call arrived.
+fn assert_etcd_leadership_moved_first(world: &World) {
+    let record = world.sim.record();
+    let is_control_plane_upgrade = |c: &&talos_upgrade_controller::sim::CallRecord| {
+        c.method.ends_with("/Upgrade") && c.node.contains("-cp-")
+    };
+    let upgrades: Vec<_> = record.iter().filter(is_control_plane_upgrade).collect();
+    assert_eq!(upgrades.len(), 3, "{upgrades:?}");
+    for call in &upgrades {
+        assert_eq!(call.params["etcd_leader"], false, "{call:?}");
+    }
+    let first_move = record
+        .iter()
+        .position(|c| c.method.ends_with("/EtcdForfeitLeadership"));
+    let first_cp_upgrade = record.iter().position(|c| is_control_plane_upgrade(&c));
+    assert!(
+        first_move.is_some() && first_move < first_cp_upgrade,
+        "leadership moved before the first control plane's upgrade: {record:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
     let world = World::start("talos-e2e", WorldSpec::default()).await;
@@ -66,27 +88,7 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
         max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),
         1
     );
-    // etcd leadership was moved off each control plane before its upgrade call: cp-1 leads when the
-    // cluster starts, so at least one move was made, and no control plane led when its call arrived.
-    let record = world.sim.record();
-    let upgrades: Vec<_> = record
-        .iter()
-        .filter(|c| c.method.ends_with("/Upgrade") && c.node.contains("-cp-"))
-        .collect();
-    assert_eq!(upgrades.len(), 3, "{upgrades:?}");
-    for call in &upgrades {
-        assert_eq!(call.params["etcd_leader"], false, "{call:?}");
-    }
-    let first_move = record
-        .iter()
-        .position(|c| c.method.ends_with("/EtcdForfeitLeadership"));
-    let first_cp_upgrade = record
-        .iter()
-        .position(|c| c.method.ends_with("/Upgrade") && c.node.contains("-cp-"));
-    assert!(
-        first_move.is_some() && first_move < first_cp_upgrade,
-        "leadership moved before the first control plane's upgrade: {record:?}"
-    );
+    assert_etcd_leadership_moved_first(&world);
     for node in world.sim.snapshots() {
         assert_eq!(node.talos_version, "1.12.0", "{}", node.name);
     }
@@ -222,27 +224,7 @@ async fn a_node_coming_back_wakes_the_controller_without_waiting_for_the_poll() 
         max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),
         1
     );
-    // etcd leadership was moved off each control plane before its upgrade call: cp-1 leads when the
-    // cluster starts, so at least one move was made, and no control plane led when its call arrived.
-    let record = world.sim.record();
-    let upgrades: Vec<_> = record
-        .iter()
-        .filter(|c| c.method.ends_with("/Upgrade") && c.node.contains("-cp-"))
-        .collect();
-    assert_eq!(upgrades.len(), 3, "{upgrades:?}");
-    for call in &upgrades {
-        assert_eq!(call.params["etcd_leader"], false, "{call:?}");
-    }
-    let first_move = record
-        .iter()
-        .position(|c| c.method.ends_with("/EtcdForfeitLeadership"));
-    let first_cp_upgrade = record
-        .iter()
-        .position(|c| c.method.ends_with("/Upgrade") && c.node.contains("-cp-"));
-    assert!(
-        first_move.is_some() && first_move < first_cp_upgrade,
-        "leadership moved before the first control plane's upgrade: {record:?}"
-    );
+    assert_etcd_leadership_moved_first(&world);
     for node in world.sim.snapshots() {
         assert_eq!(node.talos_version, "1.12.0", "{}", node.name);
     }
