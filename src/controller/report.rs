@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use futures::future::OptionFuture;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
@@ -183,16 +182,14 @@ pub async fn write(
     // (its optimistic concurrency makes one of them read the object again and redo its work), which
     // under load delayed the annotations by seconds.
     let (name, params) = (&name, &PatchParams::default());
-    let with_annotations = OptionFuture::from(
-        annotations_patch
-            .map(|patch| async move { api.patch(name, params, &Patch::Merge(patch)).await }),
-    )
-    .await;
-    let with_status =
-        OptionFuture::from(status_patch.map(|patch| async move {
-            api.patch_status(name, params, &Patch::Merge(patch)).await
-        }))
-        .await;
+    let with_annotations = match annotations_patch {
+        Some(patch) => Some(api.patch(name, params, &Patch::Merge(patch)).await),
+        None => None,
+    };
+    let with_status = match status_patch {
+        Some(patch) => Some(api.patch_status(name, params, &Patch::Merge(patch)).await),
+        None => None,
+    };
     // Each answer is sure of its own part only (the other patch may have landed before or after it).
     let written = match (with_annotations.transpose()?, with_status.transpose()?) {
         (Some(mut object), Some(with_status)) => {

@@ -567,13 +567,10 @@ async fn requested(
     // the upgrade needs: Talos's legacy upgrade checks every etcd member when it gets the call, and an
     // election still in progress would fail it.) Otherwise the next reconcile comes at once.
     if acted.calls.leadership_moved && acted.calls.failed_call.is_none() {
-        let control_planes: Vec<InventoryNode> = observed
-            .inventory
-            .iter()
-            .filter(|n| n.role == NodeRole::ControlPlane)
-            .cloned()
-            .collect();
-        observed.observation.etcd = observed.fleet.observe_etcd(&control_planes).await;
+        observed.observation.etcd = observed
+            .fleet
+            .observe_etcd(&control_planes(&observed.inventory))
+            .await;
         let mut next = rollout::advance(
             &acted.run,
             &settings,
@@ -686,7 +683,7 @@ struct Pass<'a> {
     name: &'a str,
     owner: &'a Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
     current: &'a Option<String>,
-    consumed: &'a Vec<&'static str>,
+    consumed: &'a [&'static str],
     now: Timestamp,
 }
 
@@ -743,7 +740,7 @@ impl Pass<'_> {
         let early = changes_nodes.then(|| {
             let mut early = report_from(decision);
             early.current = current.clone();
-            early.consumed = consumed.clone();
+            early.consumed = consumed.to_vec();
             early
         });
         let api: &kube::Api<KubernetesCluster> =
@@ -1187,24 +1184,20 @@ async fn read_installer_images(observed: &mut Observed, names: &[&str]) {
         .filter_map(|observation| {
             let node = inventory.iter().find(|n| n.name == observation.name)?;
             Some(async move {
-                match fleet.read_installer_image(node).await {
-                    Ok(image) => {
-                        if let TalosState::Up {
-                            installer_image, ..
-                        } = &mut observation.talos
-                        {
-                            *installer_image = Some(image);
-                        }
-                    }
-                    Err(error) => {
-                        observation.talos = TalosState::Unreachable {
-                            reason: error.to_string(),
-                        }
-                    }
-                }
+                let read = fleet.read_installer_image(node).await;
+                observation.talos = with_installer_image_read(observation.talos.clone(), read);
             })
         });
     futures::future::join_all(reads).await;
+}
+
+/// The inventory's control planes, whose etcd members are observed.
+fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
+    inventory
+        .iter()
+        .filter(|n| n.role == NodeRole::ControlPlane)
+        .cloned()
+        .collect()
 }
 
 /// The nodes whose installer image the observation reads.
@@ -1248,11 +1241,7 @@ async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<
     } = access;
     let kubernetes = kubelet_floor(access);
 
-    let control_planes: Vec<InventoryNode> = inventory
-        .iter()
-        .filter(|n| n.role == NodeRole::ControlPlane)
-        .cloned()
-        .collect();
+    let control_planes = control_planes(inventory);
     // Every node and etcd at once: one round trip to the nodes, however many there are.
     let with_installer_image = &starting.names(inventory);
     let observed_at = std::time::Instant::now();
