@@ -68,7 +68,7 @@ impl Counts {
 struct ProxyState {
     upstream: kube::Client,
     counts: Mutex<Counts>,
-    /// `--request-log`: one line per request, for reading a cluster's reconciles request by request.
+    /// `--timeline`: one line per request, for reading a cluster's reconciles request by request.
     log: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
     /// Cluster name → when the API server answered the controller's first patch that set its
     /// `talos-status` to `in-progress` (the moment every reader of the object can see it).
@@ -259,7 +259,7 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
         }
     }
     let upstream = builder.body(kube::client::Body::from(bytes))?;
-    let sent = unix_millis();
+    let sent = unix_millis(std::time::SystemTime::now());
     let response = state.upstream.send(upstream).await?;
     if reports_in_progress && response.status().is_success() {
         let name = path.rsplit('/').next().unwrap_or_default().to_string();
@@ -275,7 +275,7 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
         let _ = writeln!(
             log.lock().unwrap_or_else(|p| p.into_inner()),
             "{sent} {} request {scope} {} {verb} {resource} {} {path}",
-            unix_millis(),
+            unix_millis(std::time::SystemTime::now()),
             cluster.as_deref().unwrap_or("-"),
             response.status().as_u16()
         );
@@ -293,10 +293,9 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
     Ok(Response::from_parts(head, axum::body::Body::new(body)))
 }
 
-/// Now, in milliseconds since the Unix epoch.
-pub fn unix_millis() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+/// `at` in milliseconds since the Unix epoch, as the timeline writes times.
+pub fn unix_millis(at: std::time::SystemTime) -> u128 {
+    at.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0)
 }

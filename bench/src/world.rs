@@ -662,11 +662,7 @@ impl WorldCpu {
 /// `in-progress` and `completed`. Lines are not sorted; `sort -n` orders them.
 pub fn append_timeline(world: &World, path: &Path) -> anyhow::Result<()> {
     use std::io::Write;
-    let millis = |t: SystemTime| {
-        t.duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0)
-    };
+    let millis = crate::proxy::unix_millis;
     let mut out = std::io::BufWriter::new(std::fs::OpenOptions::new().append(true).open(path)?);
     for cluster in &world.clusters {
         let name = &cluster.name;

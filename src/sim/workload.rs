@@ -159,7 +159,10 @@ impl WorkloadMirror {
         }
         let ready_since = match written {
             Some(w) if !w.node.status_differs(node) => w.ready_since.clone(),
-            _ => self.apply_node_status(written, node).await?,
+            _ => {
+                self.apply_node_status(written.map(|w| &w.ready_since), node)
+                    .await?
+            }
         };
         for pod in &node.static_pods {
             let unchanged = before.is_some_and(|b| {
@@ -223,7 +226,7 @@ impl WorkloadMirror {
     /// write it is read from the Node.
     async fn apply_node_status(
         &self,
-        written: Option<&Written>,
+        last_written: Option<&ReadySince>,
         node: &WorkloadNode,
     ) -> Result<ReadySince, WorkloadError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -238,8 +241,8 @@ impl WorkloadMirror {
             ),
         };
         let now = Time(jiff::Timestamp::now());
-        let previous = match written {
-            Some(w) => Some(w.ready_since.clone()),
+        let previous = match last_written {
+            Some(ready_since) => Some(ready_since.clone()),
             None => nodes
                 .get_status(&node.name)
                 .await
@@ -299,23 +302,18 @@ impl WorkloadMirror {
         })
     }
 
-    /// Writes a static pod's mirror Pod: created again when its manifest changed, then its status.
-    /// `known_current`: the last sync wrote this very manifest, so the Pod need not be read to know it.
-    async fn sync_static_pod(
+    /// Creates a static pod's mirror Pod, or replaces it when the manifest it was rendered from changed.
+    async fn ensure_static_pod(
         &self,
+        pods: &Api<Pod>,
+        name: &str,
         node: &WorkloadNode,
         pod: &StaticPod,
-        known_current: bool,
     ) -> Result<(), WorkloadError> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), STATIC_POD_NAMESPACE);
-        let name = format!("{}-{}", pod.component, node.name);
-        let existing = if known_current {
-            None
-        } else {
-            pods.get_opt(&name)
-                .await
-                .map_err(kube_error(format!("reading Pod {name}")))?
-        };
+        let existing = pods
+            .get_opt(name)
+            .await
+            .map_err(kube_error(format!("reading Pod {name}")))?;
         let rendered_from = existing.as_ref().and_then(|p| {
             p.annotations()
                 .get(CONFIG_VERSION_ANNOTATION)
@@ -324,11 +322,11 @@ impl WorkloadMirror {
         let up_to_date = rendered_from.as_ref().is_some_and(|(version, image)| {
             *version == pod.config_version && image.as_deref() == Some(&pod.image)
         });
-        if !known_current && !up_to_date {
+        if !up_to_date {
             // kubelet replaces a static pod whose manifest changed: the mirror pod is deleted and created
             // again (a new UID), which is what `talosctl upgrade-k8s` waits for.
             if existing.is_some() {
-                pods.delete(&name, &DeleteParams::default().grace_period(0))
+                pods.delete(name, &DeleteParams::default().grace_period(0))
                     .await
                     .map_err(kube_error(format!("replacing Pod {name}")))?;
             }
@@ -361,6 +359,22 @@ impl WorkloadMirror {
             pods.create(&PostParams::default(), &mirror)
                 .await
                 .map_err(kube_error(format!("creating Pod {name}")))?;
+        }
+        Ok(())
+    }
+
+    /// Writes a static pod's mirror Pod: created again when its manifest changed, then its status.
+    /// `known_current`: the last sync wrote this very manifest, so the Pod need not be read to know it.
+    async fn sync_static_pod(
+        &self,
+        node: &WorkloadNode,
+        pod: &StaticPod,
+        known_current: bool,
+    ) -> Result<(), WorkloadError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), STATIC_POD_NAMESPACE);
+        let name = format!("{}-{}", pod.component, node.name);
+        if !known_current {
+            self.ensure_static_pod(&pods, &name, node, pod).await?;
         }
         let ready = if pod.ready && node.kubelet_posting {
             "True"
