@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -115,6 +115,9 @@ pub struct Timings {
     pub pull_ms: u64,
     /// A machine config change taking effect (static pods restarted, kubelet restarted).
     pub apply_ms: u64,
+    /// Each step above takes its time ± up to this percentage, drawn anew every time, so that nodes
+    /// started together drift apart the way real machines do. 0 (the default): exactly the times above.
+    pub jitter_percent: u64,
 }
 
 impl Default for Timings {
@@ -127,6 +130,7 @@ impl Default for Timings {
             install_ms: 3000,
             pull_ms: 1000,
             apply_ms: 1000,
+            jitter_percent: 0,
         }
     }
 }
@@ -141,27 +145,65 @@ impl Timings {
             install_ms: 80,
             pull_ms: 30,
             apply_ms: 50,
+            jitter_percent: 0,
         }
     }
 
+    /// The fastest end of the user guide's per-node times (docs: download 30–60 s, stage 10–30 s, reboot
+    /// 30–90 s, rejoin 30–60 s), each ± 20 %: about 100 s per node, 2–4 minutes on real machines.
+    pub fn like_the_guide() -> Self {
+        Timings {
+            reboot_ms: 30_000,
+            boot_ms: 15_000,
+            ready_ms: 15_000,
+            install_ms: 10_000,
+            pull_ms: 30_000,
+            apply_ms: 10_000,
+            jitter_percent: 20,
+        }
+    }
+
+    /// `ms` ± up to `jitter_percent` of it.
+    fn jittered(&self, ms: u64) -> Duration {
+        if self.jitter_percent == 0 {
+            return Duration::from_millis(ms);
+        }
+        let spread = ms.saturating_mul(self.jitter_percent.min(100)) / 100;
+        // Uniform in [ms - spread, ms + spread].
+        let offset = next_random() % (2 * spread + 1);
+        Duration::from_millis(ms - spread + offset)
+    }
+
     pub(crate) fn reboot(&self) -> Duration {
-        Duration::from_millis(self.reboot_ms)
+        self.jittered(self.reboot_ms)
     }
     pub(crate) fn boot(&self) -> Duration {
-        Duration::from_millis(self.boot_ms)
+        self.jittered(self.boot_ms)
     }
     pub(crate) fn ready(&self) -> Duration {
-        Duration::from_millis(self.ready_ms)
+        self.jittered(self.ready_ms)
     }
     pub(crate) fn install(&self) -> Duration {
-        Duration::from_millis(self.install_ms)
+        self.jittered(self.install_ms)
     }
     pub(crate) fn pull(&self) -> Duration {
-        Duration::from_millis(self.pull_ms)
+        self.jittered(self.pull_ms)
     }
     pub(crate) fn apply(&self) -> Duration {
-        Duration::from_millis(self.apply_ms)
+        self.jittered(self.apply_ms)
     }
+}
+
+/// splitmix64 over a process-wide counter: cheap, good enough to spread simulated step times, and no
+/// random-number crate for a simulator that needs no other randomness of this kind.
+fn next_random() -> u64 {
+    static STATE: AtomicU64 = AtomicU64::new(0x2545_f491_4f6c_dd1d);
+    let mut z = STATE
+        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn default_port() -> u16 {
@@ -432,6 +474,28 @@ fn try_block(config: &SimConfig, x: u8, y: u8) -> Result<Vec<(Ipv4Addr, TcpListe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_jitter_every_step_takes_exactly_its_time() {
+        let timings = Timings::fast();
+        for _ in 0..20 {
+            assert_eq!(timings.reboot(), Duration::from_millis(150));
+            assert_eq!(timings.pull(), Duration::from_millis(30));
+        }
+    }
+
+    #[test]
+    fn jitter_spreads_a_step_within_its_bounds() {
+        let timings = Timings::like_the_guide();
+        let drawn: HashSet<Duration> = (0..200).map(|_| timings.reboot()).collect();
+        for reboot in &drawn {
+            assert!(
+                (Duration::from_secs(24)..=Duration::from_secs(36)).contains(reboot),
+                "30 s ± 20 %, drew {reboot:?}"
+            );
+        }
+        assert!(drawn.len() > 100, "200 draws, {} distinct", drawn.len());
+    }
 
     #[test]
     fn yaml_round_trip_with_defaults() {
