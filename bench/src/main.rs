@@ -49,7 +49,9 @@ struct Args {
     controller_bin: Option<PathBuf>,
     /// How long the simulated nodes take: `fast` (the tests' timings: a node upgrades in about half a
     /// second, so the whole fleet's upgrade is squeezed into seconds and its API traffic with it) or
-    /// `demo` (the demo's: about 11 s per node, still several times faster than a real Talos node).
+    /// `demo` (the demo's: about 11 s per node, still several times faster than a real Talos node) or
+    /// `guide` (the fastest end of the user guide's per-node times, each step ± 20 %: about 100 s per
+    /// node, where real nodes take 2–4 minutes; a run of one size takes about 10 minutes).
     #[arg(long, value_enum, default_value_t = NodeTimings::Fast)]
     node_timings: NodeTimings,
     /// Extra arguments for `talos-upgrade-controller run` (none by default: production defaults), e.g.
@@ -69,6 +71,7 @@ struct Args {
 enum NodeTimings {
     Fast,
     Demo,
+    Guide,
 }
 
 impl NodeTimings {
@@ -76,6 +79,7 @@ impl NodeTimings {
         match self {
             NodeTimings::Fast => Timings::fast(),
             NodeTimings::Demo => Timings::default(),
+            NodeTimings::Guide => Timings::like_the_guide(),
         }
     }
 }
@@ -305,6 +309,8 @@ async fn measure(
     let mut finish = Vec::new();
     let mut in_progress = Vec::new();
     let mut in_progress_written = Vec::new();
+    let mut annotation_write = Vec::new();
+    let mut in_progress_controller_part = Vec::new();
     let written_at = world.proxy.in_progress_written();
     let mut wall = Vec::new();
     let mut physical = Vec::new();
@@ -330,6 +336,11 @@ async fn measure(
             )
         })?;
         in_progress_written.push(secs(annotated, *written));
+        let answered = t
+            .annotation_answered
+            .context("annotation patch not answered")?;
+        annotation_write.push(secs(annotated, answered));
+        in_progress_controller_part.push(secs(answered, *written));
         wall.push(secs(annotated, completed));
 
         let calls: Vec<(String, SystemTime)> = cluster
@@ -423,6 +434,8 @@ async fn measure(
         node_physical_seconds: Stats::of(&node_physical),
         annotate_to_in_progress_seconds: Stats::of(&in_progress),
         annotate_to_in_progress_written_seconds: Stats::of(&in_progress_written),
+        annotation_write_seconds: Stats::of(&annotation_write),
+        in_progress_controller_seconds: Stats::of(&in_progress_controller_part),
         cluster_wall_seconds: Stats::of(&wall),
         cluster_physical_seconds: Stats::of(&physical),
         wall_over_physical: Stats::of(&ratio),
