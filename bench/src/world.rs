@@ -64,6 +64,8 @@ pub struct SimCluster {
 #[derive(Debug, Clone, Default)]
 pub struct ClusterTimes {
     pub annotated: Option<SystemTime>,
+    /// When the API server answered the benchmark's annotation patch (`kubectl annotate` returning).
+    pub annotation_answered: Option<SystemTime>,
     pub in_progress: Option<SystemTime>,
     pub completed: Option<SystemTime>,
     pub failed: Option<String>,
@@ -451,7 +453,7 @@ spec:
     }
 
     /// Annotates every cluster with `talos-target` at once (64 patches in flight), recording the time
-    /// just before each patch.
+    /// just before each patch and when its answer came.
     pub async fn annotate_all(&self) -> anyhow::Result<()> {
         let api: Api<KubernetesCluster> = Api::namespaced(self.admin.clone(), NAMESPACE);
         let patch = Patch::Merge(serde_json::json!({
@@ -469,6 +471,12 @@ spec:
                         .or_default()
                         .annotated = Some(SystemTime::now());
                     api.patch(&c.name, &PatchParams::default(), patch).await?;
+                    self.times
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(c.name.clone())
+                        .or_default()
+                        .annotation_answered = Some(SystemTime::now());
                     anyhow::Ok(())
                 }
             })
@@ -716,6 +724,7 @@ pub fn append_timeline(world: &World, path: &Path) -> anyhow::Result<()> {
     for (name, t) in times.iter() {
         for (what, at) in [
             ("annotated", t.annotated),
+            ("annotation-answered", t.annotation_answered),
             ("in-progress", t.in_progress),
             ("completed", t.completed),
         ] {
