@@ -127,8 +127,8 @@ pub fn combined_phase(reports: &[&KindReport], current: Option<&str>) -> Option<
     })
 }
 
-/// Writes the reports of both upgrade kinds to the cluster: annotations and status (two patches sent
-/// together: each touches only its own part of the object), then events. Returns the object as the
+/// Writes the reports of both upgrade kinds to the cluster: annotations, then status (two patches,
+/// each touching only its own part of the object), then events. Returns the object as the
 /// API server returned it after the patches (`None`: nothing changed), so a later write in the same
 /// reconcile compares against what is really there.
 pub async fn write(
