@@ -187,52 +187,19 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
                 verdict(r.overhead_seconds.p99 <= 2.0)
             ),
         ],
-        [
-            "… node Ready → its Node Ready written by the simulated kubelet, s (p50 / p99 / max)"
-                .into(),
-            r.overhead_kubelet_seconds.three(),
-            "–".into(),
-            "–".into(),
-        ],
-        [
-            "… that write answered → next upgrade call, s (p50 / p99 / max)".into(),
-            r.overhead_controller_seconds.three(),
-            "–".into(),
-            "–".into(),
-        ],
-        [
-            "annotate → first upgrade call, s (p50 / p99 / max)".into(),
-            r.first_call_seconds.three(),
-            "–".into(),
-            "–".into(),
-        ],
-        [
-            "last node Ready → completed, s (p50 / p99 / max)".into(),
-            r.finish_seconds.three(),
-            "–".into(),
-            "–".into(),
-        ],
-        [
-            "cluster wall time, s (p50 / p99 / max)".into(),
-            r.cluster_wall_seconds.three(),
-            "–".into(),
-            "–".into(),
-        ],
-        [
-            "physical limit per cluster (5 nodes' own time), s (p50 / p99 / max)".into(),
-            r.cluster_physical_seconds.three(),
-            "–".into(),
-            "–".into(),
-        ],
-        [
-            "wall time ÷ physical limit (p50 / p99 / max)".into(),
+        untargeted("… node Ready → its Node Ready written by the simulated kubelet, s (p50 / p99 / max)", r.overhead_kubelet_seconds.three()),
+        untargeted("… that write answered → next upgrade call, s (p50 / p99 / max)", r.overhead_controller_seconds.three()),
+        untargeted("annotate → first upgrade call, s (p50 / p99 / max)", r.first_call_seconds.three()),
+        untargeted("last node Ready → completed, s (p50 / p99 / max)", r.finish_seconds.three()),
+        untargeted("cluster wall time, s (p50 / p99 / max)", r.cluster_wall_seconds.three()),
+        untargeted("physical limit per cluster (5 nodes' own time), s (p50 / p99 / max)", r.cluster_physical_seconds.three()),
+        untargeted(
+            "wall time ÷ physical limit (p50 / p99 / max)",
             format!(
                 "{:.1} / {:.1} / {:.1}",
                 r.wall_over_physical.p50, r.wall_over_physical.p99, r.wall_over_physical.max
             ),
-            "–".into(),
-            "–".into(),
-        ],
+        ),
         [
             "annotate → talos-status in-progress written (API server's answer), s (p50 / p99 / max)"
                 .into(),
@@ -240,19 +207,8 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             "≤ 1 (judged on p99)".into(),
             verdict(r.annotate_to_in_progress_written_seconds.p99 <= 1.0).into(),
         ],
-        [
-            "… the annotation patch answered by the API server (the benchmark's write), s (p50 / p99 / max)"
-                .into(),
-            r.annotation_write_seconds.three(),
-            "–".into(),
-            "–".into(),
-        ],
-        [
-            "… that answer → in-progress written (the controller's part), s (p50 / p99 / max)".into(),
-            r.in_progress_controller_seconds.three(),
-            "–".into(),
-            "–".into(),
-        ],
+        untargeted("… the annotation patch answered by the API server (the benchmark's write), s (p50 / p99 / max)", r.annotation_write_seconds.three()),
+        untargeted("… that answer → in-progress written (the controller's part), s (p50 / p99 / max)", r.in_progress_controller_seconds.three()),
         [
             "annotate → talos-status in-progress seen by the benchmark's watch, s (p50 / p99 / max)"
                 .into(),
@@ -260,18 +216,8 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             "≤ 1 (for comparison)".into(),
             verdict(r.annotate_to_in_progress_seconds.p99 <= 1.0).into(),
         ],
-        [
-            "Kubernetes API requests per node upgraded".into(),
-            format!("{:.1}", r.kube_requests_per_node),
-            "–".into(),
-            "–".into(),
-        ],
-        [
-            "Talos API calls per node upgraded".into(),
-            format!("{:.1}", r.talos_calls_per_node),
-            "–".into(),
-            "–".into(),
-        ],
+        untargeted("Kubernetes API requests per node upgraded", format!("{:.1}", r.kube_requests_per_node)),
+        untargeted("Talos API calls per node upgraded", format!("{:.1}", r.talos_calls_per_node)),
         [
             format!(
                 "Kubernetes API requests per minute idle ({} s window; per cluster)",
@@ -300,19 +246,16 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
                 "(target is for 1,000 nodes)".into()
             },
         ],
-        [
-            "controller CPU seconds: upgrade / idle / whole run".into(),
+        untargeted(
+            "controller CPU seconds: upgrade / idle / whole run",
             format!(
                 "{:.1} / {:.1} / {:.1}",
                 r.cpu_seconds_upgrade, r.cpu_seconds_idle, r.cpu_seconds_total
             ),
-            "–".into(),
-            "–".into(),
-        ],
-        [
+        ),
+        untargeted(
             "CPU seconds during the upgrade: kube-apiserver / etcd / benchmark process (simulated nodes, \
-             proxy) / controller"
-                .into(),
+             proxy) / controller",
             format!(
                 "{:.1} / {:.1} / {:.1} / {:.1}",
                 r.world_cpu_seconds_upgrade.kube_apiserver,
@@ -320,19 +263,20 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
                 r.world_cpu_seconds_upgrade.benchmark,
                 r.cpu_seconds_upgrade
             ),
-            "–".into(),
-            "–".into(),
-        ],
-        [
+        ),
+        untargeted(
             format!(
                 "machine busy during the upgrade: those four ÷ ({} CPUs × upgrade time)",
                 r.cpus
             ),
             format!("{:.0} %", 100.0 * machine_busy(r)),
-            "–".into(),
-            "–".into(),
-        ],
+        ),
     ]
+}
+
+/// A row the issue sets no target for.
+fn untargeted(measurement: impl Into<String>, value: String) -> [String; 4] {
+    [measurement.into(), value, "–".into(), "–".into()]
 }
 
 pub fn size_table(r: &SizeResult) -> String {

@@ -464,19 +464,13 @@ spec:
                 let api = api.clone();
                 let patch = &patch;
                 async move {
-                    self.times
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .entry(c.name.clone())
-                        .or_default()
-                        .annotated = Some(SystemTime::now());
+                    let note_now = |field: fn(&mut ClusterTimes) -> &mut Option<SystemTime>| {
+                        let mut times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+                        *field(times.entry(c.name.clone()).or_default()) = Some(SystemTime::now());
+                    };
+                    note_now(|t| &mut t.annotated);
                     api.patch(&c.name, &PatchParams::default(), patch).await?;
-                    self.times
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .entry(c.name.clone())
-                        .or_default()
-                        .annotation_answered = Some(SystemTime::now());
+                    note_now(|t| &mut t.annotation_answered);
                     anyhow::Ok(())
                 }
             })
