@@ -187,12 +187,24 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
                 verdict(r.overhead_seconds.p99 <= 2.0)
             ),
         ],
-        untargeted("… node Ready → its Node Ready written by the simulated kubelet, s (p50 / p99 / max)", r.overhead_kubelet_seconds.three()),
-        untargeted("… that write answered → next upgrade call, s (p50 / p99 / max)", r.overhead_controller_seconds.three()),
-        untargeted("annotate → first upgrade call, s (p50 / p99 / max)", r.first_call_seconds.three()),
+        untargeted(
+            "… node Ready → its Node Ready written by the simulated kubelet, s (p50 / p99 / max)",
+            r.overhead_kubelet_seconds.three(),
+        ),
+        untargeted(
+            "… that write answered → next upgrade call, s (p50 / p99 / max)",
+            r.overhead_controller_seconds.three(),
+        ),
+        untargeted(
+            "annotate → first upgrade call, s (p50 / p99 / max)",
+            r.first_call_seconds.three(),
+        ),
         untargeted("last node Ready → completed, s (p50 / p99 / max)", r.finish_seconds.three()),
         untargeted("cluster wall time, s (p50 / p99 / max)", r.cluster_wall_seconds.three()),
-        untargeted("physical limit per cluster (5 nodes' own time), s (p50 / p99 / max)", r.cluster_physical_seconds.three()),
+        untargeted(
+            "physical limit per cluster (5 nodes' own time), s (p50 / p99 / max)",
+            r.cluster_physical_seconds.three(),
+        ),
         untargeted(
             "wall time ÷ physical limit (p50 / p99 / max)",
             format!(
@@ -207,8 +219,15 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             "≤ 1 (judged on p99)".into(),
             verdict(r.annotate_to_in_progress_written_seconds.p99 <= 1.0).into(),
         ],
-        untargeted("… the annotation patch answered by the API server (the benchmark's write), s (p50 / p99 / max)", r.annotation_write_seconds.three()),
-        untargeted("… that answer → in-progress written (the controller's part), s (p50 / p99 / max)", r.in_progress_controller_seconds.three()),
+        untargeted(
+            "… the annotation patch answered by the API server (the benchmark's write), s \
+             (p50 / p99 / max)",
+            r.annotation_write_seconds.three(),
+        ),
+        untargeted(
+            "… that answer → in-progress written (the controller's part), s (p50 / p99 / max)",
+            r.in_progress_controller_seconds.three(),
+        ),
         [
             "annotate → talos-status in-progress seen by the benchmark's watch, s (p50 / p99 / max)"
                 .into(),
@@ -216,7 +235,10 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             "≤ 1 (for comparison)".into(),
             verdict(r.annotate_to_in_progress_seconds.p99 <= 1.0).into(),
         ],
-        untargeted("Kubernetes API requests per node upgraded", format!("{:.1}", r.kube_requests_per_node)),
+        untargeted(
+            "Kubernetes API requests per node upgraded",
+            format!("{:.1}", r.kube_requests_per_node),
+        ),
         untargeted("Talos API calls per node upgraded", format!("{:.1}", r.talos_calls_per_node)),
         [
             format!(
