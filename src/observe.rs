@@ -30,6 +30,15 @@ pub struct InventoryNode {
     pub address: IpAddr,
 }
 
+/// The inventory's control planes: the nodes whose etcd members are observed and that relay calls.
+pub fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
+    inventory
+        .iter()
+        .filter(|n| n.role == NodeRole::ControlPlane)
+        .cloned()
+        .collect()
+}
+
 /// Talos API access to every node of one cluster, all sharing one TLS configuration.
 ///
 /// Calls go the way talosctl sends them: over one connection to a control plane (the *relay*), whose

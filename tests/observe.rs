@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use talos_upgrade_controller::observe::{InventoryNode, TalosFleet};
+use talos_upgrade_controller::observe::{InventoryNode, TalosFleet, control_planes};
 use talos_upgrade_controller::rollout::progress::NodeRole;
 use talos_upgrade_controller::rollout::talos::TalosState;
 use talos_upgrade_controller::sim::{ClientRole, Fault, SimConfig, Simulator, Timings};
@@ -35,14 +35,6 @@ async fn fleet_for(sim: &Simulator) -> (TalosFleet, Vec<InventoryNode>) {
         })
         .collect();
     (TalosFleet::new(credentials, options), inventory)
-}
-
-fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
-    inventory
-        .iter()
-        .filter(|n| n.role == NodeRole::ControlPlane)
-        .cloned()
-        .collect()
 }
 
 #[tokio::test]

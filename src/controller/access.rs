@@ -15,8 +15,7 @@ use crate::crd::KubernetesCluster;
 use crate::credentials::{self, ClusterCredentials};
 use crate::intent::UpgradeIntent;
 use crate::inventory::{self, WorkloadNodeInfo};
-use crate::observe::{InventoryNode, TalosFleet};
-use crate::rollout::progress::NodeRole;
+use crate::observe::{InventoryNode, TalosFleet, control_planes};
 
 /// Everything needed to look at and act on one cluster's nodes.
 pub struct Access {
@@ -177,12 +176,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         Some(machines) => machines,
         None => workload_nodes.iter().map(|n| n.node.clone()).collect(),
     };
-    fleet.relay_through(
-        inventory
-            .iter()
-            .filter(|node| node.role == NodeRole::ControlPlane)
-            .map(|node| node.address),
-    );
+    fleet.relay_through(control_planes(&inventory).iter().map(|node| node.address));
     Ok(Access {
         fleet,
         inventory,

@@ -18,7 +18,7 @@ use crate::credentials;
 use crate::drain;
 use crate::intent::{Target, UpgradeIntent};
 use crate::inventory::{self, AddressNeed, WorkloadNodeInfo};
-use crate::observe::{InventoryNode, TalosFleet};
+use crate::observe::{InventoryNode, TalosFleet, control_planes};
 use crate::rollout::progress::{NodeRole, NodeStep, Outcome, Run};
 use crate::rollout::talos::{
     self as rollout, Action, Decision, NodeObservation, Note, NoteType, Observation, RunState,
@@ -1189,15 +1189,6 @@ async fn read_installer_images(observed: &mut Observed, names: &[&str]) {
             })
         });
     futures::future::join_all(reads).await;
-}
-
-/// The inventory's control planes, whose etcd members are observed.
-fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
-    inventory
-        .iter()
-        .filter(|n| n.role == NodeRole::ControlPlane)
-        .cloned()
-        .collect()
 }
 
 /// The nodes whose installer image the observation reads.
