@@ -7,6 +7,7 @@
 //! target/release/tuc-bench --clusters 1,50,200 --json bench.json
 //! ```
 
+mod floor;
 mod proxy;
 mod report;
 mod world;
@@ -64,6 +65,11 @@ struct Args {
     /// cluster's annotation, `in-progress` and `completed`. For reading where a node's time went.
     #[arg(long)]
     timeline: Option<PathBuf>,
+    /// Run no controller and measure only the floor under annotate → in-progress: each cluster
+    /// annotated and, as soon as that is answered, patched `in-progress` by the benchmark itself, all
+    /// clusters at once. What the API server alone takes on this machine; no controller can be faster.
+    #[arg(long)]
+    floor: bool,
 }
 
 /// The simulated nodes' timings a run uses.
@@ -104,6 +110,22 @@ async fn main() -> anyhow::Result<()> {
     let machine = report::Machine::current();
     eprintln!("machine: {}", machine.summary());
     let mut results = Vec::new();
+    if args.floor {
+        let mut floors = Vec::new();
+        for &n in &args.clusters {
+            eprintln!("\n=== floor: {n} cluster(s), no controller ===");
+            let world = World::start(n, args.node_timings.timings(), None).await?;
+            let floor = floor::measure(&world).await?;
+            println!("{}", floor::table(&floor));
+            floors.push(floor);
+        }
+        if let Some(path) = &args.json {
+            let json = serde_json::json!({"machine": machine, "floor": floors});
+            std::fs::write(path, serde_json::to_string_pretty(&json)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
     for &n in &args.clusters {
         eprintln!("\n=== {n} cluster(s), {} nodes ===", 5 * n);
         let result = run_size(n, &binary, &args)

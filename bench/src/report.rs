@@ -37,7 +37,7 @@ impl Stats {
         }
     }
 
-    fn three(&self) -> String {
+    pub fn three(&self) -> String {
         format!("{:.3} / {:.3} / {:.3}", self.p50, self.p99, self.max)
     }
 }
