@@ -10,7 +10,6 @@
 mod access;
 mod kubernetes_flow;
 pub mod report;
-mod starts;
 mod talos_flow;
 mod wakeups;
 
@@ -98,8 +97,6 @@ pub struct Context {
     /// current by the metadata watches [`run`] starts; without them every reconcile reads).
     progress_reads: Arc<crate::store::ProgressCache>,
     machines: crate::inventory::MachineInventories,
-    /// Reconciles that may start a Talos run and have not reported yet (see [`starts`]).
-    starting_runs: starts::StartingRuns,
 }
 
 impl Context {
@@ -127,7 +124,6 @@ impl Context {
             wakeups: wakeups::Wakeups::default(),
             progress_reads: Arc::default(),
             machines: Default::default(),
-            starting_runs: Default::default(),
         }
     }
 
@@ -221,8 +217,6 @@ pub async fn reconcile(
         ProgressStore::new(ctx.client.clone(), &namespace).with_cache(ctx.progress_reads.clone());
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let now = jiff::Timestamp::now();
-    // Counted from the start, so that runs starting with this one wait for its reads too.
-    let may_start = ctx.starting_runs.may_start(&cluster, &intent);
 
     // One progress record and one access per reconcile, shared by both kinds: the Kubernetes flow
     // works on the record as the Talos flow left it (saved or not).
@@ -231,18 +225,8 @@ pub async fn reconcile(
     let name = cluster.name_any();
     let (progress, _) = tokio::join!(store.load(&name), access.get());
     let mut progress = progress?;
-    let mut talos = talos_flow::reconcile(
-        &cluster,
-        &ctx,
-        &intent,
-        &store,
-        &mut progress,
-        &access,
-        may_start.as_ref(),
-        now,
-    )
-    .await?;
-    drop(may_start);
+    let mut talos =
+        talos_flow::reconcile(&cluster, &ctx, &intent, &store, &mut progress, &access, now).await?;
     // A flag annotation that is neither "true" nor "false" was given its safe reading (paused holds;
     // resume and the resets do nothing). The user is told; the Recorder folds the repeats into one
     // Event with a count.

@@ -11,7 +11,6 @@ use semver::Version;
 use super::Context;
 use super::access::{Access, SharedAccess};
 use super::report::{self, KindReport};
-use super::starts::{ACKNOWLEDGE_WAIT, MayStart};
 use super::wakeups::FollowedNode;
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::crd::KubernetesCluster;
@@ -122,7 +121,6 @@ pub async fn reconcile(
     store: &ProgressStore,
     progress: &mut Progress,
     access: &SharedAccess<'_>,
-    may_start: Option<&MayStart<'_>>,
     now: Timestamp,
 ) -> Result<FlowOutcome, super::Error> {
     let name = cluster.name_any();
@@ -175,8 +173,7 @@ pub async fn reconcile(
         }
         (Target::Version(target), Some(raw)) => {
             requested(
-                cluster, ctx, access, intent, &name, owner, store, progress, &raw, target,
-                may_start, now,
+                cluster, ctx, access, intent, &name, owner, store, progress, &raw, target, now,
             )
             .await
         }
@@ -338,7 +335,6 @@ async fn requested(
     progress: &mut Progress,
     raw: &str,
     target: &TalosVersion,
-    may_start: Option<&MayStart<'_>>,
     now: Timestamp,
 ) -> Result<FlowOutcome, super::Error> {
     // Bad options stop a run from starting (or going on) until they are fixed.
@@ -449,7 +445,6 @@ async fn requested(
         .as_ref()
         .map(|(low, _)| low.to_string());
 
-    let starting = existing.is_none();
     let run = match existing {
         Some(mut run) if run.is_finished() => {
             // Resume: the failed node goes back to pending; everything done stays done.
@@ -562,7 +557,6 @@ async fn requested(
         owner: &owner,
         current: &current,
         consumed: &consumed,
-        starting: starting.then_some(may_start).flatten(),
         now,
     };
     let mut acted = pass.act(progress, &observed, &decision, &notes).await?;
@@ -690,8 +684,6 @@ struct Pass<'a> {
     owner: &'a Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
     current: &'a Option<String>,
     consumed: &'a [&'static str],
-    /// This pass starts the run: its first calls wait until the runs starting with it are acknowledged.
-    starting: Option<&'a MayStart<'a>>,
     now: Timestamp,
 }
 
@@ -724,11 +716,6 @@ impl Pass<'_> {
     /// the next reconcile decides, reports and announces again (a repeated event counts up its
     /// series). The reconcile's own report follows the calls, once the early one is written.
     ///
-    /// A run's first pass is the exception: it writes its report first and then waits, before its
-    /// events, write-ahead and calls, for the other runs starting at the same moment to write theirs
-    /// (`super::starts`), so that a fleet annotated at once hears from every cluster before any node
-    /// work queues up in the API server.
-    ///
     /// Moving etcd leadership changes no node and takes a moment: it is neither reported before
     /// (the report after it, or the upgrade it makes way for, says what happened) nor kept waiting
     /// for the save.
@@ -747,7 +734,6 @@ impl Pass<'_> {
             owner,
             current,
             consumed,
-            starting,
             now,
         } = *self;
         let changes_nodes = decision.actions.iter().any(|a| !is_leadership_move(a));
@@ -786,20 +772,10 @@ impl Pass<'_> {
                 saved.map(|()| calls)
             }
         };
-        let (written, calls) = match (starting, write_early) {
-            // A starting run: `in-progress` first, then (once every run starting with it says so too)
-            // the announcement, the write-ahead and the calls. See `super::starts`.
-            (Some(starting), Some(write_early)) => {
-                let written = write_early.await;
-                starting.acknowledged();
-                ctx.starting_runs.all_acknowledged(ACKNOWLEDGE_WAIT).await;
-                (Some(written), announce_save_and_call.await)
-            }
-            (_, write_early) => tokio::join!(
-                futures::future::OptionFuture::from(write_early),
-                announce_save_and_call,
-            ),
-        };
+        let (written, calls) = tokio::join!(
+            futures::future::OptionFuture::from(write_early),
+            announce_save_and_call,
+        );
         let reported = match written.transpose() {
             Ok(written) => written.flatten(),
             // Not fatal: the report after the calls says it all again.
