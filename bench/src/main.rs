@@ -94,6 +94,9 @@ impl NodeTimings {
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
+    if args.floor {
+        return floor_only(&args).await;
+    }
     let binary = match &args.controller_bin {
         Some(path) => path.clone(),
         None => std::env::current_exe()?
@@ -110,22 +113,6 @@ async fn main() -> anyhow::Result<()> {
     let machine = report::Machine::current();
     eprintln!("machine: {}", machine.summary());
     let mut results = Vec::new();
-    if args.floor {
-        let mut floors = Vec::new();
-        for &n in &args.clusters {
-            eprintln!("\n=== floor: {n} cluster(s), no controller ===");
-            let world = World::start(n, args.node_timings.timings(), None).await?;
-            let floor = floor::measure(&world).await?;
-            println!("{}", floor::table(&floor));
-            floors.push(floor);
-        }
-        if let Some(path) = &args.json {
-            let json = serde_json::json!({"machine": machine, "floor": floors});
-            std::fs::write(path, serde_json::to_string_pretty(&json)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        return Ok(());
-    }
     for &n in &args.clusters {
         eprintln!("\n=== {n} cluster(s), {} nodes ===", 5 * n);
         let result = run_size(n, &binary, &args)
@@ -135,13 +122,41 @@ async fn main() -> anyhow::Result<()> {
         results.push(result);
         // After every size, so a later size that fails leaves the earlier results on disk.
         if let Some(path) = &args.json {
-            let json = serde_json::json!({"machine": machine, "results": results});
-            std::fs::write(path, serde_json::to_string_pretty(&json)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("wrote {}", path.display());
+            write_json(
+                path,
+                serde_json::json!({"machine": machine, "results": results}),
+            )?;
         }
     }
     println!("{}", report::summary_table(&results));
+    Ok(())
+}
+
+/// `--floor`: no controller, only the API server's own time from the annotations to `in-progress`.
+async fn floor_only(args: &Args) -> anyhow::Result<()> {
+    let machine = report::Machine::current();
+    eprintln!("machine: {}", machine.summary());
+    let mut floors = Vec::new();
+    for &n in &args.clusters {
+        eprintln!("\n=== floor: {n} cluster(s), no controller ===");
+        let world = World::start(n, args.node_timings.timings(), None).await?;
+        let floor = floor::measure(&world).await?;
+        println!("{}", floor::table(&floor));
+        floors.push(floor);
+        if let Some(path) = &args.json {
+            write_json(
+                path,
+                serde_json::json!({"machine": machine, "floor": floors}),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn write_json(path: &std::path::Path, json: serde_json::Value) -> anyhow::Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
     Ok(())
 }
 
