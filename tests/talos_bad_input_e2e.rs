@@ -567,3 +567,113 @@ async fn an_unrecognised_paused_value_holds_the_run_and_says_so() {
         .await;
     assert_eq!(world.upgrade_calls().len(), 5);
 }
+
+/// A new target is acknowledged (`in-progress`) on the versions the controller last saw, before it
+/// looks at the nodes again; the run is decided on the fresh look. A node upgraded by hand since the
+/// last look makes the target a downgrade for it: acknowledged, then refused, and no node is touched
+/// by the controller.
+#[tokio::test]
+async fn a_target_acknowledged_on_the_last_look_is_refused_when_a_node_was_upgraded_by_hand_since()
+{
+    use talos_upgrade_controller::talos::{
+        ConnectOptions, LegacyUpgradeOptions, TalosClient, Talosconfig, Target,
+    };
+
+    let world = World::start("tb-hand", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+
+    // An operator upgrades one worker with talosctl, behind the controller's back.
+    let by_hand = world.node("worker-2");
+    let address = world
+        .sim
+        .nodes()
+        .into_iter()
+        .find(|node| node.name == by_hand)
+        .map(|node| std::net::IpAddr::V4(node.address))
+        .expect("worker-2 in the simulator");
+    let credentials = Talosconfig::from_yaml(&world.sim.talosconfig(ClientRole::Admin))
+        .and_then(|config| config.current_context()?.credentials())
+        .expect("the simulator's talosconfig");
+    let client = TalosClient::connect(
+        &credentials,
+        Target::Node(address),
+        &ConnectOptions {
+            port: world.sim.config().port,
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .expect("connecting to worker-2");
+    client
+        .upgrade_legacy(
+            "ghcr.io/siderolabs/installer:v1.12.1",
+            &LegacyUpgradeOptions {
+                preserve: true,
+                ..LegacyUpgradeOptions::default()
+            },
+        )
+        .await
+        .expect("the upgrade by hand is accepted");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let node = world.sim.node_snapshot(&by_hand).expect("worker-2");
+        if node.talos_version == "1.12.1" && node.ready {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker-2 did not come back on 1.12.1: {node:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = world.record_annotations().await;
+
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = "Talos upgrade refused: Downgrade from 1.12.1 to 1.12.0 is not supported: \
+                   choose a target of 1.12.1 or newer. No node was touched.";
+    assert_eq!(world.annotation("talos-message").await, message);
+    assert_eq!(world.jsonpath("{.status.phase}").await, "UpgradeFailed");
+    assert_eq!(
+        world
+            .jsonpath("{.status.conditions[?(@.type==\"TalosUpgrade\")].reason}")
+            .await,
+        "Failed"
+    );
+    let event = wait_for_event(&world, "InvalidTarget", message).await;
+    assert_eq!(event.type_, "Warning");
+
+    // What a user watching the object saw: the acknowledgement on the last look, then the refusal.
+    let deadline = Instant::now() + PATIENCE;
+    while log.values("talos-status").last().map(String::as_str) != Some("failed") {
+        assert!(Instant::now() < deadline, "the watch never saw the refusal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        log.values("talos-status"),
+        ["idle", "in-progress", "failed"],
+        "messages: {:#?}",
+        log.values("talos-message")
+    );
+    assert!(
+        log.values("talos-message").contains(
+            &"Starting the Talos upgrade from 1.11.6 to 1.12.0: checking the nodes".to_string()
+        ),
+        "{:#?}",
+        log.values("talos-message")
+    );
+
+    // The only call any node received is the one made by hand.
+    world.poke_and_wait(1).await;
+    let record = world.sim.record();
+    assert_eq!(record.len(), 1, "{record:#?}");
+    assert_eq!(record[0].node, by_hand);
+    assert_eq!(record[0].method, "/machine.MachineService/Upgrade");
+    assert_eq!(occurrences(&world, "InvalidTarget").await, 1);
+}

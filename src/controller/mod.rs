@@ -8,6 +8,7 @@
 //! ```
 
 mod access;
+mod acknowledge;
 mod kubernetes_flow;
 pub mod report;
 mod talos_flow;
@@ -97,6 +98,14 @@ pub struct Context {
     /// current by the metadata watches [`run`] starts; without them every reconcile reads).
     progress_reads: Arc<crate::store::ProgressCache>,
     machines: crate::inventory::MachineInventories,
+    /// What the last reconcile of each cluster saw of its versions, for acknowledging a new target
+    /// before looking again (see [`acknowledge`]).
+    last_looks: acknowledge::LastLooks,
+}
+
+/// A cluster's key in the controller's own per-cluster memory: (namespace, name).
+fn cluster_key(cluster: &KubernetesCluster) -> (String, String) {
+    (cluster.namespace().unwrap_or_default(), cluster.name_any())
 }
 
 impl Context {
@@ -124,6 +133,7 @@ impl Context {
             wakeups: wakeups::Wakeups::default(),
             progress_reads: Arc::default(),
             machines: Default::default(),
+            last_looks: Default::default(),
         }
     }
 
@@ -218,15 +228,49 @@ pub async fn reconcile(
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let now = jiff::Timestamp::now();
 
+    let name = cluster.name_any();
     // One progress record and one access per reconcile, shared by both kinds: the Kubernetes flow
     // works on the record as the Talos flow left it (saved or not).
     let access = access::SharedAccess::new(&cluster, &ctx);
-    // Nearly every reconcile needs the cluster's access; it is read while the progress record loads.
-    let name = cluster.name_any();
-    let (progress, _) = tokio::join!(store.load(&name), access.get());
-    let mut progress = progress?;
+    let acknowledgement = acknowledge::acknowledgement(
+        cluster.annotations(),
+        &intent,
+        ctx.last_looks.get(&cluster_key(&cluster)).as_ref(),
+        now,
+        ctx.settings.idle_interval * 2,
+    );
+    let (mut progress, acknowledged) = match acknowledgement {
+        // A new Talos target is acknowledged (`in-progress`) before the cluster is read and looked
+        // at, not beside it: with a fleet annotated at once, the acknowledgements then reach the API
+        // server ahead of every cluster's reads and Talos looks instead of queueing behind them. The
+        // progress record, needed to confirm that no run was decided yet, is nearly always kept in
+        // memory; the access is read on first use.
+        Some(acknowledgement) => {
+            let progress = store.load(&name).await?;
+            let written = if acknowledgement.still_undecided(&progress) {
+                report::write_annotations(&api, &cluster, &acknowledgement.report)
+                    .await
+                    // Not fatal: the reconcile's own report says it again.
+                    .inspect_err(|error| tracing::warn!(%error, "acknowledging the Talos target"))
+                    .ok()
+                    .flatten()
+            } else {
+                None
+            };
+            (progress, written)
+        }
+        // Nearly every reconcile needs the cluster's access; it is read while the record loads.
+        None => {
+            let (progress, _) = tokio::join!(store.load(&name), access.get());
+            (progress?, None)
+        }
+    };
+    // The acknowledged object is what later writes compare against, unless the user changed something
+    // in between (then this reconcile goes on with what it was woken for, and the change wakes another).
+    let acknowledged = acknowledged.filter(|object| user_inputs(object) == user_inputs(&cluster));
+    let seen: &KubernetesCluster = acknowledged.as_ref().unwrap_or(&cluster);
     let mut talos =
-        talos_flow::reconcile(&cluster, &ctx, &intent, &store, &mut progress, &access, now).await?;
+        talos_flow::reconcile(seen, &ctx, &intent, &store, &mut progress, &access, now).await?;
     // A flag annotation that is neither "true" nor "false" was given its safe reading (paused holds;
     // resume and the resets do nothing). The user is told; the Recorder folds the repeats into one
     // Event with a count.
@@ -246,7 +290,7 @@ pub async fn reconcile(
         upgrading: talos.report.status == crate::annotations::UpgradeStatus::InProgress,
     };
     let kubernetes = kubernetes_flow::reconcile(
-        &cluster,
+        seen,
         &ctx,
         &intent,
         &store,
@@ -257,7 +301,7 @@ pub async fn reconcile(
     )
     .await?;
     // What the object says now: as the Talos flow's report before its calls left it, if it wrote one.
-    let baseline: &KubernetesCluster = talos.reported.as_ref().unwrap_or(&cluster);
+    let baseline: &KubernetesCluster = talos.reported.as_ref().unwrap_or(seen);
     report::write(
         &api,
         &ctx.recorder,

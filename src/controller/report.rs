@@ -127,6 +127,43 @@ pub fn combined_phase(reports: &[&KindReport], current: Option<&str>) -> Option<
     })
 }
 
+/// The metadata-only merge patch that sets the annotations `reports` ask for; `None` when they are all
+/// as asked already.
+fn annotations_patch(cluster: &KubernetesCluster, reports: &[&KindReport]) -> Option<Value> {
+    let mut changes = BTreeMap::new();
+    for report in reports {
+        changes.extend(annotation_changes(cluster.annotations(), report));
+    }
+    (!changes.is_empty()).then(|| {
+        let mut patch = Map::new();
+        for (key, value) in changes {
+            patch.insert(key.to_string(), value.map_or(Value::Null, Value::String));
+        }
+        // Metadata only: the user's keys and everything else on the object are left exactly as they are.
+        json!({"metadata": {"annotations": patch}})
+    })
+}
+
+/// Writes only the annotations of `report` (no status, no events): the acknowledgement of a new
+/// target, which the reconcile's full report follows. Returns the object as the API server returned
+/// it (`None`: nothing changed).
+pub async fn write_annotations(
+    api: &Api<KubernetesCluster>,
+    cluster: &KubernetesCluster,
+    report: &KindReport,
+) -> Result<Option<KubernetesCluster>, kube::Error> {
+    let Some(patch) = annotations_patch(cluster, &[report]) else {
+        return Ok(None);
+    };
+    api.patch(
+        &cluster.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .map(Some)
+}
+
 /// Writes the reports of both upgrade kinds to the cluster: annotations, then status (two patches,
 /// each touching only its own part of the object), then events. Returns the object as the
 /// API server returned it after the patches (`None`: nothing changed), so a later write in the same
@@ -139,18 +176,8 @@ pub async fn write(
     now: jiff::Timestamp,
 ) -> Result<Option<KubernetesCluster>, kube::Error> {
     let name = cluster.name_any();
-    let mut changes = BTreeMap::new();
-    for (report, _) in reports {
-        changes.extend(annotation_changes(cluster.annotations(), report));
-    }
-    let annotations_patch = (!changes.is_empty()).then(|| {
-        let mut patch = Map::new();
-        for (key, value) in changes {
-            patch.insert(key.to_string(), value.map_or(Value::Null, Value::String));
-        }
-        // Metadata only: the user's keys and everything else on the object are left exactly as they are.
-        json!({"metadata": {"annotations": patch}})
-    });
+    let kinds: Vec<&KindReport> = reports.iter().map(|(report, _)| *report).collect();
+    let annotations_patch = annotations_patch(cluster, &kinds);
 
     let current = cluster.status.as_ref();
     let mut desired = KubernetesClusterStatus {
@@ -158,7 +185,6 @@ pub async fn write(
         conditions: current.map(|s| s.conditions.clone()).unwrap_or_default(),
         ..KubernetesClusterStatus::default()
     };
-    let kinds: Vec<&KindReport> = reports.iter().map(|(report, _)| *report).collect();
     if let Some(phase) = combined_phase(&kinds, current.and_then(|s| s.phase.as_deref())) {
         desired.phase = Some(phase.as_str().to_string());
     }

@@ -10,6 +10,7 @@ use semver::Version;
 
 use super::Context;
 use super::access::{Access, SharedAccess};
+use super::acknowledge::LastLook;
 use super::report::{self, KindReport};
 use super::wakeups::FollowedNode;
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
@@ -156,7 +157,7 @@ pub async fn reconcile(
 
     match (&intent.talos_target, raw_target) {
         (Target::Absent, _) | (_, None) => {
-            absent(ctx, access, &name, owner, store, progress, now).await
+            absent(cluster, ctx, access, &name, owner, store, progress, now).await
         }
         (Target::Invalid { reason, .. }, Some(raw)) => {
             // The parse error quotes the value and says what to write instead (`"1.12" is not a
@@ -181,7 +182,9 @@ pub async fn reconcile(
 }
 
 /// No target: finish nodes in flight, then forget the run; report the running version.
+#[allow(clippy::too_many_arguments)]
 async fn absent(
+    cluster: &KubernetesCluster,
     ctx: &Context,
     access: &SharedAccess<'_>,
     name: &str,
@@ -257,7 +260,8 @@ async fn absent(
     if dropped.is_some() {
         store.save(name, owner, progress).await?;
     }
-    let (current, available) = idle_versions(ctx, access).await;
+    let (current, available, look) = idle_versions(ctx, access, now).await;
+    ctx.last_looks.note(super::cluster_key(cluster), look);
     let message = match (&current, &available) {
         (Some(version), Some(Some(next))) => format!("Upgrade available: {version} → {next}"),
         (Some(version), _) => format!("Talos {version} is running; no upgrade requested"),
@@ -416,7 +420,18 @@ async fn requested(
         Some(_) => StartingNodes::Named(Vec::new()),
         None => StartingNodes::FirstInOrder(order),
     };
-    let mut observed = match observe(access, &may_start_next).await {
+    let observed = observe(access, &may_start_next).await;
+    ctx.last_looks.note(
+        super::cluster_key(cluster),
+        observed.as_ref().ok().and_then(|observed| {
+            Some(LastLook {
+                talos: observed.talos_range.clone()?,
+                kubernetes: observed.kubernetes.clone(),
+                at: now,
+            })
+        }),
+    );
+    let mut observed = match observed {
         Ok(observed) => observed,
         Err(problem) => {
             let message = format!("Talos upgrade cannot proceed: {problem}");
@@ -921,9 +936,10 @@ fn available_for(
 async fn idle_versions(
     ctx: &Context,
     access: &SharedAccess<'_>,
-) -> (Option<String>, Option<Option<String>>) {
+    now: Timestamp,
+) -> (Option<String>, Option<Option<String>>, Option<LastLook>) {
     let Ok(access) = access.get().await else {
-        return (None, None);
+        return (None, None, None);
     };
     let versions: Vec<&Version> = access
         .talos_versions()
@@ -932,12 +948,17 @@ async fn idle_versions(
         .filter_map(|answer| answer.as_ref().ok())
         .collect();
     let Some(range) = version_range(&versions) else {
-        return (None, None);
+        return (None, None, None);
     };
     let kubernetes = kubelet_floor(access);
     (
         Some(range.0.to_string()),
         available_for(ctx, &range, kubernetes.as_deref()),
+        Some(LastLook {
+            talos: range,
+            kubernetes,
+            at: now,
+        }),
     )
 }
 
