@@ -115,24 +115,23 @@ impl ProgressStore {
         (self.namespace.clone(), name.to_string())
     }
 
-    /// Keeps what was just read or written, as the ConfigMap at `progress.resource_version`, or, for no
-    /// record, as long as the watch sees none.
+    /// Keeps what was just read or written, as the ConfigMap at `progress.resource_version`.
     ///
-    /// That there is no record is kept too: every cluster that never ran an upgrade would otherwise read
-    /// it again on every reconcile, and the reconcile that starts its first run would wait for that read
-    /// before anything else. A record someone creates by hand (a restore, a mistake) carries no label,
-    /// so the watch cannot see it appear; it is found when the first save (the write-ahead before any
-    /// call, a create) is refused because it exists: the kept absence is then dropped and the
-    /// reconcile decides again from the record read.
+    /// That there is no record is not kept: the watch sees only ConfigMaps with the controller's label,
+    /// and a record someone creates by hand (a restore, a mistake) carries none, so only a read finds it.
+    /// A record the controller wrote keeps its label, and losing it looks like a deletion to the watch.
     fn remember(&self, name: &str, progress: &Progress) {
         let Some(cache) = &self.cache else {
             return;
         };
-        let read = match &progress.resource_version {
-            Some(version) => Fingerprint::of([(name, version.as_str())]),
-            None => Fingerprint::none(),
-        };
-        cache.keep(self.cache_key(name), read, progress.clone());
+        match &progress.resource_version {
+            Some(version) => cache.keep(
+                self.cache_key(name),
+                Fingerprint::of([(name, version.as_str())]),
+                progress.clone(),
+            ),
+            None => self.forget(name),
+        }
     }
 
     /// Drops the kept record (after a failed save: the next load reads).
