@@ -13,6 +13,11 @@
 //! (a node upgraded by hand since the last look), the run is reported `failed` a moment later and no
 //! node is touched.
 //!
+//! Whether a run was decided for the target already is read from the annotations when they show no
+//! run at all (`talos-status: idle`, or none yet: the first upgrade of a cluster, whose progress record
+//! does not exist, is acknowledged without waiting for that read); otherwise from the progress record,
+//! which is then nearly always kept in memory.
+//!
 //! Only the annotations are written here: `status.phase` and the `TalosUpgrade` condition follow with
 //! the reconcile's first full report.
 
@@ -78,9 +83,20 @@ pub struct Acknowledgement {
     pub report: KindReport,
     /// The target as the user wrote it (trimmed), as a run records it.
     requested: String,
+    /// `talos-status` shows no run (`idle`, or not written yet): the controller's last report found no
+    /// run recorded (no target, the target removed, or a reset), and any run decided since would have
+    /// shown itself, so the progress record need not be read first.
+    shows_no_run: bool,
 }
 
 impl Acknowledgement {
+    /// Whether the progress record must be read, and [`Acknowledgement::still_undecided`] asked,
+    /// before the acknowledgement is written: only when the annotations show a run (`completed` or
+    /// `failed`: the last value decided, which may be this one).
+    pub fn needs_progress(&self) -> bool {
+        !self.shows_no_run
+    }
+
     /// Whether the progress record leaves the target to be decided: no run for this value (started,
     /// finished or refused) and no other run still going, Talos or Kubernetes.
     pub fn still_undecided(&self, progress: &Progress) -> bool {
@@ -165,6 +181,9 @@ pub fn acknowledgement(
             consumed: Vec::new(),
         },
         requested: raw.to_string(),
+        shows_no_run: annotations
+            .get(annotations::TALOS_STATUS)
+            .is_none_or(|status| status == UpgradeStatus::Idle.as_str()),
     })
 }
 

@@ -239,21 +239,32 @@ pub async fn reconcile(
         now,
         ctx.settings.idle_interval * 2,
     );
+    let acknowledge = |acknowledgement: acknowledge::Acknowledgement| {
+        let (api, cluster) = (&api, &cluster);
+        async move {
+            report::write_annotations(api, cluster, &acknowledgement.report)
+                .await
+                // Not fatal: the reconcile's own report says it again.
+                .inspect_err(|error| tracing::warn!(%error, "acknowledging the Talos target"))
+                .ok()
+                .flatten()
+        }
+    };
+    // A new Talos target is acknowledged (`in-progress`) before the cluster is read and looked at, not
+    // beside it: with a fleet annotated at once, the acknowledgements then reach the API server ahead
+    // of every cluster's reads and Talos looks instead of queueing behind them.
     let (mut progress, acknowledged) = match acknowledgement {
-        // A new Talos target is acknowledged (`in-progress`) before the cluster is read and looked
-        // at, not beside it: with a fleet annotated at once, the acknowledgements then reach the API
-        // server ahead of every cluster's reads and Talos looks instead of queueing behind them. The
-        // progress record, needed to confirm that no run was decided yet, is nearly always kept in
-        // memory; the access is read on first use.
+        Some(acknowledgement) if !acknowledgement.needs_progress() => {
+            let written = acknowledge(acknowledgement).await;
+            let (progress, _) = tokio::join!(store.load(&name), access.get());
+            (progress?, written)
+        }
+        // The record says whether this value was decided already; it is nearly always kept in memory
+        // (a run was recorded), and the access is read on first use.
         Some(acknowledgement) => {
             let progress = store.load(&name).await?;
             let written = if acknowledgement.still_undecided(&progress) {
-                report::write_annotations(&api, &cluster, &acknowledgement.report)
-                    .await
-                    // Not fatal: the reconcile's own report says it again.
-                    .inspect_err(|error| tracing::warn!(%error, "acknowledging the Talos target"))
-                    .ok()
-                    .flatten()
+                acknowledge(acknowledgement).await
             } else {
                 None
             };
