@@ -14,13 +14,11 @@ use std::time::Instant;
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, Patch, PatchParams};
 use serde::Serialize;
-use talos_upgrade_controller::annotations::{
-    TALOS_MESSAGE, TALOS_PROGRESS, TALOS_STATUS, TALOS_TARGET,
-};
+use talos_upgrade_controller::annotations::{TALOS_MESSAGE, TALOS_PROGRESS, TALOS_STATUS};
 use talos_upgrade_controller::crd::KubernetesCluster;
 
 use crate::report::Stats;
-use crate::world::{NAMESPACE, TALOS_TO, World};
+use crate::world::{NAMESPACE, World};
 
 /// The same number of annotations in flight as the measured run (`World::annotate_all`).
 const IN_FLIGHT: usize = 64;
@@ -38,9 +36,7 @@ pub struct Floor {
 /// answered; nothing else talks to the API server meanwhile but the benchmark's own watch.
 pub async fn measure(world: &World) -> anyhow::Result<Floor> {
     let api: Api<KubernetesCluster> = Api::namespaced(world.admin.clone(), NAMESPACE);
-    let annotate = Patch::Merge(serde_json::json!({
-        "metadata": {"annotations": {TALOS_TARGET: TALOS_TO}}
-    }));
+    let annotate = crate::world::target_patch();
     let times: Vec<(f64, f64)> = futures::stream::iter(world.clusters.iter())
         .map(|cluster| {
             let api = api.clone();

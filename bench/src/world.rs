@@ -133,6 +133,13 @@ async fn install_crd(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
     bail!("CRD {name} was not established within 30s")
 }
 
+/// The patch every measured run annotates its clusters with: `talos-target` set to [`TALOS_TO`].
+pub fn target_patch() -> Patch<serde_json::Value> {
+    Patch::Merge(serde_json::json!({
+        "metadata": {"annotations": {talos_upgrade_controller::annotations::TALOS_TARGET: TALOS_TO}}
+    }))
+}
+
 impl World {
     /// CPU seconds used so far by the API server, etcd and this process.
     pub fn cpu(&self) -> anyhow::Result<WorldCpu> {
@@ -456,9 +463,7 @@ spec:
     /// just before each patch and when its answer came.
     pub async fn annotate_all(&self) -> anyhow::Result<()> {
         let api: Api<KubernetesCluster> = Api::namespaced(self.admin.clone(), NAMESPACE);
-        let patch = Patch::Merge(serde_json::json!({
-            "metadata": {"annotations": {talos_upgrade_controller::annotations::TALOS_TARGET: TALOS_TO}}
-        }));
+        let patch = target_patch();
         futures::stream::iter(self.clusters.iter())
             .map(|c| {
                 let api = api.clone();
