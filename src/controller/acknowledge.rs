@@ -166,20 +166,11 @@ pub fn acknowledgement(
         versions::check_talos_target_supports(target, &running).ok()?;
     }
     Some(Acknowledgement {
-        report: KindReport {
-            kind: UpgradeKind::Talos,
-            status: UpgradeStatus::InProgress,
-            message: format!(
-                "Starting the Talos upgrade from {lowest} to {target}: checking the nodes"
-            ),
-            progress: None,
-            current: None,
-            available: None,
-            failed_nodes: Vec::new(),
-            in_flight: Vec::new(),
-            condition_reason: None,
-            consumed: Vec::new(),
-        },
+        report: KindReport::new(
+            UpgradeKind::Talos,
+            UpgradeStatus::InProgress,
+            format!("Starting the Talos upgrade from {lowest} to {target}: checking the nodes"),
+        ),
         requested: raw.to_string(),
         shows_no_run: annotations
             .get(annotations::TALOS_STATUS)

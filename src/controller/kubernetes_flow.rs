@@ -32,18 +32,7 @@ pub struct TalosGate {
 const WAITING_FOR_TALOS: &str = "Waiting for Talos upgrade to complete";
 
 fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
-    KindReport {
-        kind: UpgradeKind::Kubernetes,
-        status,
-        message,
-        progress: None,
-        current: None,
-        available: None,
-        failed_nodes: Vec::new(),
-        in_flight: Vec::new(),
-        condition_reason: None,
-        consumed: Vec::new(),
-    }
+    KindReport::new(UpgradeKind::Kubernetes, status, message)
 }
 
 /// An event announced once per distinct Kubernetes message: a hold that lasts many passes is told once.

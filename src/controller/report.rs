@@ -37,6 +37,24 @@ pub struct KindReport {
     pub consumed: Vec<&'static str>,
 }
 
+impl KindReport {
+    /// A report of `status` and `message` alone: no progress, versions, nodes or condition change.
+    pub fn new(kind: UpgradeKind, status: UpgradeStatus, message: String) -> KindReport {
+        KindReport {
+            kind,
+            status,
+            message,
+            progress: None,
+            current: None,
+            available: None,
+            failed_nodes: Vec::new(),
+            in_flight: Vec::new(),
+            condition_reason: None,
+            consumed: Vec::new(),
+        }
+    }
+}
+
 /// The annotation changes `report` asks for, against the object's current annotations: `Some(value)`
 /// sets, `None` removes. Empty when nothing changes.
 pub fn annotation_changes(

@@ -70,18 +70,7 @@ struct Observed {
 }
 
 fn kind_report(status: UpgradeStatus, message: String) -> KindReport {
-    KindReport {
-        kind: UpgradeKind::Talos,
-        status,
-        message,
-        progress: None,
-        current: None,
-        available: None,
-        failed_nodes: Vec::new(),
-        in_flight: Vec::new(),
-        condition_reason: None,
-        consumed: Vec::new(),
-    }
+    KindReport::new(UpgradeKind::Talos, status, message)
 }
 
 /// An outcome with nothing but a report, its events and when to look again.
