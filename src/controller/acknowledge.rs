@@ -32,7 +32,7 @@ use super::report::KindReport;
 use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::intent::{Target, UpgradeIntent};
 use crate::store::Progress;
-use crate::versions::{self, KubernetesVersion, TalosVersion};
+use crate::versions::{TalosStep, TalosVersion};
 
 /// What a reconcile last saw of a cluster's versions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,17 +153,12 @@ pub fn acknowledgement(
     }
     let lowest = TalosVersion::from_semver(last.talos.0.clone());
     let highest = TalosVersion::from_semver(last.talos.1.clone());
-    // Every node already on the target completes at once; the report says so.
-    if &lowest >= target {
+    // A refusal is the report's to tell, and so is a target every node already runs (it completes at
+    // once).
+    let step =
+        super::talos_flow::check_new_run(&lowest, &highest, last.kubernetes.as_deref(), target);
+    if !matches!(step, Ok(TalosStep::Upgrade)) {
         return None;
-    }
-    versions::check_talos_upgrade_across(&lowest, &highest, target).ok()?;
-    if let Some(running) = last
-        .kubernetes
-        .as_deref()
-        .and_then(|v| KubernetesVersion::parse(v).ok())
-    {
-        versions::check_talos_target_supports(target, &running).ok()?;
     }
     Some(Acknowledgement {
         report: KindReport::new(

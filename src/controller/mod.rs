@@ -254,14 +254,9 @@ pub async fn reconcile(
     // beside it: with a fleet annotated at once, the acknowledgements then reach the API server ahead
     // of every cluster's reads and Talos looks instead of queueing behind them.
     let (mut progress, acknowledged) = match acknowledgement {
-        Some(acknowledgement) if !acknowledgement.needs_progress() => {
-            let written = acknowledge(acknowledgement).await;
-            let (progress, _) = tokio::join!(store.load(&name), access.get());
-            (progress?, written)
-        }
         // The record says whether this value was decided already; it is nearly always kept in memory
         // (a run was recorded), and the access is read on first use.
-        Some(acknowledgement) => {
+        Some(acknowledgement) if acknowledgement.needs_progress() => {
             let progress = store.load(&name).await?;
             let written = if acknowledgement.still_undecided(&progress) {
                 acknowledge(acknowledgement).await
@@ -270,10 +265,15 @@ pub async fn reconcile(
             };
             (progress, written)
         }
-        // Nearly every reconcile needs the cluster's access; it is read while the record loads.
-        None => {
+        // Nearly every reconcile needs the cluster's access; it is read while the record loads (after
+        // the acknowledgement, when the annotations alone allow one).
+        acknowledgement => {
+            let written = match acknowledgement {
+                Some(acknowledgement) => acknowledge(acknowledgement).await,
+                None => None,
+            };
             let (progress, _) = tokio::join!(store.load(&name), access.get());
-            (progress?, None)
+            (progress?, written)
         }
     };
     // The acknowledged object is what later writes compare against, unless the user changed something

@@ -486,18 +486,8 @@ async fn requested(
             };
             let lowest = TalosVersion::from_semver(lowest.clone());
             let highest = TalosVersion::from_semver(highest.clone());
-            let refusal = versions::check_talos_upgrade_across(&lowest, &highest, target)
-                .err()
-                .map(|e| e.to_string())
-                .or_else(|| {
-                    let running = observed
-                        .kubernetes
-                        .as_deref()
-                        .and_then(|v| KubernetesVersion::parse(v).ok())?;
-                    versions::check_talos_target_supports(target, &running)
-                        .err()
-                        .map(|e| e.to_string())
-                });
+            let refusal =
+                check_new_run(&lowest, &highest, observed.kubernetes.as_deref(), target).err();
             if let Some(reason) = refusal {
                 // The version rules' sentences may end in a full stop of their own.
                 let reason = reason.trim_end_matches('.');
@@ -949,6 +939,24 @@ async fn idle_versions(
             at: now,
         }),
     )
+}
+
+/// The version rules a new run's start applies to what the nodes run: the one-step path from the
+/// lowest node, no downgrade of the highest, and a target that supports the running Kubernetes (when
+/// it is known). `Err` is the refusal's sentence. The acknowledgement of a new target judges the last
+/// look by the same rules (`super::acknowledge`).
+pub(super) fn check_new_run(
+    lowest: &TalosVersion,
+    highest: &TalosVersion,
+    kubernetes: Option<&str>,
+    target: &TalosVersion,
+) -> Result<versions::TalosStep, String> {
+    let step =
+        versions::check_talos_upgrade_across(lowest, highest, target).map_err(|e| e.to_string())?;
+    if let Some(running) = kubernetes.and_then(|v| KubernetesVersion::parse(v).ok()) {
+        versions::check_talos_target_supports(target, &running).map_err(|e| e.to_string())?;
+    }
+    Ok(step)
 }
 
 fn version_range(versions: &[&Version]) -> Option<(Version, Version)> {
