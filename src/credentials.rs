@@ -166,7 +166,7 @@ pub async fn workload_client(kubeconfig: Kubeconfig) -> Result<kube::Client, Str
     // kube retries 429 answers for minutes by default. An eviction refused by a PodDisruptionBudget is a
     // 429 the drain must see at once; every other call is retried by the next reconcile anyway.
     config.default_retry = false;
-    kube::Client::try_from(config)
+    crate::api_client::client(config)
         .map_err(|e| format!("the workload kubeconfig cannot be used: {e}"))
 }
 

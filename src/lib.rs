@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod annotations;
+pub mod api_client;
 pub mod catalog;
 pub mod controller;
 pub mod crd;

@@ -177,7 +177,7 @@ fn release_catalog(
 
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     use talos_upgrade_controller::{admin, controller, leader, metrics::Metrics};
-    let client = kube::Client::try_default()
+    let client = talos_upgrade_controller::api_client::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     let metrics = Metrics::new();
@@ -213,6 +213,11 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         }
     });
     let namespace = args.namespace;
+    // The Lease gets a connection of its own: over HTTP/2 the reconciles' requests share one, and a
+    // renewal must not wait behind hundreds of them (the server bounds the streams per connection).
+    let lease_client = talos_upgrade_controller::api_client::infer()
+        .await
+        .context("connecting to the Kubernetes API")?;
     let controller = async {
         if !args.leader_elect {
             controller::run(
@@ -241,7 +246,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         // A standby is ready: it serves its probes and is there to take over.
         let standby = health.clone();
         leader::lead(
-            client.clone(),
+            lease_client,
             election,
             shutdown.clone(),
             move || standby.set_ready(),
@@ -346,7 +351,7 @@ async fn workload_client(path: &Path) -> anyhow::Result<kube::Client> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .with_context(|| format!("loading {}", path.display()))?;
-    Ok(kube::Client::try_from(config)?)
+    Ok(talos_upgrade_controller::api_client::client(config)?)
 }
 
 /// Writes a credentials file readable by its owner only.

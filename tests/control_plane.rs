@@ -282,3 +282,42 @@ async fn evictions_respect_pod_disruption_budgets_computed_by_the_disruption_con
         "an evicted pod is being deleted"
     );
 }
+
+/// The controller's API client (`api_client`, what the binary uses) negotiates HTTP/2 with the API
+/// server, and more requests at once than the server allows streams on one connection (kube-apiserver:
+/// 100 by default) all get their answers: the excess waits its turn on the client instead of failing.
+#[tokio::test]
+async fn the_controllers_api_client_speaks_http2_and_carries_more_requests_than_one_connections_streams()
+ {
+    let ns = ControlPlane::shared().test_namespace("api-client").await;
+    let kubeconfig = kube::config::Kubeconfig::read_from(ns.kubeconfig()).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    let client = talos_upgrade_controller::api_client::client(config).expect("client");
+
+    let path = format!("/api/v1/namespaces/{}/configmaps", ns.name);
+    let request = || {
+        http::Request::get(path.as_str())
+            .body(kube::client::Body::empty())
+            .expect("request")
+    };
+    let first = client.send(request()).await.expect("list configmaps");
+    assert_eq!(first.status(), http::StatusCode::OK);
+    assert_eq!(first.version(), http::Version::HTTP_2);
+
+    const AT_ONCE: usize = 250;
+    let answers = futures::future::join_all((0..AT_ONCE).map(|_| client.send(request()))).await;
+    let statuses: Vec<String> = answers
+        .iter()
+        .map(|answer| match answer {
+            Ok(response) => format!("{:?} {}", response.version(), response.status()),
+            Err(error) => format!("error: {error}"),
+        })
+        .collect();
+    assert!(
+        statuses.iter().all(|s| s == "HTTP/2.0 200 OK"),
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.len(), AT_ONCE);
+}

@@ -193,6 +193,7 @@ async fn run_size(n: usize, binary: &std::path::Path, args: &Args) -> anyhow::Re
         binary,
         &dir.0,
         &world.proxy.management_url(),
+        &world.ca_base64,
         &args.controller_args,
     )
     .await?;

@@ -66,7 +66,11 @@ impl Counts {
 }
 
 struct ProxyState {
-    upstream: kube::Client,
+    /// The admin's config; each scope (the management cluster, each workload cluster) forwards over a
+    /// client of its own, as the controller's requests would reach separate API servers in production
+    /// (one HTTP/2 connection each, with its own limit on streams).
+    upstream_config: kube::Config,
+    upstreams: Mutex<BTreeMap<String, kube::Client>>,
     counts: Mutex<Counts>,
     /// `--timeline`: one line per request, for reading a cluster's reconciles request by request.
     log: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
@@ -85,13 +89,29 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Serves on 127.0.0.1 (a free port), forwarding through `upstream` (which authenticates). With
-    /// `log`, writes a line per request there: when it arrived and when the API server's answer
-    /// started (Unix milliseconds), scope, cluster, verb, resource, status code and path.
+    /// Serves HTTPS on 127.0.0.1 (a free port) with the API server's own serving certificate and key
+    /// (PEM files), so the controller's kubeconfigs verify it with the API server's CA, and offers
+    /// HTTP/2 by ALPN with kube-apiserver's default of 100 streams per connection: the controller
+    /// connects, negotiates and queues as it would against the API server itself. Forwards with the
+    /// admin's `upstream` config (which authenticates). With `log`, writes a line per request there:
+    /// when it arrived and when the API server's answer started (Unix milliseconds), scope, cluster,
+    /// verb, resource, status code and path.
     pub async fn start(
-        upstream: kube::Client,
+        upstream_config: kube::Config,
+        serving_cert: &std::path::Path,
+        serving_key: &std::path::Path,
         log: Option<&std::path::Path>,
     ) -> anyhow::Result<Proxy> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_file_iter(serving_cert)?.collect::<Result<Vec<_>, _>>()?;
+        let key = PrivateKeyDer::from_pem_file(serving_key)?;
+        let mut tls = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)?;
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let log = log
@@ -99,7 +119,8 @@ impl Proxy {
             .transpose()?
             .map(|file| Mutex::new(std::io::BufWriter::new(file)));
         let state = Arc::new(ProxyState {
-            upstream,
+            upstream_config,
+            upstreams: Mutex::new(BTreeMap::new()),
             counts: Mutex::new(Counts::default()),
             log,
             in_progress_written: Mutex::new(BTreeMap::new()),
@@ -107,8 +128,24 @@ impl Proxy {
         let router = axum::Router::new()
             .fallback(handle)
             .with_state(state.clone());
+        let service = hyper_util::service::TowerToHyperService::new(router);
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut server = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    server.http2().max_concurrent_streams(100);
+                    let _ = server
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
         });
         Ok(Proxy {
             addr,
@@ -118,11 +155,11 @@ impl Proxy {
     }
 
     pub fn management_url(&self) -> String {
-        format!("http://{}/m", self.addr)
+        format!("https://{}/m", self.addr)
     }
 
     pub fn workload_url(&self, cluster: &str) -> String {
-        format!("http://{}/w/{cluster}", self.addr)
+        format!("https://{}/w/{cluster}", self.addr)
     }
 
     /// When the API server answered each cluster's first `talos-status: in-progress` patch.
@@ -260,7 +297,7 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
     }
     let upstream = builder.body(kube::client::Body::from(bytes))?;
     let sent = unix_millis(std::time::SystemTime::now());
-    let response = state.upstream.send(upstream).await?;
+    let response = state.upstream(cluster.as_deref())?.send(upstream).await?;
     if reports_in_progress && response.status().is_success() {
         let name = path.rsplit('/').next().unwrap_or_default().to_string();
         state
@@ -291,6 +328,21 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
         return Ok(Response::from_parts(head, axum::body::Body::from(filtered)));
     }
     Ok(Response::from_parts(head, axum::body::Body::new(body)))
+}
+
+impl ProxyState {
+    /// The client forwarding the requests of one scope: the management cluster (`None`) or a workload
+    /// cluster.
+    fn upstream(&self, cluster: Option<&str>) -> anyhow::Result<kube::Client> {
+        let key = cluster.map_or_else(|| "/m".to_string(), str::to_string);
+        let mut upstreams = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = upstreams.get(&key) {
+            return Ok(client.clone());
+        }
+        let client = talos_upgrade_controller::api_client::client(self.upstream_config.clone())?;
+        upstreams.insert(key, client.clone());
+        Ok(client)
+    }
 }
 
 /// `at` in milliseconds since the Unix epoch, as the timeline writes times.

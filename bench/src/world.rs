@@ -80,8 +80,8 @@ pub struct World {
     pub clusters: Vec<SimCluster>,
     pub times: Arc<Mutex<BTreeMap<String, ClusterTimes>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// The API server's CA, base64, for the workload kubeconfigs.
-    ca_base64: String,
+    /// The API server's CA, base64, for the controller's kubeconfigs (the proxy serves its certificate).
+    pub ca_base64: String,
 }
 
 impl Drop for World {
@@ -99,14 +99,10 @@ pub fn cluster_name(i: usize) -> String {
     format!("c{i:03}")
 }
 
-/// A kubeconfig for `server`. `ca` (base64 PEM) is given to workload kubeconfigs as a production one
-/// would carry it: the proxy speaks plain HTTP so it is never used to verify anything, but without it
-/// kube-client loads the system's trust roots for each cluster (67 KB each), which no production
-/// kubeconfig makes it do.
-fn kubeconfig(server: &str, ca: Option<&str>) -> String {
-    let ca = ca
-        .map(|ca| format!("    certificate-authority-data: {ca}\n"))
-        .unwrap_or_default();
+/// A kubeconfig for `server` (the proxy), trusting `ca` (base64 PEM: the API server's CA, which signed
+/// the certificate the proxy serves).
+fn kubeconfig(server: &str, ca: &str) -> String {
+    let ca = format!("    certificate-authority-data: {ca}\n");
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n{ca}    server: {server}\nusers:\n- name: bench\n  user: {{}}\ncontexts:\n- name: bench\n  context:\n    cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n"
     )
@@ -167,7 +163,18 @@ impl World {
         Api::<Namespace>::all(admin.clone())
             .create(&PostParams::default(), &namespace)
             .await?;
-        let proxy = Proxy::start(admin.clone(), request_log).await?;
+        let admin_config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(control_plane.admin_kubeconfig())?,
+            &Default::default(),
+        )
+        .await?;
+        let proxy = Proxy::start(
+            admin_config,
+            &control_plane.dir().join("apiserver.crt"),
+            &control_plane.dir().join("apiserver.key"),
+            request_log,
+        )
+        .await?;
 
         let mut tasks = Vec::new();
         let mut clusters = Vec::new();
@@ -315,7 +322,7 @@ impl World {
             "metadata": {"name": cluster_id, "namespace": NAMESPACE},
             "stringData": {
                 "talosconfig": cluster.sim.talosconfig(ClientRole::Admin),
-                "kube.config": kubeconfig(&self.proxy.workload_url(name), Some(&self.ca_base64)),
+                "kube.config": kubeconfig(&self.proxy.workload_url(name), &self.ca_base64),
             },
         }))?;
         Api::<Secret>::namespaced(self.admin.clone(), NAMESPACE)
@@ -499,10 +506,11 @@ impl ControllerProcess {
         binary: &Path,
         dir: &Path,
         management_url: &str,
+        ca_base64: &str,
         extra_args: &[String],
     ) -> anyhow::Result<ControllerProcess> {
         let kubeconfig_path = dir.join("controller.kubeconfig");
-        std::fs::write(&kubeconfig_path, kubeconfig(management_url, None))?;
+        std::fs::write(&kubeconfig_path, kubeconfig(management_url, ca_base64))?;
         // A free port for /metrics: bind, read, release.
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?

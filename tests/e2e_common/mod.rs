@@ -96,6 +96,9 @@ pub struct World {
     /// Stops everything: the simulator's workload mirror and the controller.
     stop: CancellationToken,
     settings: Settings,
+    /// Where the controller's own API client connects, as the controller binary builds it
+    /// (`api_client`: HTTP/2 to the API server), from the namespace's kubeconfig.
+    controller_config: kube::Config,
     /// The running controller, if any (see [`World::stop_controller`] and [`World::start_controller`]).
     controller: Mutex<Option<RunningController>>,
     /// How many controller instances were started, to give each its own event reporter instance.
@@ -336,6 +339,12 @@ spec:
             },
             ..Settings::default()
         };
+        let kubeconfig = kube::config::Kubeconfig::read_from(ns.kubeconfig())
+            .expect("the namespace's kubeconfig");
+        let controller_config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .expect("a config from the namespace's kubeconfig");
         let world = World {
             ns,
             sim,
@@ -343,6 +352,7 @@ spec:
             metrics,
             stop,
             settings,
+            controller_config,
             controller: Mutex::new(None),
             generation: Mutex::new(0),
         };
@@ -363,8 +373,11 @@ spec:
             *generation
         };
         let stop = self.stop.child_token();
+        // A client of its own, as a new process would have: no connection shared with the last one.
+        let client = talos_upgrade_controller::api_client::client(self.controller_config.clone())
+            .expect("the controller's API client");
         let task = tokio::spawn(controller::run(
-            self.ns.client.clone(),
+            client,
             Some(self.ns.name.clone()),
             self.metrics.clone(),
             self.settings.clone(),
