@@ -133,6 +133,9 @@ impl Proxy {
             while let Ok((tcp, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();
                 let service = service.clone();
+                // As Go's listeners (the API server's) do: no Nagle delay between the frames of an
+                // answer.
+                let _ = tcp.set_nodelay(true);
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
