@@ -177,9 +177,16 @@ fn release_catalog(
 
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     use talos_upgrade_controller::{admin, controller, leader, metrics::Metrics};
-    let client = talos_upgrade_controller::api_client::infer()
-        .await
-        .context("connecting to the Kubernetes API")?;
+    // Three connections to the API server (each client its own; see `api_client`): the reconciles', the
+    // intake's (`controller::ApiClients`) and the Lease's (below).
+    let clients = controller::ApiClients {
+        main: talos_upgrade_controller::api_client::infer()
+            .await
+            .context("connecting to the Kubernetes API")?,
+        intake: talos_upgrade_controller::api_client::infer()
+            .await
+            .context("connecting to the Kubernetes API")?,
+    };
     let metrics = Metrics::new();
     let health = admin::HealthState::default();
     let settings = controller::Settings {
@@ -221,7 +228,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     let controller = async {
         if !args.leader_elect {
             controller::run(
-                client,
+                clients,
                 namespace,
                 metrics,
                 settings,
@@ -252,7 +259,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             move || standby.set_ready(),
             |term: tokio_util::sync::CancellationToken| {
                 controller::run(
-                    client.clone(),
+                    clients.clone(),
                     namespace.clone(),
                     metrics.clone(),
                     settings.clone(),

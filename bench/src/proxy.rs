@@ -66,11 +66,8 @@ impl Counts {
 }
 
 struct ProxyState {
-    /// The admin's config; each scope (the management cluster, each workload cluster) forwards over a
-    /// client of its own, as the controller's requests would reach separate API servers in production
-    /// (one HTTP/2 connection each, with its own limit on streams).
+    /// The admin's config, for the upstream clients of each connection (see [`ConnectionState`]).
     upstream_config: kube::Config,
-    upstreams: Mutex<BTreeMap<String, kube::Client>>,
     counts: Mutex<Counts>,
     /// `--timeline`: one line per request, for reading a cluster's reconciles request by request.
     log: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
@@ -120,19 +117,21 @@ impl Proxy {
             .map(|file| Mutex::new(std::io::BufWriter::new(file)));
         let state = Arc::new(ProxyState {
             upstream_config,
-            upstreams: Mutex::new(BTreeMap::new()),
             counts: Mutex::new(Counts::default()),
             log,
             in_progress_written: Mutex::new(BTreeMap::new()),
         });
-        let router = axum::Router::new()
-            .fallback(handle)
-            .with_state(state.clone());
-        let service = hyper_util::service::TowerToHyperService::new(router);
+        let shared = state.clone();
         let task = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();
-                let service = service.clone();
+                let router = axum::Router::new()
+                    .fallback(handle)
+                    .with_state(ConnectionState {
+                        shared: shared.clone(),
+                        upstreams: Default::default(),
+                    });
+                let service = hyper_util::service::TowerToHyperService::new(router);
                 // As Go's listeners (the API server's) do: no Nagle delay between the frames of an
                 // answer.
                 let _ = tcp.set_nodelay(true);
@@ -191,8 +190,34 @@ impl Proxy {
     }
 }
 
-async fn handle(State(state): State<Arc<ProxyState>>, request: Request) -> Response {
-    match forward(&state, request).await {
+/// One connection from the controller: its requests go upstream over connections of their own, so the
+/// API server sees the controller's connections one for one (over HTTP/2: its streams and its order),
+/// as it would without the proxy.
+#[derive(Clone)]
+struct ConnectionState {
+    shared: Arc<ProxyState>,
+    /// Scope → the client forwarding this connection's requests of that scope.
+    upstreams: Arc<Mutex<BTreeMap<String, kube::Client>>>,
+}
+
+impl ConnectionState {
+    /// The client forwarding this connection's requests of one scope: the management cluster (`None`)
+    /// or a workload cluster.
+    fn upstream(&self, cluster: Option<&str>) -> anyhow::Result<kube::Client> {
+        let key = cluster.map_or_else(|| "/m".to_string(), str::to_string);
+        let mut upstreams = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = upstreams.get(&key) {
+            return Ok(client.clone());
+        }
+        let client =
+            talos_upgrade_controller::api_client::client(self.shared.upstream_config.clone())?;
+        upstreams.insert(key, client.clone());
+        Ok(client)
+    }
+}
+
+async fn handle(State(connection): State<ConnectionState>, request: Request) -> Response {
+    match forward(&connection, request).await {
         Ok(response) => response,
         Err(error) => (StatusCode::BAD_GATEWAY, format!("bench proxy: {error:#}")).into_response(),
     }
@@ -223,7 +248,8 @@ fn classify(path: &str) -> (String, bool) {
     }
 }
 
-async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Response> {
+async fn forward(connection: &ConnectionState, request: Request) -> anyhow::Result<Response> {
+    let state = &*connection.shared;
     let (parts, body) = request.into_parts();
     let path_and_query = parts
         .uri
@@ -300,7 +326,10 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
     }
     let upstream = builder.body(kube::client::Body::from(bytes))?;
     let sent = unix_millis(std::time::SystemTime::now());
-    let response = state.upstream(cluster.as_deref())?.send(upstream).await?;
+    let response = connection
+        .upstream(cluster.as_deref())?
+        .send(upstream)
+        .await?;
     if reports_in_progress && response.status().is_success() {
         let name = path.rsplit('/').next().unwrap_or_default().to_string();
         state
@@ -331,21 +360,6 @@ async fn forward(state: &ProxyState, request: Request) -> anyhow::Result<Respons
         return Ok(Response::from_parts(head, axum::body::Body::from(filtered)));
     }
     Ok(Response::from_parts(head, axum::body::Body::new(body)))
-}
-
-impl ProxyState {
-    /// The client forwarding the requests of one scope: the management cluster (`None`) or a workload
-    /// cluster.
-    fn upstream(&self, cluster: Option<&str>) -> anyhow::Result<kube::Client> {
-        let key = cluster.map_or_else(|| "/m".to_string(), str::to_string);
-        let mut upstreams = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(client) = upstreams.get(&key) {
-            return Ok(client.clone());
-        }
-        let client = talos_upgrade_controller::api_client::client(self.upstream_config.clone())?;
-        upstreams.insert(key, client.clone());
-        Ok(client)
-    }
 }
 
 /// `at` in milliseconds since the Unix epoch, as the timeline writes times.

@@ -85,8 +85,35 @@ pub struct ClusterLink {
 type LinkCache = HashMap<(String, String), (String, ClusterLink)>;
 
 /// Shared by every reconcile.
+/// The controller's clients of the management cluster.
+#[derive(Clone)]
+pub struct ApiClients {
+    /// Reads, records, events, reports: everything but what `intake` carries.
+    pub main: Client,
+    /// The way a user's annotation travels to `in-progress`: the watch of the KubernetesClusters and
+    /// the acknowledgement of a new target (`in-progress` before the first look). Over HTTP/2 all of a
+    /// client's requests share one connection, which the API server serves in one loop and on which it
+    /// allows 100 streams (its default); with a fleet annotated at once `main` is that busy for
+    /// seconds, and both the watch's events and an acknowledgement would wait behind the other clusters'
+    /// reads and records. On a connection of their own they do not: one watch, and one small patch
+    /// per run start.
+    pub intake: Client,
+}
+
+/// One client for everything (one connection over HTTP/2; tests, and callers that do not mind).
+impl From<Client> for ApiClients {
+    fn from(client: Client) -> Self {
+        ApiClients {
+            main: client.clone(),
+            intake: client,
+        }
+    }
+}
+
 pub struct Context {
     pub client: Client,
+    /// See [`ApiClients::intake`].
+    intake: Client,
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,
@@ -109,7 +136,16 @@ fn cluster_key(cluster: &KubernetesCluster) -> (String, String) {
 }
 
 impl Context {
-    pub fn new(client: Client, metrics: Metrics, mut settings: Settings, instance: String) -> Self {
+    pub fn new(
+        clients: ApiClients,
+        metrics: Metrics,
+        mut settings: Settings,
+        instance: String,
+    ) -> Self {
+        let ApiClients {
+            main: client,
+            intake,
+        } = clients;
         // Every Talos API call of every cluster is counted by operation and result code.
         if settings.talos.observer.is_none() {
             let metrics = metrics.clone();
@@ -126,6 +162,7 @@ impl Context {
         );
         Context {
             client,
+            intake,
             recorder,
             metrics,
             settings,
@@ -240,9 +277,10 @@ pub async fn reconcile(
         ctx.settings.idle_interval * 2,
     );
     let acknowledge = |acknowledgement: acknowledge::Acknowledgement| {
-        let (api, cluster) = (&api, &cluster);
+        let api: Api<KubernetesCluster> = Api::namespaced(ctx.intake.clone(), &namespace);
+        let cluster = &cluster;
         async move {
-            report::write_annotations(api, cluster, &acknowledgement.report)
+            report::write_annotations(&api, cluster, &acknowledgement.report)
                 .await
                 // Not fatal: the reconcile's own report says it again.
                 .inspect_err(|error| tracing::warn!(%error, "acknowledging the Talos target"))
@@ -438,7 +476,7 @@ pub fn error_policy(_cluster: Arc<KubernetesCluster>, error: &Error, ctx: Arc<Co
 /// Runs the controller until `shutdown` resolves, over every namespace or only `namespace`; marks
 /// `health` ready once the initial list of clusters is in.
 pub async fn run(
-    client: Client,
+    clients: impl Into<ApiClients>,
     namespace: Option<String>,
     metrics: Metrics,
     settings: Settings,
@@ -446,11 +484,12 @@ pub async fn run(
     instance: String,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let clients = clients.into();
     let clusters: Api<KubernetesCluster> = match &namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
+        Some(namespace) => Api::namespaced(clients.intake.clone(), namespace),
+        None => Api::all(clients.intake.clone()),
     };
-    let ctx = Arc::new(Context::new(client, metrics, settings, instance));
+    let ctx = Arc::new(Context::new(clients, metrics, settings, instance));
     let _watching_reads = ctx.watch_reads(namespace.clone());
     // Readiness comes from the watch stream itself: the reflector store's readiness future wakes only
     // one waiter, which the controller's own runner already is.

@@ -373,11 +373,17 @@ spec:
             *generation
         };
         let stop = self.stop.child_token();
-        // A client of its own, as a new process would have: no connection shared with the last one.
-        let client = talos_upgrade_controller::api_client::client(self.controller_config.clone())
-            .expect("the controller's API client");
+        // Clients of its own, as a new process would have: no connection shared with the last one.
+        let client = || {
+            talos_upgrade_controller::api_client::client(self.controller_config.clone())
+                .expect("the controller's API client")
+        };
+        let clients = controller::ApiClients {
+            main: client(),
+            intake: client(),
+        };
         let task = tokio::spawn(controller::run(
-            client,
+            clients,
             Some(self.ns.name.clone()),
             self.metrics.clone(),
             self.settings.clone(),
