@@ -128,8 +128,19 @@ async fn main() -> anyhow::Result<()> {
         catalog: talos_upgrade_controller::catalog::CatalogHandle::fixed(catalog),
         ..Settings::default()
     };
+    // The controller's clients as the binary makes them (`api_client`: HTTP/2, the intake connection
+    // apart), from the admin kubeconfig.
+    let controller_config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(control_plane.admin_kubeconfig())?,
+        &Default::default(),
+    )
+    .await?;
+    let clients = controller::ApiClients {
+        main: talos_upgrade_controller::api_client::client(controller_config.clone())?,
+        intake: talos_upgrade_controller::api_client::client(controller_config)?,
+    };
     let controller = tokio::spawn(controller::run(
-        client.clone(),
+        clients,
         None,
         metrics,
         settings,
