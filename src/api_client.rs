@@ -98,11 +98,10 @@ pub fn client(config: kube::Config) -> Result<kube::Client, ApiClientError> {
     Ok(ClientBuilder::new(service, config.default_namespace).build())
 }
 
-/// A client for the API server of the environment (`KUBECONFIG`, `~/.kube/config`, or the pod's service
-/// account), as `kube::Client::try_default` finds it.
-pub async fn infer() -> Result<kube::Client, ApiClientError> {
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| ApiClientError::Kube(kube::Error::InferConfig(e)))?;
-    client(config)
+/// The config of a kubeconfig file's current context.
+pub async fn config_from_file(
+    path: &std::path::Path,
+) -> Result<kube::Config, kube::config::KubeconfigError> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await
 }

@@ -179,14 +179,11 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     use talos_upgrade_controller::{admin, controller, leader, metrics::Metrics};
     // Three connections to the API server (each client its own; see `api_client`): the reconciles', the
     // intake's (`controller::ApiClients`) and the Lease's (below).
-    let clients = controller::ApiClients {
-        main: talos_upgrade_controller::api_client::infer()
-            .await
-            .context("connecting to the Kubernetes API")?,
-        intake: talos_upgrade_controller::api_client::infer()
-            .await
-            .context("connecting to the Kubernetes API")?,
-    };
+    let config = kube::Config::infer()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let clients =
+        controller::ApiClients::connect(&config).context("connecting to the Kubernetes API")?;
     let metrics = Metrics::new();
     let health = admin::HealthState::default();
     let settings = controller::Settings {
@@ -222,8 +219,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     let namespace = args.namespace;
     // The Lease gets a connection of its own: over HTTP/2 the reconciles' requests share one, and a
     // renewal must not wait behind hundreds of them (the server bounds the streams per connection).
-    let lease_client = talos_upgrade_controller::api_client::infer()
-        .await
+    let lease_client = talos_upgrade_controller::api_client::client(config)
         .context("connecting to the Kubernetes API")?;
     let controller = async {
         if !args.leader_elect {
@@ -353,9 +349,7 @@ async fn run_simulator(args: TalosSimArgs) -> anyhow::Result<()> {
 }
 
 async fn workload_client(path: &Path) -> anyhow::Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let config = talos_upgrade_controller::api_client::config_from_file(path)
         .await
         .with_context(|| format!("loading {}", path.display()))?;
     Ok(talos_upgrade_controller::api_client::client(config)?)

@@ -290,8 +290,7 @@ async fn evictions_respect_pod_disruption_budgets_computed_by_the_disruption_con
 async fn the_controllers_api_client_speaks_http2_and_carries_more_requests_than_one_connections_streams()
  {
     let ns = ControlPlane::shared().test_namespace("api-client").await;
-    let kubeconfig = kube::config::Kubeconfig::read_from(ns.kubeconfig()).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let config = talos_upgrade_controller::api_client::config_from_file(ns.kubeconfig())
         .await
         .expect("config");
     let client = talos_upgrade_controller::api_client::client(config).expect("client");

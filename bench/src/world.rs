@@ -163,9 +163,8 @@ impl World {
         Api::<Namespace>::all(admin.clone())
             .create(&PostParams::default(), &namespace)
             .await?;
-        let admin_config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(control_plane.admin_kubeconfig())?,
-            &Default::default(),
+        let admin_config = talos_upgrade_controller::api_client::config_from_file(
+            control_plane.admin_kubeconfig(),
         )
         .await?;
         let proxy = Proxy::start(

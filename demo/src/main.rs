@@ -130,15 +130,10 @@ async fn main() -> anyhow::Result<()> {
     };
     // The controller's clients as the binary makes them (`api_client`: HTTP/2, the intake connection
     // apart), from the admin kubeconfig.
-    let controller_config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(control_plane.admin_kubeconfig())?,
-        &Default::default(),
-    )
-    .await?;
-    let clients = controller::ApiClients {
-        main: talos_upgrade_controller::api_client::client(controller_config.clone())?,
-        intake: talos_upgrade_controller::api_client::client(controller_config)?,
-    };
+    let controller_config =
+        talos_upgrade_controller::api_client::config_from_file(control_plane.admin_kubeconfig())
+            .await?;
+    let clients = controller::ApiClients::connect(&controller_config)?;
     let controller = tokio::spawn(controller::run(
         clients,
         None,

@@ -84,7 +84,6 @@ pub struct ClusterLink {
 /// (namespace, cluster name) → (resourceVersion of the credentials Secret, its connections).
 type LinkCache = HashMap<(String, String), (String, ClusterLink)>;
 
-/// Shared by every reconcile.
 /// The controller's clients of the management cluster.
 #[derive(Clone)]
 pub struct ApiClients {
@@ -100,6 +99,16 @@ pub struct ApiClients {
     pub intake: Client,
 }
 
+impl ApiClients {
+    /// Both clients for the API server `config` describes, each with its own connection.
+    pub fn connect(config: &kube::Config) -> Result<Self, crate::api_client::ApiClientError> {
+        Ok(ApiClients {
+            main: crate::api_client::client(config.clone())?,
+            intake: crate::api_client::client(config.clone())?,
+        })
+    }
+}
+
 /// One client for everything (one connection over HTTP/2; tests, and callers that do not mind).
 impl From<Client> for ApiClients {
     fn from(client: Client) -> Self {
@@ -110,6 +119,7 @@ impl From<Client> for ApiClients {
     }
 }
 
+/// Shared by every reconcile.
 pub struct Context {
     pub client: Client,
     /// See [`ApiClients::intake`].

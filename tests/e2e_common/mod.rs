@@ -339,10 +339,8 @@ spec:
             },
             ..Settings::default()
         };
-        let kubeconfig = kube::config::Kubeconfig::read_from(ns.kubeconfig())
-            .expect("the namespace's kubeconfig");
         let controller_config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            talos_upgrade_controller::api_client::config_from_file(ns.kubeconfig())
                 .await
                 .expect("a config from the namespace's kubeconfig");
         let world = World {
@@ -374,14 +372,8 @@ spec:
         };
         let stop = self.stop.child_token();
         // Clients of its own, as a new process would have: no connection shared with the last one.
-        let client = || {
-            talos_upgrade_controller::api_client::client(self.controller_config.clone())
-                .expect("the controller's API client")
-        };
-        let clients = controller::ApiClients {
-            main: client(),
-            intake: client(),
-        };
+        let clients = controller::ApiClients::connect(&self.controller_config)
+            .expect("the controller's API clients");
         let task = tokio::spawn(controller::run(
             clients,
             Some(self.ns.name.clone()),
