@@ -324,6 +324,12 @@ async fn forward(connection: &ConnectionState, request: Request) -> anyhow::Resu
             builder = builder.header(name, value);
         }
     }
+    // What a report says, for the timeline: the Talos message of an annotation patch, the messages of
+    // a status patch's conditions.
+    let said = match (&state.log, verb, resource.as_str()) {
+        (Some(_), "patch", "kubernetesclusters") => reported_messages(&bytes),
+        _ => String::new(),
+    };
     let upstream = builder.body(kube::client::Body::from(bytes))?;
     let sent = unix_millis(std::time::SystemTime::now());
     let response = connection
@@ -343,7 +349,7 @@ async fn forward(connection: &ConnectionState, request: Request) -> anyhow::Resu
         use std::io::Write;
         let _ = writeln!(
             log.lock().unwrap_or_else(|p| p.into_inner()),
-            "{sent} {} request {scope} {} {verb} {resource} {} {path}",
+            "{sent} {} request {scope} {} {verb} {resource} {} {path}{said}",
             unix_millis(std::time::SystemTime::now()),
             cluster.as_deref().unwrap_or("-"),
             response.status().as_u16()
@@ -360,6 +366,30 @@ async fn forward(connection: &ConnectionState, request: Request) -> anyhow::Resu
         return Ok(Response::from_parts(head, axum::body::Body::from(filtered)));
     }
     Ok(Response::from_parts(head, axum::body::Body::new(body)))
+}
+
+/// The messages a patch of a KubernetesCluster writes (` said: <message> | <message>`), empty when it
+/// writes none: the annotations' `talos-message` and `kubernetes-message`, the conditions' messages.
+fn reported_messages(body: &[u8]) -> String {
+    let Ok(patch) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return String::new();
+    };
+    let annotations = ["talos-message", "kubernetes-message"]
+        .into_iter()
+        .filter_map(|key| {
+            patch["metadata"]["annotations"][format!("upgrade.vitistack.io/{key}")].as_str()
+        });
+    let conditions = patch["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|condition| condition["message"].as_str());
+    let said: Vec<&str> = annotations.chain(conditions).collect();
+    if said.is_empty() {
+        String::new()
+    } else {
+        format!(" said: {}", said.join(" | "))
+    }
 }
 
 /// `at` in milliseconds since the Unix epoch, as the timeline writes times.
