@@ -13,7 +13,7 @@ mod e2e_common;
 use std::time::{Duration, Instant};
 
 use e2e_common::{ClusterEvent, World, WorldSpec};
-use talos_upgrade_controller::sim::ClientRole;
+use talos_upgrade_controller::sim::{ClientRole, Fault};
 
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -469,6 +469,101 @@ async fn a_talosconfig_from_another_ca_is_reported_as_refused_credentials() {
         .wait_for_annotation("talos-status", "completed", "180s")
         .await;
     assert_eq!(world.upgrade_calls().len(), 5);
+}
+
+/// A reconcile in the middle of a run asks the nodes with the connections of the Secret as last read,
+/// alongside its read of the Secret. Credentials replaced in between must win: what the old ones
+/// answered is dropped and the nodes are asked with the new ones. Here the old ones would still work
+/// and show the next node ready to go; the new ones are refused, so the run holds, says why, and
+/// starts no node until the credentials are fixed.
+#[tokio::test]
+async fn credentials_replaced_mid_run_are_the_ones_used_and_their_refusal_holds_the_run() {
+    let world = World::start(
+        "tb-midrun",
+        WorldSpec {
+            node_deadline: Duration::from_secs(600),
+            // Few looks while paused, so that the resume is nearly always the first to see the new
+            // Secret (the run itself moves on the nodes' own wake-ups).
+            poll_interval: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    // The first worker upgraded stays down until released, so the run can be paused behind it.
+    let workers = [world.node("worker-1"), world.node("worker-2")];
+    for worker in &workers {
+        world
+            .sim
+            .inject_fault(worker, Fault::NeverReturns)
+            .expect("fault");
+    }
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
+    let deadline = Instant::now() + PATIENCE;
+    while world.upgrade_calls().is_empty() {
+        assert!(Instant::now() < deadline, "no upgrade call was made");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = world.upgrade_calls()[0].clone();
+    world.annotate_raw("upgrade.vitistack.io/paused=true").await;
+    for worker in &workers {
+        world.sim.clear_faults(worker).expect("clear");
+    }
+    wait_for_message(&world, "paused after the first node", |message| {
+        message.starts_with("Paused after 1/5 nodes")
+    })
+    .await;
+
+    // New credentials the nodes refuse, then the run is resumed: the reconcile that resumes it is the
+    // first to read the new Secret, while the connections it kept still work.
+    set_talosconfig(&world, &world.sim.talosconfig_from_other_ca()).await;
+    world.annotate_raw("upgrade.vitistack.io/paused-").await;
+    let message = wait_for_message(&world, "a refusal of the new credentials", |message| {
+        message.starts_with("Talos upgrade cannot proceed: the Talos API of node ")
+    })
+    .await;
+    assert!(
+        message.contains(&format!(
+            "refused the credentials in Secret {}/{}",
+            world.ns.name,
+            secret_name(&world)
+        )),
+        "{message}"
+    );
+    assert_eq!(world.annotation("talos-status").await, "in-progress");
+    assert_eq!(world.annotation("talos-progress").await, "1/5");
+    let blocked = wait_for_event(&world, "UpgradeBlocked", &message).await;
+    assert_eq!(blocked.type_, "Warning");
+    world.poke_and_wait(1).await;
+    // No node was started on what the old credentials showed.
+    assert_eq!(world.upgrade_calls(), vec![first.clone()]);
+    let started: Vec<String> = world
+        .cluster_events()
+        .await
+        .into_iter()
+        .filter(|e| e.reason == "NodeUpgradeStarted")
+        .map(|e| e.message)
+        .collect();
+    assert_eq!(started.len(), 1, "{started:#?}");
+    assert!(
+        started[0].starts_with(&format!("Upgrading node {first} ")),
+        "{started:#?}"
+    );
+
+    set_talosconfig(&world, &world.sim.talosconfig(ClientRole::Admin)).await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    let mut calls = world.upgrade_calls();
+    assert_eq!(calls.len(), 5, "{calls:?}");
+    assert_eq!(calls[0], first);
+    calls.sort();
+    calls.dedup();
+    assert_eq!(calls.len(), 5, "each node upgraded once: {calls:?}");
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! Reaching one cluster: its credentials Secret, its Talos nodes (a fleet of connections) and its
 //! workload Kubernetes API, and the node inventory. Shared by the Talos and the Kubernetes upgrade.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use semver::Version;
@@ -25,6 +26,8 @@ pub struct Access {
     /// The workload cluster's Nodes (readiness, kubelet versions, cordons).
     pub workload_nodes: Vec<WorkloadNodeInfo>,
     pub workload: kube::Client,
+    /// Lists `workload`'s Nodes (see [`inventory::NodeLister`]).
+    pub nodes: inventory::NodeLister,
     pub namespace: String,
     pub secret_name: String,
     /// Each inventory node's Talos version (or why it could not be read), asked at most once.
@@ -78,11 +81,30 @@ impl<'a> SharedAccess<'a> {
     }
 
     pub async fn get(&self) -> Result<&Access, String> {
-        self.access
-            .get_or_init(|| connect(self.cluster, self.ctx))
-            .await
-            .as_ref()
-            .map_err(Clone::clone)
+        let no_look = None::<fn(Arc<TalosFleet>, Vec<InventoryNode>) -> std::future::Ready<()>>;
+        self.get_and_look(no_look).await.0
+    }
+
+    /// The access as [`SharedAccess::get`] gives it, and `look`'s answer when it could be asked early:
+    /// when this call makes the access and the cluster has a Machine inventory and connections from
+    /// its Secret as last read, `look` is given those connections and that inventory and runs alongside
+    /// the Secret's read, instead of one round trip after it. Its answer is returned only if the Secret
+    /// turns out unchanged, that is, when it is exactly what asking after the read would have given;
+    /// otherwise (and when the access was made already) `None`, and the caller asks with the access.
+    pub async fn get_and_look<T, F, Fut>(
+        &self,
+        look: Option<F>,
+    ) -> (Result<&Access, String>, Option<T>)
+    where
+        F: FnOnce(Arc<TalosFleet>, Vec<InventoryNode>) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let mut looked = None;
+        let access = self
+            .access
+            .get_or_init(|| connect(self.cluster, self.ctx, look, &mut looked))
+            .await;
+        (access.as_ref().map_err(Clone::clone), looked)
     }
 }
 
@@ -95,8 +117,19 @@ fn address_need(machines: &Option<Vec<InventoryNode>>) -> inventory::AddressNeed
     }
 }
 
-/// Reads the credentials and the inventory; a problem is one sentence for the user.
-async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, String> {
+/// Reads the credentials and the inventory; a problem is one sentence for the user. `look` is asked
+/// early, with the connections of the Secret as last read, when there are such connections and a
+/// Machine inventory; its answer is put in `looked` if the Secret turns out unchanged.
+async fn connect<T, F, Fut>(
+    cluster: &KubernetesCluster,
+    ctx: &Context,
+    look: Option<F>,
+    looked: &mut Option<T>,
+) -> Result<Access, String>
+where
+    F: FnOnce(Arc<TalosFleet>, Vec<InventoryNode>) -> Fut,
+    Fut: Future<Output = T>,
+{
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let cluster_id = cluster
@@ -116,9 +149,10 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let key = (namespace.clone(), name.clone());
-    // The Secret, the Machines and the workload Nodes in one round trip: the Nodes are listed with the
-    // connections built from the Secret as last read, and that list is used only if the Secret turns
-    // out unchanged (nearly always). A problem with the Secret is reported first.
+    // The Secret, the Machines, the workload Nodes and the caller's look at the nodes in one round
+    // trip: the Nodes are listed, and the nodes asked, with the connections built from the Secret as
+    // last read, and what they answered is used only if the Secret turns out unchanged (nearly always).
+    // A problem with the Secret is reported first.
     let known_link = ctx.known_link(&key);
     let (secret, (machines, listed_early)) = tokio::join!(secrets.get_opt(&secret_name), async {
         let machines = ctx
@@ -126,10 +160,22 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
             .get(ctx.client.clone(), &namespace, &cluster_id)
             .await;
         let listed = match (&known_link, &machines) {
-            (Some((version, link)), Ok(machines)) => Some((
-                version.clone(),
-                inventory::from_workload_nodes(link.workload.clone(), address_need(machines)).await,
-            )),
+            (Some((version, link)), Ok(machines)) => {
+                let early_look = match (look, machines) {
+                    (Some(look), Some(inventory)) => {
+                        link.fleet.relay_through(
+                            control_planes(inventory).iter().map(|node| node.address),
+                        );
+                        Some(look(link.fleet.clone(), inventory.clone()))
+                    }
+                    _ => None,
+                };
+                let (nodes, looked) = tokio::join!(
+                    link.nodes.list(address_need(machines)),
+                    futures::future::OptionFuture::from(early_look),
+                );
+                Some((version.clone(), nodes, looked))
+            }
             _ => None,
         };
         (machines, listed)
@@ -138,7 +184,11 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
         .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
     let secret_version = secret.resource_version().unwrap_or_default();
-    let ClusterLink { fleet, workload } = match known_link
+    let ClusterLink {
+        fleet,
+        workload,
+        nodes,
+    } = match known_link
         .as_ref()
         .filter(|(version, _)| *version == secret_version)
     {
@@ -153,9 +203,11 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
                     credentials::KUBECONFIG_KEY
                 )
             })?;
+            let workload = credentials::workload_client(workload).await?;
             let link = ClusterLink {
                 fleet: Arc::new(TalosFleet::new(talos, ctx.settings.talos.clone())),
-                workload: credentials::workload_client(workload).await?,
+                nodes: inventory::NodeLister::new(workload.clone()),
+                workload,
             };
             ctx.keep_link(key, &secret_version, link.clone());
             link
@@ -165,11 +217,12 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
 
     let machines = machines.map_err(|e| e.to_string())?;
     // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
-    let workload_nodes = match listed_early.filter(|(version, _)| *version == secret_version) {
-        Some((_, listed)) => listed,
-        None => {
-            inventory::from_workload_nodes(workload_client.clone(), address_need(&machines)).await
+    let workload_nodes = match listed_early.filter(|(version, ..)| *version == secret_version) {
+        Some((_, listed, early_look)) => {
+            *looked = early_look;
+            listed
         }
+        None => nodes.list(address_need(&machines)).await,
     }
     .map_err(|e| e.to_string())?;
     let inventory = match machines {
@@ -182,6 +235,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         inventory,
         workload_nodes,
         workload: workload_client,
+        nodes,
         namespace,
         secret_name,
         talos_versions: OnceCell::new(),

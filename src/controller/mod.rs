@@ -79,6 +79,8 @@ impl Default for Settings {
 pub struct ClusterLink {
     pub fleet: Arc<TalosFleet>,
     pub workload: Client,
+    /// The workload cluster's Nodes, over `workload`.
+    pub nodes: crate::inventory::NodeLister,
 }
 
 /// (namespace, cluster name) → (resourceVersion of the credentials Secret, its connections).
@@ -313,15 +315,20 @@ pub async fn reconcile(
             };
             (progress, written)
         }
-        // Nearly every reconcile needs the cluster's access; it is read while the record loads (after
-        // the acknowledgement, when the annotations alone allow one).
+        // Nearly every reconcile needs the cluster's access. With the record kept in memory it is left
+        // to the flows, so that the Talos flow asks the nodes alongside its reads
+        // (`SharedAccess::get_and_look`); otherwise it is read while the record loads. Both after the
+        // acknowledgement, when the annotations alone allow one.
         acknowledgement => {
             let written = match acknowledgement {
                 Some(acknowledgement) => acknowledge(acknowledgement).await,
                 None => None,
             };
-            let (progress, _) = tokio::join!(store.load(&name), access.get());
-            (progress?, written)
+            let progress = match store.kept(&name) {
+                Some(progress) => progress,
+                None => tokio::join!(store.load(&name), access.get()).0?,
+            };
+            (progress, written)
         }
     };
     // The acknowledged object is what later writes compare against, unless the user changed something

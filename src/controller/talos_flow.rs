@@ -18,12 +18,12 @@ use crate::crd::KubernetesCluster;
 use crate::credentials;
 use crate::drain;
 use crate::intent::{Target, UpgradeIntent};
-use crate::inventory::{self, AddressNeed, WorkloadNodeInfo};
+use crate::inventory::{AddressNeed, WorkloadNodeInfo};
 use crate::observe::{InventoryNode, TalosFleet, control_planes};
 use crate::rollout::progress::{NodeRole, NodeStep, Outcome, Run};
 use crate::rollout::talos::{
-    self as rollout, Action, Decision, NodeObservation, Note, NoteType, Observation, RunState,
-    Settings, TalosState, UpgradeApi,
+    self as rollout, Action, Decision, EtcdObservation, NodeObservation, Note, NoteType,
+    Observation, RunState, Settings, TalosState, UpgradeApi,
 };
 use crate::store::{Progress, ProgressStore};
 use crate::talos::{LegacyUpgradeOptions, RebootMode, TalosError};
@@ -200,6 +200,7 @@ async fn absent(
                     "Talos target removed: finishing the node(s) in flight before stopping ({problem})"
                 ),
             );
+            keep_run_shown(&mut report, progress.talos.as_ref());
             report.condition_reason = Some("InProgress");
             return Ok(outcome(
                 report,
@@ -435,6 +436,7 @@ async fn requested(
             report.condition_reason = Some(if report.status == UpgradeStatus::Failed {
                 "Failed"
             } else {
+                keep_run_shown(&mut report, existing.as_ref());
                 "InProgress"
             });
             return Ok(outcome(
@@ -1018,6 +1020,23 @@ fn derive_image(current: &str, target: &Version) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Keeps what the annotations show of a run still under way (`talos-progress`, the nodes in flight for
+/// the metrics) in a report made without a decision, when the nodes could not be looked at: the run
+/// is held, not gone.
+fn keep_run_shown(report: &mut KindReport, run: Option<&Run>) {
+    let Some(run) = run.filter(|run| !run.is_finished()) else {
+        return;
+    };
+    let (done, total) = run.counts();
+    report.progress = (total > 0).then_some((done, total));
+    report.in_flight = run
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.step, NodeStep::Issued { .. }))
+        .map(|n| n.name.clone())
+        .collect();
+}
+
 fn report_from(decision: &Decision) -> KindReport {
     let r = &decision.report;
     let (status, reason) = match r.state {
@@ -1235,23 +1254,23 @@ impl StartingNodes {
     }
 }
 
-/// Credentials, inventory and the nodes' state, with the installer image of the nodes `starting`
-/// names; a problem is a sentence for the user.
-async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<Observed, String> {
-    let access = access.get().await?;
-    let Access {
-        fleet,
-        inventory,
-        workload_nodes,
-        workload: workload_client,
-        namespace,
-        secret_name,
-        ..
-    } = access;
-    let kubernetes = kubelet_floor(access);
+/// What the nodes' Talos APIs said in one look.
+struct NodesLook {
+    /// In inventory order.
+    states: Vec<TalosState>,
+    etcd: EtcdObservation,
+    /// When the nodes were asked.
+    observed_at: std::time::Instant,
+}
 
+/// Every node and etcd at once, with the installer image of the nodes `starting` names: one round trip
+/// to the nodes, however many there are.
+async fn look_at_nodes(
+    fleet: &TalosFleet,
+    inventory: &[InventoryNode],
+    starting: &StartingNodes,
+) -> NodesLook {
     let control_planes = control_planes(inventory);
-    // Every node and etcd at once: one round trip to the nodes, however many there are.
     let with_installer_image = &starting.names(inventory);
     let observed_at = std::time::Instant::now();
     let (states, etcd) = tokio::join!(
@@ -1265,6 +1284,44 @@ async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<
         })),
         fleet.observe_etcd(&control_planes),
     );
+    NodesLook {
+        states,
+        etcd,
+        observed_at,
+    }
+}
+
+/// Credentials, inventory and the nodes' state, with the installer image of the nodes `starting`
+/// names; a problem is a sentence for the user.
+///
+/// The nodes are asked alongside the read of the credentials when the connections of the Secret as
+/// last read can be used (see [`SharedAccess::get_and_look`]): a reconcile woken by a node's return
+/// then reaches its write-ahead one round trip sooner.
+async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<Observed, String> {
+    let early = |fleet: Arc<TalosFleet>, inventory: Vec<InventoryNode>| async move {
+        look_at_nodes(&fleet, &inventory, starting).await
+    };
+    let (access, looked_early) = access.get_and_look(Some(early)).await;
+    let access = access?;
+    let Access {
+        fleet,
+        inventory,
+        workload_nodes,
+        workload: workload_client,
+        nodes,
+        namespace,
+        secret_name,
+        ..
+    } = access;
+    let kubernetes = kubelet_floor(access);
+    let NodesLook {
+        states,
+        etcd,
+        observed_at,
+    } = match looked_early {
+        Some(look) => look,
+        None => look_at_nodes(fleet, inventory, starting).await,
+    };
     access.note_talos_versions(
         states
             .iter()
@@ -1274,10 +1331,10 @@ async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<
             })
             .collect(),
     );
-    // The Nodes were listed before the nodes were asked. A node that Talos reports running and ready
-    // while its Node is not Ready may have turned Ready in between (the kubelet reports right after
-    // Talos is ready), so the Nodes are read once more, rather than leaving it to a whole further
-    // reconcile to notice.
+    // The Nodes were listed before the nodes were asked, or while they were. A node that Talos reports
+    // running and ready while its Node is not Ready may have turned Ready in between (the kubelet
+    // reports right after Talos is ready), so the Nodes are read once more, rather than leaving it to a
+    // whole further reconcile to notice.
     let ready_in = |nodes: &[WorkloadNodeInfo], name: &str| {
         nodes.iter().any(|n| n.node.name == name && n.ready)
     };
@@ -1285,7 +1342,8 @@ async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<
         matches!(state, TalosState::Up { ready: true, .. }) && !ready_in(workload_nodes, &node.name)
     });
     let reread = if behind {
-        inventory::from_workload_nodes(workload_client.clone(), AddressNeed::Optional)
+        nodes
+            .list(AddressNeed::Optional)
             .await
             .inspect_err(|error| tracing::debug!(%error, "reading the workload Nodes again"))
             .ok()
