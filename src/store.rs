@@ -150,21 +150,16 @@ impl ProgressStore {
         }
     }
 
-    /// The cluster's progress as kept in memory, if it is known to be current (see `read_cache`);
-    /// `None` when [`ProgressStore::load`] would have to read it.
-    pub fn kept(&self, cluster: &str) -> Option<Progress> {
-        let name = configmap_name(cluster);
-        self.cache
-            .as_ref()
-            .and_then(|cache| cache.get(&self.cache_key(&name)))
-    }
-
     /// The cluster's progress; empty when nothing was ever written.
     pub async fn load(&self, cluster: &str) -> Result<Progress, StoreError> {
-        if let Some(kept) = self.kept(cluster) {
+        let name = configmap_name(cluster);
+        if let Some(kept) = self
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.get(&self.cache_key(&name)))
+        {
             return Ok(kept);
         }
-        let name = configmap_name(cluster);
         let progress = self.read(&name).await?;
         self.remember(&name, &progress);
         Ok(progress)

@@ -1,7 +1,6 @@
 //! Reaching one cluster: its credentials Secret, its Talos nodes (a fleet of connections) and its
 //! workload Kubernetes API, and the node inventory. Shared by the Talos and the Kubernetes upgrade.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use semver::Version;
@@ -81,30 +80,11 @@ impl<'a> SharedAccess<'a> {
     }
 
     pub async fn get(&self) -> Result<&Access, String> {
-        let no_look = None::<fn(Arc<TalosFleet>, Vec<InventoryNode>) -> std::future::Ready<()>>;
-        self.get_and_look(no_look).await.0
-    }
-
-    /// The access as [`SharedAccess::get`] gives it, and `look`'s answer when it could be asked early:
-    /// when this call makes the access and the cluster has a Machine inventory and connections from
-    /// its Secret as last read, `look` is given those connections and that inventory and runs alongside
-    /// the Secret's read, instead of one round trip after it. Its answer is returned only if the Secret
-    /// turns out unchanged, that is, when it is exactly what asking after the read would have given;
-    /// otherwise (and when the access was made already) `None`, and the caller asks with the access.
-    pub async fn get_and_look<T, F, Fut>(
-        &self,
-        look: Option<F>,
-    ) -> (Result<&Access, String>, Option<T>)
-    where
-        F: FnOnce(Arc<TalosFleet>, Vec<InventoryNode>) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let mut looked = None;
-        let access = self
-            .access
-            .get_or_init(|| connect(self.cluster, self.ctx, look, &mut looked))
-            .await;
-        (access.as_ref().map_err(Clone::clone), looked)
+        self.access
+            .get_or_init(|| connect(self.cluster, self.ctx))
+            .await
+            .as_ref()
+            .map_err(Clone::clone)
     }
 }
 
@@ -117,19 +97,8 @@ fn address_need(machines: &Option<Vec<InventoryNode>>) -> inventory::AddressNeed
     }
 }
 
-/// Reads the credentials and the inventory; a problem is one sentence for the user. `look` is asked
-/// early, with the connections of the Secret as last read, when there are such connections and a
-/// Machine inventory; its answer is put in `looked` if the Secret turns out unchanged.
-async fn connect<T, F, Fut>(
-    cluster: &KubernetesCluster,
-    ctx: &Context,
-    look: Option<F>,
-    looked: &mut Option<T>,
-) -> Result<Access, String>
-where
-    F: FnOnce(Arc<TalosFleet>, Vec<InventoryNode>) -> Fut,
-    Fut: Future<Output = T>,
-{
+/// Reads the credentials and the inventory; a problem is one sentence for the user.
+async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, String> {
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let cluster_id = cluster
@@ -149,10 +118,9 @@ where
         };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let key = (namespace.clone(), name.clone());
-    // The Secret, the Machines, the workload Nodes and the caller's look at the nodes in one round
-    // trip: the Nodes are listed, and the nodes asked, with the connections built from the Secret as
-    // last read, and what they answered is used only if the Secret turns out unchanged (nearly always).
-    // A problem with the Secret is reported first.
+    // The Secret, the Machines and the workload Nodes in one round trip: the Nodes are listed with the
+    // connections built from the Secret as last read, and that list is used only if the Secret turns
+    // out unchanged (nearly always). A problem with the Secret is reported first.
     let known_link = ctx.known_link(&key);
     let (secret, (machines, listed_early)) = tokio::join!(secrets.get_opt(&secret_name), async {
         let machines = ctx
@@ -160,22 +128,10 @@ where
             .get(ctx.client.clone(), &namespace, &cluster_id)
             .await;
         let listed = match (&known_link, &machines) {
-            (Some((version, link)), Ok(machines)) => {
-                let early_look = match (look, machines) {
-                    (Some(look), Some(inventory)) => {
-                        link.fleet.relay_through(
-                            control_planes(inventory).iter().map(|node| node.address),
-                        );
-                        Some(look(link.fleet.clone(), inventory.clone()))
-                    }
-                    _ => None,
-                };
-                let (nodes, looked) = tokio::join!(
-                    link.nodes.list(address_need(machines)),
-                    futures::future::OptionFuture::from(early_look),
-                );
-                Some((version.clone(), nodes, looked))
-            }
+            (Some((version, link)), Ok(machines)) => Some((
+                version.clone(),
+                link.nodes.list(address_need(machines)).await,
+            )),
             _ => None,
         };
         (machines, listed)
@@ -217,11 +173,8 @@ where
 
     let machines = machines.map_err(|e| e.to_string())?;
     // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
-    let workload_nodes = match listed_early.filter(|(version, ..)| *version == secret_version) {
-        Some((_, listed, early_look)) => {
-            *looked = early_look;
-            listed
-        }
+    let workload_nodes = match listed_early.filter(|(version, _)| *version == secret_version) {
+        Some((_, listed)) => listed,
         None => nodes.list(address_need(&machines)).await,
     }
     .map_err(|e| e.to_string())?;

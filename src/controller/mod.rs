@@ -315,20 +315,15 @@ pub async fn reconcile(
             };
             (progress, written)
         }
-        // Nearly every reconcile needs the cluster's access. With the record kept in memory it is left
-        // to the flows, so that the Talos flow asks the nodes alongside its reads
-        // (`SharedAccess::get_and_look`); otherwise it is read while the record loads. Both after the
-        // acknowledgement, when the annotations alone allow one.
+        // Nearly every reconcile needs the cluster's access; it is read while the record loads (after
+        // the acknowledgement, when the annotations alone allow one).
         acknowledgement => {
             let written = match acknowledgement {
                 Some(acknowledgement) => acknowledge(acknowledgement).await,
                 None => None,
             };
-            let progress = match store.kept(&name) {
-                Some(progress) => progress,
-                None => tokio::join!(store.load(&name), access.get()).0?,
-            };
-            (progress, written)
+            let (progress, _) = tokio::join!(store.load(&name), access.get());
+            (progress?, written)
         }
     };
     // The acknowledged object is what later writes compare against, unless the user changed something

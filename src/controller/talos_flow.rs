@@ -1293,16 +1293,8 @@ async fn look_at_nodes(
 
 /// Credentials, inventory and the nodes' state, with the installer image of the nodes `starting`
 /// names; a problem is a sentence for the user.
-///
-/// The nodes are asked alongside the read of the credentials when the connections of the Secret as
-/// last read can be used (see [`SharedAccess::get_and_look`]): a reconcile woken by a node's return
-/// then reaches its write-ahead one round trip sooner.
 async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<Observed, String> {
-    let early = |fleet: Arc<TalosFleet>, inventory: Vec<InventoryNode>| async move {
-        look_at_nodes(&fleet, &inventory, starting).await
-    };
-    let (access, looked_early) = access.get_and_look(Some(early)).await;
-    let access = access?;
+    let access = access.get().await?;
     let Access {
         fleet,
         inventory,
@@ -1318,10 +1310,7 @@ async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<
         states,
         etcd,
         observed_at,
-    } = match looked_early {
-        Some(look) => look,
-        None => look_at_nodes(fleet, inventory, starting).await,
-    };
+    } = look_at_nodes(fleet, inventory, starting).await;
     access.note_talos_versions(
         states
             .iter()
@@ -1331,10 +1320,10 @@ async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<
             })
             .collect(),
     );
-    // The Nodes were listed before the nodes were asked, or while they were. A node that Talos reports
-    // running and ready while its Node is not Ready may have turned Ready in between (the kubelet
-    // reports right after Talos is ready), so the Nodes are read once more, rather than leaving it to a
-    // whole further reconcile to notice.
+    // The Nodes were listed before the nodes were asked. A node that Talos reports running and ready
+    // while its Node is not Ready may have turned Ready in between (the kubelet reports right after
+    // Talos is ready), so the Nodes are read once more, rather than leaving it to a whole further
+    // reconcile to notice.
     let ready_in = |nodes: &[WorkloadNodeInfo], name: &str| {
         nodes.iter().any(|n| n.node.name == name && n.ready)
     };
