@@ -190,52 +190,20 @@ pub enum AddressNeed {
     Optional,
 }
 
-/// Lists one workload cluster's Nodes from the API server's watch cache, as it is.
-///
-/// A list without a resourceVersion is a consistent read: the API server first waits until its watch
-/// cache has caught up with etcd's newest revision, and reads etcd itself (every Node, then filters)
-/// when that takes over 3 s. Under write load (many nodes rebooting at once, each kubelet writing its
-/// Node) that wait was most of a list's time: in a 200-cluster benchmark run the API server counted
-/// 2,061 s of such waits over 3,915 Node lists, one in twelve over 3 s, and those made the slowest
-/// transitions between nodes. A list "not older than" a version the cache has not reached waits the
-/// same way, so the controller asks for resourceVersion 0 ("any"): the cache's state at once, as an
-/// informer-based controller sees it. It can be a moment behind a write made elsewhere; on one API
-/// server it never goes back in time and holds every change a watch of the Nodes (a node follower,
-/// served from the same cache) has delivered. The decisions it feeds are checked against the nodes'
-/// own Talos APIs too, read fresh every time: a node is done only once Talos reports it rebooted, on
-/// the target and ready, and a node not ready in Talos holds the run whatever its Node says.
-#[derive(Clone)]
-pub struct NodeLister {
-    client: kube::Client,
-}
-
-impl NodeLister {
-    pub fn new(client: kube::Client) -> NodeLister {
-        NodeLister { client }
-    }
-
-    /// The Nodes, with their Ready state and kubelet version.
-    pub async fn list(
-        &self,
-        addresses: AddressNeed,
-    ) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let listed = nodes
-            .list(&ListParams::default().match_any())
-            .await
-            .map_err(|source| InventoryError::Kube {
-                what: "the workload cluster's Nodes".to_string(),
-                source,
-            })?;
-        workload_node_infos(listed.items, addresses)
-    }
-}
-
 /// The workload cluster's Nodes, with their Ready state and kubelet version.
-fn workload_node_infos(
-    listed: Vec<Node>,
+pub async fn from_workload_nodes(
+    workload: kube::Client,
     addresses: AddressNeed,
 ) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
+    let nodes: Api<Node> = Api::all(workload);
+    let listed = nodes
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| InventoryError::Kube {
+            what: "the workload cluster's Nodes".to_string(),
+            source,
+        })?
+        .items;
     if listed.is_empty() {
         return Err(InventoryError::Empty {
             source_desc: "no Machines and no workload Nodes".to_string(),

@@ -7,7 +7,7 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use talos_upgrade_controller::inventory::{
-    AddressNeed, InventoryError, NodeLister, WorkloadNodeInfo, from_machines,
+    AddressNeed, InventoryError, from_machines, from_workload_nodes,
 };
 use talos_upgrade_controller::rollout::progress::NodeRole;
 use talos_upgrade_controller::sim::workload::{WorkloadMirror, WorkloadNode};
@@ -64,22 +64,6 @@ async fn create_machine(
         .expect("machine status");
 }
 
-/// The lister's answer once `done` accepts it (a bounded wait for the API server's watch cache).
-async fn settled(
-    lister: &NodeLister,
-    addresses: AddressNeed,
-    done: impl Fn(&Result<Vec<WorkloadNodeInfo>, InventoryError>) -> bool,
-) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let listed = lister.list(addresses).await;
-        if done(&listed) || std::time::Instant::now() > deadline {
-            return listed;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() {
     let ns = ControlPlane::shared().test_namespace("inventory").await;
@@ -102,14 +86,9 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
         .sync(&workload_node("inv-worker-1", 2, false, false))
         .await
         .expect("node");
-    // The lists are served from the API server's watch cache as it is, which may be a moment behind
-    // the writes just made: each check waits until the cache has caught up.
-    let lister = NodeLister::new(ns.client.clone());
-    let nodes = settled(&lister, AddressNeed::Required, |listed| {
-        listed.as_ref().is_ok_and(|nodes| nodes.len() == 2)
-    })
-    .await
-    .expect("nodes");
+    let nodes = from_workload_nodes(ns.client.clone(), AddressNeed::Required)
+        .await
+        .expect("nodes");
     // Sorted by name.
     let summary: Vec<(String, NodeRole, String, bool, Option<String>)> = nodes
         .into_iter()
@@ -153,14 +132,16 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
         .create(&PostParams::default(), &bare)
         .await
         .expect("create node");
-    let error = settled(&lister, AddressNeed::Required, Result::is_err)
+    let error = from_workload_nodes(ns.client.clone(), AddressNeed::Required)
         .await
         .expect_err("a node without an address");
     assert_eq!(
         error.to_string(),
         "Node inv-registering has no IPv4 address (InternalIP)"
     );
-    let readiness = lister.list(AddressNeed::Optional).await.expect("nodes");
+    let readiness = from_workload_nodes(ns.client.clone(), AddressNeed::Optional)
+        .await
+        .expect("nodes");
     assert_eq!(readiness.len(), 2, "{readiness:?}");
 
     // vitistack's Machine CRD, with Machines labelled for two clusters.

@@ -25,8 +25,6 @@ pub struct Access {
     /// The workload cluster's Nodes (readiness, kubelet versions, cordons).
     pub workload_nodes: Vec<WorkloadNodeInfo>,
     pub workload: kube::Client,
-    /// Lists `workload`'s Nodes (see [`inventory::NodeLister`]).
-    pub nodes: inventory::NodeLister,
     pub namespace: String,
     pub secret_name: String,
     /// Each inventory node's Talos version (or why it could not be read), asked at most once.
@@ -130,7 +128,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         let listed = match (&known_link, &machines) {
             (Some((version, link)), Ok(machines)) => Some((
                 version.clone(),
-                link.nodes.list(address_need(machines)).await,
+                inventory::from_workload_nodes(link.workload.clone(), address_need(machines)).await,
             )),
             _ => None,
         };
@@ -140,11 +138,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
         .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
     let secret_version = secret.resource_version().unwrap_or_default();
-    let ClusterLink {
-        fleet,
-        workload,
-        nodes,
-    } = match known_link
+    let ClusterLink { fleet, workload } = match known_link
         .as_ref()
         .filter(|(version, _)| *version == secret_version)
     {
@@ -159,11 +153,9 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
                     credentials::KUBECONFIG_KEY
                 )
             })?;
-            let workload = credentials::workload_client(workload).await?;
             let link = ClusterLink {
                 fleet: Arc::new(TalosFleet::new(talos, ctx.settings.talos.clone())),
-                nodes: inventory::NodeLister::new(workload.clone()),
-                workload,
+                workload: credentials::workload_client(workload).await?,
             };
             ctx.keep_link(key, &secret_version, link.clone());
             link
@@ -175,7 +167,9 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
     // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
     let workload_nodes = match listed_early.filter(|(version, _)| *version == secret_version) {
         Some((_, listed)) => listed,
-        None => nodes.list(address_need(&machines)).await,
+        None => {
+            inventory::from_workload_nodes(workload_client.clone(), address_need(&machines)).await
+        }
     }
     .map_err(|e| e.to_string())?;
     let inventory = match machines {
@@ -188,7 +182,6 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         inventory,
         workload_nodes,
         workload: workload_client,
-        nodes,
         namespace,
         secret_name,
         talos_versions: OnceCell::new(),

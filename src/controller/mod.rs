@@ -79,8 +79,6 @@ impl Default for Settings {
 pub struct ClusterLink {
     pub fleet: Arc<TalosFleet>,
     pub workload: Client,
-    /// The workload cluster's Nodes, over `workload`.
-    pub nodes: crate::inventory::NodeLister,
 }
 
 /// (namespace, cluster name) → (resourceVersion of the credentials Secret, its connections).

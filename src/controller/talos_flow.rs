@@ -18,12 +18,12 @@ use crate::crd::KubernetesCluster;
 use crate::credentials;
 use crate::drain;
 use crate::intent::{Target, UpgradeIntent};
-use crate::inventory::{AddressNeed, WorkloadNodeInfo};
+use crate::inventory::{self, AddressNeed, WorkloadNodeInfo};
 use crate::observe::{InventoryNode, TalosFleet, control_planes};
 use crate::rollout::progress::{NodeRole, NodeStep, Outcome, Run};
 use crate::rollout::talos::{
-    self as rollout, Action, Decision, EtcdObservation, NodeObservation, Note, NoteType,
-    Observation, RunState, Settings, TalosState, UpgradeApi,
+    self as rollout, Action, Decision, NodeObservation, Note, NoteType, Observation, RunState,
+    Settings, TalosState, UpgradeApi,
 };
 use crate::store::{Progress, ProgressStore};
 use crate::talos::{LegacyUpgradeOptions, RebootMode, TalosError};
@@ -1254,23 +1254,23 @@ impl StartingNodes {
     }
 }
 
-/// What the nodes' Talos APIs said in one look.
-struct NodesLook {
-    /// In inventory order.
-    states: Vec<TalosState>,
-    etcd: EtcdObservation,
-    /// When the nodes were asked.
-    observed_at: std::time::Instant,
-}
+/// Credentials, inventory and the nodes' state, with the installer image of the nodes `starting`
+/// names; a problem is a sentence for the user.
+async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<Observed, String> {
+    let access = access.get().await?;
+    let Access {
+        fleet,
+        inventory,
+        workload_nodes,
+        workload: workload_client,
+        namespace,
+        secret_name,
+        ..
+    } = access;
+    let kubernetes = kubelet_floor(access);
 
-/// Every node and etcd at once, with the installer image of the nodes `starting` names: one round trip
-/// to the nodes, however many there are.
-async fn look_at_nodes(
-    fleet: &TalosFleet,
-    inventory: &[InventoryNode],
-    starting: &StartingNodes,
-) -> NodesLook {
     let control_planes = control_planes(inventory);
+    // Every node and etcd at once: one round trip to the nodes, however many there are.
     let with_installer_image = &starting.names(inventory);
     let observed_at = std::time::Instant::now();
     let (states, etcd) = tokio::join!(
@@ -1284,33 +1284,6 @@ async fn look_at_nodes(
         })),
         fleet.observe_etcd(&control_planes),
     );
-    NodesLook {
-        states,
-        etcd,
-        observed_at,
-    }
-}
-
-/// Credentials, inventory and the nodes' state, with the installer image of the nodes `starting`
-/// names; a problem is a sentence for the user.
-async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<Observed, String> {
-    let access = access.get().await?;
-    let Access {
-        fleet,
-        inventory,
-        workload_nodes,
-        workload: workload_client,
-        nodes,
-        namespace,
-        secret_name,
-        ..
-    } = access;
-    let kubernetes = kubelet_floor(access);
-    let NodesLook {
-        states,
-        etcd,
-        observed_at,
-    } = look_at_nodes(fleet, inventory, starting).await;
     access.note_talos_versions(
         states
             .iter()
@@ -1331,8 +1304,7 @@ async fn observe(access: &SharedAccess<'_>, starting: &StartingNodes) -> Result<
         matches!(state, TalosState::Up { ready: true, .. }) && !ready_in(workload_nodes, &node.name)
     });
     let reread = if behind {
-        nodes
-            .list(AddressNeed::Optional)
+        inventory::from_workload_nodes(workload_client.clone(), AddressNeed::Optional)
             .await
             .inspect_err(|error| tracing::debug!(%error, "reading the workload Nodes again"))
             .ok()

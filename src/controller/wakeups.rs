@@ -194,14 +194,7 @@ async fn follow_workload_node(
     wake_up: &impl Fn(),
 ) {
     let nodes: Api<Node> = Api::all(workload.clone());
-    // The watch's first list is served from the API server's cache as it is (`Any`), not after waiting
-    // for the cache to catch up with etcd (under the write load of many nodes rebooting at once that
-    // wait took seconds, see `inventory::NodeLister`). The cache only moves forward, so the list is
-    // no older than the reconcile's own look on the same API server; a Node seen Ready from an older
-    // view elsewhere costs at most one reconcile that finds nothing to do.
-    let config = watcher::Config::default()
-        .fields(&format!("metadata.name={name}"))
-        .any_semantic();
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut last = seen;
     let mut changes = std::pin::pin!(kube::runtime::WatchStreamExt::default_backoff(
         watcher::watcher(nodes, config)
