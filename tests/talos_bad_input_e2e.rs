@@ -17,17 +17,6 @@ use talos_upgrade_controller::sim::{ClientRole, Fault};
 
 const PATIENCE: Duration = Duration::from_secs(120);
 
-/// How many times an Event with `reason` was reported (series folded in).
-async fn occurrences(world: &World, reason: &str) -> u64 {
-    world
-        .cluster_events()
-        .await
-        .iter()
-        .filter(|e| e.reason == reason)
-        .map(|e| e.count)
-        .sum()
-}
-
 /// Polls until an Event with `reason` and `message` exists (events are published after the
 /// annotations are written).
 async fn wait_for_event(world: &World, reason: &str, message: &str) -> ClusterEvent {
@@ -90,7 +79,7 @@ async fn assert_refused(world: &World, message: &str, event_reason: &str) {
 async fn assert_refused_again(world: &World, message: &str, event_reason: &str, times: u64) {
     assert_refused_state(world, message).await;
     let deadline = Instant::now() + PATIENCE;
-    while occurrences(world, event_reason).await < times {
+    while world.event_count(event_reason).await < times {
         assert!(
             Instant::now() < deadline,
             "{event_reason} was not announced {times} times: {:#?}",
@@ -203,7 +192,7 @@ async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_pro
     // ... so looking again (another annotation changes) neither repeats the event nor touches a node.
     world.poke_and_wait(1).await;
     world.poke_and_wait(2).await;
-    assert_eq!(occurrences(&world, "InvalidTarget").await, 1);
+    assert_eq!(world.event_count("InvalidTarget").await, 1);
     assert_eq!(world.annotation("talos-message").await, message);
     assert_eq!(persisted_run(&world).await, run);
     assert!(world.sim.record().is_empty());
@@ -224,13 +213,13 @@ async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_pro
     );
     assert_refused_again(&world, &latest, "InvalidTarget", 2).await;
     world.poke_and_wait(3).await;
-    assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
+    assert_eq!(world.event_count("InvalidTarget").await, 2);
 
     // `resume` cannot make "latest" a version: the key is consumed and nothing else happens.
     world.annotate_raw("upgrade.vitistack.io/resume=true").await;
     wait_until_consumed(&world, "resume").await;
     assert_refused_state(&world, &latest).await;
-    assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
+    assert_eq!(world.event_count("InvalidTarget").await, 2);
     assert_eq!(persisted_run(&world).await["requested"], "latest");
 
     // Fixing the value: the upgrade runs.
@@ -267,7 +256,7 @@ async fn a_downgrade_and_a_path_talos_cannot_take_in_one_step_are_refused() {
     wait_for_message(&world, "the one-step refusal", |m| m == message).await;
     assert_refused_again(&world, message, "InvalidTarget", 2).await;
     world.poke_and_wait(1).await;
-    assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
+    assert_eq!(world.event_count("InvalidTarget").await, 2);
     assert!(world.sim.record().is_empty());
     for node in world.sim.snapshots() {
         assert_eq!(node.talos_version, "1.11.6", "{}", node.name);
@@ -299,7 +288,7 @@ async fn a_target_that_does_not_support_the_running_kubernetes_is_refused() {
                    1.29.10. Upgrade Kubernetes to 1.30 first. No node was touched.";
     assert_refused(&world, message, "InvalidTarget").await;
     world.poke_and_wait(1).await;
-    assert_eq!(occurrences(&world, "InvalidTarget").await, 1);
+    assert_eq!(world.event_count("InvalidTarget").await, 1);
     assert!(world.sim.record().is_empty());
 
     // `resume` decides the target again (after upgrading Kubernetes it would now start); Kubernetes
@@ -309,7 +298,7 @@ async fn a_target_that_does_not_support_the_running_kubernetes_is_refused() {
     wait_until_consumed(&world, "resume").await;
     assert_refused_again(&world, message, "InvalidTarget", 2).await;
     world.poke_and_wait(2).await;
-    assert_eq!(occurrences(&world, "InvalidTarget").await, 2);
+    assert_eq!(world.event_count("InvalidTarget").await, 2);
     assert!(world.sim.record().is_empty());
 }
 
@@ -334,7 +323,7 @@ async fn a_missing_credentials_secret_is_reported_and_restoring_it_lets_the_upgr
     );
     assert_refused(&world, &message, "UpgradeBlocked").await;
     world.poke_and_wait(1).await;
-    assert_eq!(occurrences(&world, "UpgradeBlocked").await, 1);
+    assert_eq!(world.event_count("UpgradeBlocked").await, 1);
     assert!(world.sim.record().is_empty());
 
     // Restoring the Secret: the controller, which keeps looking, starts the upgrade by itself.
@@ -461,7 +450,7 @@ async fn a_talosconfig_from_another_ca_is_reported_as_refused_credentials() {
     );
     assert_refused(&world, &message, "UpgradeBlocked").await;
     world.poke_and_wait(1).await;
-    assert_eq!(occurrences(&world, "UpgradeBlocked").await, 1);
+    assert_eq!(world.event_count("UpgradeBlocked").await, 1);
     assert!(world.sim.record().is_empty());
 
     set_talosconfig(&world, &world.sim.talosconfig(ClientRole::Admin)).await;
@@ -471,11 +460,11 @@ async fn a_talosconfig_from_another_ca_is_reported_as_refused_credentials() {
     assert_eq!(world.upgrade_calls().len(), 5);
 }
 
-/// A reconcile in the middle of a run asks the nodes with the connections of the Secret as last read,
-/// alongside its read of the Secret. Credentials replaced in between must win: what the old ones
-/// answered is dropped and the nodes are asked with the new ones. Here the old ones would still work
-/// and show the next node ready to go; the new ones are refused, so the run holds, says why, and
-/// starts no node until the credentials are fixed.
+/// The controller keeps a cluster's connections between reconciles, and a reconcile lists the workload
+/// Nodes with those of the Secret as last read, alongside its read of the Secret. Credentials replaced
+/// in between must win: whatever the old connections answered is dropped and the nodes are asked with
+/// the new ones. Here the old ones would still work and show the next node ready to go; the new ones
+/// are refused, so the run holds, says why, and starts no node until the credentials are fixed.
 #[tokio::test]
 async fn credentials_replaced_mid_run_are_the_ones_used_and_their_refusal_holds_the_run() {
     let world = World::start(
@@ -541,13 +530,7 @@ async fn credentials_replaced_mid_run_are_the_ones_used_and_their_refusal_holds_
     world.poke_and_wait(1).await;
     // No node was started on what the old credentials showed.
     assert_eq!(world.upgrade_calls(), vec![first.clone()]);
-    let started: Vec<String> = world
-        .cluster_events()
-        .await
-        .into_iter()
-        .filter(|e| e.reason == "NodeUpgradeStarted")
-        .map(|e| e.message)
-        .collect();
+    let started = world.event_messages("NodeUpgradeStarted").await;
     assert_eq!(started.len(), 1, "{started:#?}");
     assert!(
         started[0].starts_with(&format!("Upgrading node {first} ")),
@@ -586,7 +569,7 @@ async fn an_invalid_option_stops_the_run_from_starting_until_it_is_fixed() {
                    has the invalid value \"0\": use a whole number of 1 or more (the default is 1)";
     assert_refused(&world, message, "InvalidOption").await;
     world.poke_and_wait(1).await;
-    assert_eq!(occurrences(&world, "InvalidOption").await, 1);
+    assert_eq!(world.event_count("InvalidOption").await, 1);
     assert!(world.sim.record().is_empty());
 
     // Removing the bad value is enough: the upgrade starts with the default batch size.
@@ -768,5 +751,5 @@ async fn a_target_acknowledged_on_the_last_look_is_refused_when_a_node_was_upgra
     assert_eq!(record.len(), 1, "{record:#?}");
     assert_eq!(record[0].node, by_hand);
     assert_eq!(record[0].method, "/machine.MachineService/Upgrade");
-    assert_eq!(occurrences(&world, "InvalidTarget").await, 1);
+    assert_eq!(world.event_count("InvalidTarget").await, 1);
 }

@@ -222,13 +222,7 @@ async fn nodes_are_drained_within_their_budgets_then_rebooted_and_uncordoned() {
         max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),
         1
     );
-    let drained: Vec<String> = world
-        .cluster_events()
-        .await
-        .into_iter()
-        .filter(|e| e.reason == "NodeDrained")
-        .map(|e| e.message)
-        .collect();
+    let drained = world.event_messages("NodeDrained").await;
     assert!(
         drained.contains(&format!(
             "Node {worker_2} is drained; rebooting it into Talos 1.14.0"

@@ -101,13 +101,7 @@ async fn a_node_that_never_comes_back_fails_the_run_and_a_retry_does_not_upgrade
     world.poke_and_wait(1).await;
     assert_eq!(world.upgrade_calls(), vec![lost.clone()]);
     assert_eq!(world.annotation("talos-status").await, "failed");
-    let failures: u64 = world
-        .cluster_events()
-        .await
-        .iter()
-        .filter(|e| e.reason == "UpgradeFailed")
-        .map(|e| e.count)
-        .sum();
+    let failures = world.event_count("UpgradeFailed").await;
     assert_eq!(failures, 1, "the failure is announced once");
 
     // The documented retry: remove the target, then set it again. Removing a failed target clears the

@@ -433,10 +433,10 @@ async fn requested(
                 },
                 message.clone(),
             );
+            keep_run_shown(&mut report, existing.as_ref());
             report.condition_reason = Some(if report.status == UpgradeStatus::Failed {
                 "Failed"
             } else {
-                keep_run_shown(&mut report, existing.as_ref());
                 "InProgress"
             });
             return Ok(outcome(
@@ -1029,12 +1029,7 @@ fn keep_run_shown(report: &mut KindReport, run: Option<&Run>) {
     };
     let (done, total) = run.counts();
     report.progress = (total > 0).then_some((done, total));
-    report.in_flight = run
-        .nodes
-        .iter()
-        .filter(|n| matches!(n.step, NodeStep::Issued { .. }))
-        .map(|n| n.name.clone())
-        .collect();
+    report.in_flight = run.in_flight();
 }
 
 fn report_from(decision: &Decision) -> KindReport {

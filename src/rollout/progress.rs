@@ -170,6 +170,15 @@ impl Run {
         self.nodes.iter().find(|n| n.name == name)
     }
 
+    /// The nodes whose call was made (or is about to be) and that are not done yet, in run order.
+    pub fn in_flight(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| matches!(n.step, NodeStep::Issued { .. }))
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
     pub fn failed_nodes(&self) -> Vec<&str> {
         self.nodes
             .iter()

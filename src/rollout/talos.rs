@@ -730,12 +730,7 @@ fn start_next(
         .iter()
         .find(|n| !matches!(n.step, NodeStep::Done { .. }))
         .map(|n| n.role)?;
-    let in_flight: Vec<String> = run
-        .nodes
-        .iter()
-        .filter(|n| matches!(n.step, NodeStep::Issued { .. }))
-        .map(|n| n.name.clone())
-        .collect();
+    let in_flight = run.in_flight();
     let capacity = match phase {
         NodeRole::ControlPlane => 1,
         NodeRole::Worker => settings.max_parallel_workers.max(1),
@@ -876,12 +871,7 @@ fn finish(
     announce: bool,
 ) -> Decision {
     let (done, total) = run.counts();
-    let in_flight: Vec<String> = run
-        .nodes
-        .iter()
-        .filter(|n| matches!(n.step, NodeStep::Issued { .. }))
-        .map(|n| n.name.clone())
-        .collect();
+    let in_flight = run.in_flight();
     let failed_nodes: Vec<String> = run.failed_nodes().into_iter().map(String::from).collect();
     let (state, message) = match &run.outcome {
         Some(Outcome::Completed { .. }) => {

@@ -648,6 +648,26 @@ spec:
             .collect()
     }
 
+    /// How many times an Event with `reason` was reported on the cluster (series folded in).
+    pub async fn event_count(&self, reason: &str) -> u64 {
+        self.cluster_events()
+            .await
+            .iter()
+            .filter(|e| e.reason == reason)
+            .map(|e| e.count)
+            .sum()
+    }
+
+    /// The messages of the cluster's Events with `reason`.
+    pub async fn event_messages(&self, reason: &str) -> Vec<String> {
+        self.cluster_events()
+            .await
+            .into_iter()
+            .filter(|e| e.reason == reason)
+            .map(|e| e.message)
+            .collect()
+    }
+
     /// Reasons of the Events on the cluster, oldest first, with their messages: `(reason, message)`.
     pub async fn events(&self) -> Vec<(String, String)> {
         let text = self
