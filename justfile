@@ -19,13 +19,7 @@ test *ARGS:
 # Only the end-to-end tests: simulated Talos clusters upgraded by the in-process controller, the
 # deploy/ manifests and RBAC, and a real Prometheus scraping the controller.
 e2e:
-    #!/usr/bin/env bash
-    set -euo pipefail
-    args=()
-    for file in tests/*_e2e.rs tests/deploy.rs tests/prometheus.rs; do
-      args+=(--test "$(basename "$file" .rs)")
-    done
-    bash scripts/test.sh "${args[@]}"
+    bash scripts/test.sh --test e2e
 
 # Format the code.
 fmt:
@@ -36,9 +30,9 @@ lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# Regenerate deploy/crd.yaml from src/crd.rs (tests/crd.rs fails when it is stale).
+# Regenerate deploy/crd.yaml from crates/core/src/crd.rs (tests/integration/crd.rs fails when it is stale).
 crd:
-    cargo run --quiet --locked -- crd > deploy/crd.yaml
+    cargo run --quiet --locked -p talos-upgrade-controller -- crd > deploy/crd.yaml
 
 # Build the container image (multi-stage Dockerfile, static binary) tagged with the crate version.
 image:

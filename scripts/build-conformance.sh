@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Talos API conformance checker (tests/conformance, a Go program on Talos's own client library)
+# Builds the Talos API conformance checker (crates/sim/tests/conformance, a Go program on Talos's own client library)
 # into a cache directory outside the repository, keyed by a hash of its sources and this script. A warm
 # cache skips the build entirely. Prints the path of the binary as its last line of stdout.
 #
@@ -8,7 +8,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-src="$repo/tests/conformance"
+src="$repo/crates/sim/tests/conformance"
 cache_root=${TUC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/talos-upgrade-controller}
 
 # Build with the installed Go only (never download a toolchain) and without VCS stamping, which would

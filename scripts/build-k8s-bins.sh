@@ -8,7 +8,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-tools="$repo/tools/k8s-bins"
+tools="$repo/crates/testenv/k8s-bins"
 cache_root=${TUC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/talos-upgrade-controller}
 
 # The Kubernetes and etcd versions are read from the wrapper modules so there is one source of truth.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: unit, integration and end-to-end, against a real kube-apiserver + etcd.
 # Builds the control plane binaries first (cached outside the repo; the first build takes ~10 minutes).
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test control_plane`); without any, the
-# end-to-end suites also run a second time under vitistack's own KubernetesCluster CRD.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test integration -- control_plane::`);
+# without any, the end-to-end upgrade suites also run a second time under vitistack's own
+# KubernetesCluster CRD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,16 +16,18 @@ trap 'rm -f "$log"' EXIT
 set +e
 cargo test --workspace --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
-# The end-to-end suites again, under vitistack's own KubernetesCluster CRD instead of the project's (the
-# two cannot be installed in one API server, so each test binary uses one; see tests/e2e_common).
+# The upgrade suites of the end-to-end binary again, under vitistack's own KubernetesCluster CRD instead of
+# the project's (the two cannot be installed in one API server, so a test world uses one; see
+# tests/e2e/world.rs). deploy and prometheus install the project's CRD and are not run twice.
 if [[ $# -eq 0 ]]; then
-  e2e=()
-  for file in tests/*_e2e.rs; do
-    e2e+=(--test "$(basename "$file" .rs)")
+  suites=(talos_upgrade talos_failures talos_bad_input talos_drain talos_ordering kubernetes_upgrade chaos chaos_apiserver leader_election)
+  filters=()
+  for suite in "${suites[@]}"; do
+    filters+=("$suite::")
   done
   echo
   echo "end-to-end suites under vitistack's KubernetesCluster CRD (TUC_E2E_CRD=vitistack)"
-  TUC_E2E_CRD=vitistack cargo test --locked "${e2e[@]}" 2>&1 | tee -a "$log"
+  TUC_E2E_CRD=vitistack cargo test --locked --test e2e -- "${filters[@]}" 2>&1 | tee -a "$log"
   vitistack_status=${PIPESTATUS[0]}
   [[ $vitistack_status -eq 0 ]] || status=$vitistack_status
 fi

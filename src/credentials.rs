@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::talos::{TalosCredentials, Talosconfig};
+use talos_api::{TalosCredentials, Talosconfig};
 
 /// Secret key holding the talosctl client configuration.
 pub const TALOSCONFIG_KEY: &str = "talosconfig";
@@ -178,7 +178,7 @@ mod tests {
     use k8s_openapi::ByteString;
 
     use super::*;
-    use crate::sim::pki::{CertAuthority, ClientRole, Validity, talosconfig_yaml};
+    use talos_sim::pki::{CertAuthority, ClientRole, Validity, talosconfig_yaml};
 
     fn talosconfig() -> String {
         let ca = CertAuthority::generate().expect("ca");

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::rollout::talos::DrainStatus;
+use talos_upgrade_core::talos::DrainStatus;
 
 /// Field manager of the controller's writes to workload Nodes.
 const FIELD_MANAGER: &str = "talos-upgrade-controller";

@@ -8,9 +8,9 @@ use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::core::PartialObjectMeta;
 
-use crate::observe::InventoryNode;
 use crate::read_cache::{CachedReads, Fingerprint};
-use crate::rollout::progress::NodeRole;
+use crate::talos_fleet::InventoryNode;
+use talos_upgrade_core::run::NodeRole;
 
 /// Label vitistack puts on a cluster's Machines.
 pub const MACHINE_CLUSTER_LABEL: &str = "vitistack.io/clusterid";

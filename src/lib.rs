@@ -1,25 +1,26 @@
 //! talos-upgrade-controller: upgrades Talos Linux clusters described by vitistack `KubernetesCluster`
 //! objects, driven by `upgrade.vitistack.io/*` annotations.
+//!
+//! This crate is the shell around the pure core (`talos_upgrade_core`): it reads and writes Kubernetes,
+//! talks to Talos (`talos_api`), and runs the reconcile loop.
+//!
+//! * the reconcile: [`reconcile`] (access, acknowledgement, the flow both upgrade kinds share, report
+//!   writing, wake-ups);
+//! * the IO of each upgrade kind: [`kubernetes_upgrade`] (and the Talos one in [`reconcile`]);
+//! * the edges: [`api_client`], [`progress_store`], [`read_cache`], [`inventory`], [`credentials`],
+//!   [`drain`], [`talos_fleet`], [`catalog_sources`];
+//! * operations: [`metrics`], [`admin`], [`leader`].
 
 pub mod admin;
-pub mod annotations;
 pub mod api_client;
-pub mod catalog;
-pub mod controller;
-pub mod crd;
+pub mod catalog_sources;
 pub mod credentials;
 pub mod drain;
-pub mod grpc_codec;
-pub mod intent;
 pub mod inventory;
-pub mod k8s_upgrade;
+pub mod kubernetes_upgrade;
 pub mod leader;
 pub mod metrics;
-pub mod observe;
-pub mod proto;
+pub mod progress_store;
 pub mod read_cache;
-pub mod rollout;
-pub mod sim;
-pub mod store;
-pub mod talos;
-pub mod versions;
+pub mod reconcile;
+pub mod talos_fleet;

@@ -1,14 +1,10 @@
-//! The talos-upgrade-controller binary: `run` (the controller), `crd` (print the KubernetesCluster CRD) and
-//! `talos-sim` (the Talos node simulator).
+//! The talos-upgrade-controller binary: `run` (the controller) and `crd` (print the KubernetesCluster
+//! CRD). The Talos node simulator is a binary of its own (`talos-sim`, crates/sim) and is not in this one.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use talos_upgrade_controller::sim::workload::WorkloadMirror;
-use talos_upgrade_controller::sim::{ClientRole, SimConfig, Simulator, control};
 
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -23,8 +19,6 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the KubernetesCluster CustomResourceDefinition (YAML)
     Crd,
-    /// Run simulated Talos nodes that speak the real Talos API over mutual TLS (see docs/simulator.md).
-    TalosSim(TalosSimArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -124,22 +118,6 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_millis(millis))
 }
 
-#[derive(Debug, clap::Args)]
-struct TalosSimArgs {
-    /// Simulator configuration (YAML): nodes, versions, timings.
-    #[arg(long, env = "TALOS_SIM_CONFIG")]
-    config: PathBuf,
-    /// Directory to write the generated talosconfig into.
-    #[arg(long, env = "TALOS_SIM_STATE_DIR")]
-    state_dir: PathBuf,
-    /// kubeconfig of the workload cluster: nodes register there as Nodes with static pods.
-    #[arg(long, env = "TALOS_SIM_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// Address of the control API (node states, call record, fault injection).
-    #[arg(long, default_value = "127.0.0.1:50001")]
-    control_listen: SocketAddr,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // kube and tonic both use rustls with ring; one process-wide provider keeps every TLS config alike.
@@ -151,10 +129,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Crd => {
-            print!("{}", talos_upgrade_controller::crd::crd_yaml());
+            print!("{}", talos_upgrade_core::crd::crd_yaml());
             Ok(())
         }
-        Command::TalosSim(args) => run_simulator(args).await,
         Command::Run(args) => run_controller(*args).await,
     }
 }
@@ -162,9 +139,9 @@ async fn main() -> anyhow::Result<()> {
 /// The release catalog: built in, extended by the operator's file, refreshed from live sources if asked.
 fn release_catalog(
     args: &RunArgs,
-) -> anyhow::Result<talos_upgrade_controller::catalog::CatalogHandle> {
-    use talos_upgrade_controller::catalog::{Catalog, CatalogHandle, LiveConfig};
-    let base = Catalog::builtin_with_file(args.release_catalog.as_deref())
+) -> anyhow::Result<talos_upgrade_controller::catalog_sources::CatalogHandle> {
+    use talos_upgrade_controller::catalog_sources::{self, CatalogHandle, LiveConfig};
+    let base = catalog_sources::builtin_with_file(args.release_catalog.as_deref())
         .context("reading the release catalog")?;
     let live = LiveConfig {
         enabled: args.live_releases,
@@ -176,7 +153,7 @@ fn release_catalog(
 }
 
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
-    use talos_upgrade_controller::{admin, controller, leader, metrics::Metrics};
+    use talos_upgrade_controller::{admin, leader, metrics::Metrics, reconcile as controller};
     // Three connections to the API server (each client its own; see `api_client`): the reconciles', the
     // intake's (`controller::ApiClients`) and the Lease's (below).
     let config = kube::Config::infer()
@@ -287,85 +264,4 @@ async fn wait_for_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-}
-
-async fn run_simulator(args: TalosSimArgs) -> anyhow::Result<()> {
-    let config = SimConfig::from_file(&args.config)
-        .with_context(|| format!("loading {}", args.config.display()))?;
-    let simulator = Arc::new(Simulator::start(config).await?);
-
-    std::fs::create_dir_all(&args.state_dir)
-        .with_context(|| format!("creating {}", args.state_dir.display()))?;
-    let talosconfig = args.state_dir.join("talosconfig");
-    write_private(&talosconfig, &simulator.talosconfig(ClientRole::Admin))?;
-
-    if let Some(kubeconfig) = &args.kubeconfig {
-        let client = workload_client(kubeconfig).await?;
-        let mirror = WorkloadMirror::new(client);
-        let mut names = std::collections::BTreeSet::new();
-        for node in simulator.nodes() {
-            names.insert(node.name.clone());
-            let snapshots = simulator.subscribe(&node.name)?;
-            let mirror = mirror.clone();
-            tokio::spawn(async move { mirror.follow(snapshots).await });
-        }
-        tokio::spawn(async move {
-            if let Err(error) = mirror.run_kubelet(names).await {
-                tracing::error!(%error, "kubelet emulation stopped");
-            }
-        });
-    }
-
-    let listener = tokio::net::TcpListener::bind(args.control_listen)
-        .await
-        .with_context(|| format!("binding the control API to {}", args.control_listen))?;
-    let control_url = format!("http://{}", listener.local_addr()?);
-
-    println!(
-        "Talos simulator for cluster {:?}:",
-        simulator.cluster_name()
-    );
-    for node in simulator.nodes() {
-        println!(
-            "  {:<12} {:<13} {}",
-            node.name,
-            node.role.as_str(),
-            node.endpoint()
-        );
-    }
-    println!("talosconfig:  {}", talosconfig.display());
-    println!("control API:  {control_url}/nodes  (faults: see docs/simulator.md)");
-    if args.kubeconfig.is_some() {
-        println!("workload cluster: nodes registered as Kubernetes Nodes");
-    }
-
-    let server =
-        axum::serve(listener, control::router(simulator.clone())).with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        });
-    server.await.context("control API")?;
-    simulator.shutdown();
-    Ok(())
-}
-
-async fn workload_client(path: &Path) -> anyhow::Result<kube::Client> {
-    let config = talos_upgrade_controller::api_client::config_from_file(path)
-        .await
-        .with_context(|| format!("loading {}", path.display()))?;
-    Ok(talos_upgrade_controller::api_client::client(config)?)
-}
-
-/// Writes a credentials file readable by its owner only.
-fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    file.write_all(contents.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
 }

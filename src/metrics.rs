@@ -90,7 +90,7 @@ impl fmt::Display for ClusterKey {
 
 /// Which upgrade of a cluster a metric describes (label `kind`) and its status (label `status`): the
 /// annotation types themselves, so a metric and an annotation can never disagree on a value.
-pub use crate::annotations::{UpgradeKind, UpgradeStatus};
+pub use talos_upgrade_core::annotations::{UpgradeKind, UpgradeStatus};
 
 /// How an upgrade run ended (label `result`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -111,7 +111,7 @@ impl RunResult {
 }
 
 /// A node's role (label `role`): the rollout's own type, so the two never drift apart.
-pub use crate::rollout::progress::NodeRole;
+pub use talos_upgrade_core::run::NodeRole;
 
 /// The observed state of one upgrade kind of one cluster, as exported by
 /// [`Metrics::set_cluster_state`]. Versions are given without a leading `v`.
@@ -129,30 +129,6 @@ pub struct ClusterUpgradeGauges {
     pub available_version: Option<String>,
     /// Unix time (seconds) the current or last run started.
     pub run_started_at: Option<f64>,
-}
-
-/// The name of a gRPC status code as used in the `code` label of
-/// `talos_upgrade_talos_api_calls_total` (the names grpc-go and Talos print: `OK`, `Unavailable`, ...).
-pub fn grpc_code_name(code: tonic::Code) -> &'static str {
-    match code {
-        tonic::Code::Ok => "OK",
-        tonic::Code::Cancelled => "Canceled",
-        tonic::Code::Unknown => "Unknown",
-        tonic::Code::InvalidArgument => "InvalidArgument",
-        tonic::Code::DeadlineExceeded => "DeadlineExceeded",
-        tonic::Code::NotFound => "NotFound",
-        tonic::Code::AlreadyExists => "AlreadyExists",
-        tonic::Code::PermissionDenied => "PermissionDenied",
-        tonic::Code::ResourceExhausted => "ResourceExhausted",
-        tonic::Code::FailedPrecondition => "FailedPrecondition",
-        tonic::Code::Aborted => "Aborted",
-        tonic::Code::OutOfRange => "OutOfRange",
-        tonic::Code::Unimplemented => "Unimplemented",
-        tonic::Code::Internal => "Internal",
-        tonic::Code::Unavailable => "Unavailable",
-        tonic::Code::DataLoss => "DataLoss",
-        tonic::Code::Unauthenticated => "Unauthenticated",
-    }
 }
 
 // ----- label sets -----
@@ -710,7 +686,7 @@ impl Metrics {
     }
 
     /// Count one Talos API call: `method` is the gRPC method short name (`Upgrade`), `code` the
-    /// status code name (see [`grpc_code_name`]).
+    /// status code name (see [`talos_api::grpc_code_name`]).
     pub fn record_talos_call(&self, method: &'static str, code: &'static str) {
         self.families()
             .talos_api_calls
@@ -808,7 +784,7 @@ mod tests {
         m.record_preflight_failure(key, UpgradeKind::Talos, "etcd-health");
         m.observe_reconcile(0.2);
         m.record_reconcile_error("kube");
-        m.record_talos_call("Upgrade", grpc_code_name(tonic::Code::Ok));
+        m.record_talos_call("Upgrade", talos_api::grpc_code_name(tonic::Code::Ok));
     }
 
     #[test]
@@ -1060,7 +1036,10 @@ mod tests {
     fn clones_share_the_registry() {
         let m = Metrics::new();
         let c = m.clone();
-        c.record_talos_call("Version", grpc_code_name(tonic::Code::Unavailable));
+        c.record_talos_call(
+            "Version",
+            talos_api::grpc_code_name(tonic::Code::Unavailable),
+        );
         assert!(m.encode().contains(
             r#"talos_upgrade_talos_api_calls_total{method="Version",code="Unavailable"} 1"#
         ));

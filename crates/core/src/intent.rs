@@ -1,0 +1,616 @@
+//! What the annotations on a `KubernetesCluster` ask for ([`UpgradeIntent`], the user-written keys), as
+//! types.
+//!
+//! Reading rules, the same for every key (design/protocol.md leaves them open; user documentation of
+//! the annotations must state them):
+//!
+//! * Values are trimmed; an empty or all-blank value counts as absent. `kubectl annotate k=` is the
+//!   easiest way to leave an empty value behind, and nobody means "upgrade to the empty version" by it.
+//! * Keywords (`true`, `false`, `workers-first`, `control-planes-first`) are matched ASCII
+//!   case-insensitively: `True` has one obvious meaning, refusing it would only cost the user a retry.
+//! * A value that does not fit its key is never silently replaced by a default: it becomes an
+//!   [`InvalidOption`] naming the annotation and the accepted values, for the controller to report.
+//!   Where a reading is still needed, the safe one is taken: an unrecognised `paused` holds the
+//!   upgrade (holding is reversible, proceeding is not), an unrecognised `resume` or reset does nothing
+//!   (both act once and cannot be taken back).
+//! * An invalid target is not an option error: it is the protocol's "invalid target" (status `failed`
+//!   with the reason), so it is kept as [`Target::Invalid`].
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+
+use crate::annotations::{self, UpgradeKind};
+pub use crate::talos::UpgradeOrder;
+use crate::versions::{KubernetesVersion, TalosVersion, VersionParseError};
+
+/// A `*-target` annotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target<V> {
+    /// No target (missing or empty): nothing to upgrade, and an upgrade in progress stops after the
+    /// node(s) in flight.
+    Absent,
+    /// Not a version; the upgrade fails once with `reason` and waits for the value to change.
+    Invalid {
+        /// The annotation value as written (untrimmed), so "did the value change?" compares what the
+        /// user actually wrote.
+        raw: String,
+        reason: VersionParseError,
+    },
+    /// A well-formed version (not yet checked against the cluster, see [`crate::versions`]).
+    Version(V),
+}
+
+impl<V> Target<V> {
+    pub fn version(&self) -> Option<&V> {
+        match self {
+            Target::Version(version) => Some(version),
+            Target::Absent | Target::Invalid { .. } => None,
+        }
+    }
+
+    pub fn is_absent(&self) -> bool {
+        match self {
+            Target::Absent => true,
+            Target::Invalid { .. } | Target::Version(_) => false,
+        }
+    }
+}
+
+/// A user-written annotation whose value does not fit it. `Display` is one sentence for an Event or
+/// the `*-message` annotation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Annotation {key} has the invalid value {value:?}: {reason}")]
+pub struct InvalidOption {
+    /// The full annotation key.
+    pub key: &'static str,
+    /// The value as written.
+    pub value: String,
+    /// What would be accepted.
+    pub reason: String,
+}
+
+const BOOL_REASON: &str = "use \"true\" or \"false\"";
+const ORDER_REASON: &str = "use workers-first (the default) or control-planes-first";
+const PARALLEL_REASON: &str = "use a whole number of 1 or more (the default is 1)";
+const SECRET_REASON: &str = "use a Secret name: at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit";
+
+/// The user-written annotations, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeIntent {
+    pub talos_target: Target<TalosVersion>,
+    pub kubernetes_target: Target<KubernetesVersion>,
+    /// `resume: "true"`: retry the failed upgrade from the node that failed.
+    pub resume: bool,
+    /// `talos-reset-upgrade-state: "true"`.
+    pub talos_reset: bool,
+    /// `kubernetes-reset-upgrade-state: "true"`.
+    pub kubernetes_reset: bool,
+    /// `paused`; also true for an unrecognised value (see the module documentation).
+    pub paused: bool,
+    /// `upgrade-order`; an `Err` has no usable order, so no Talos run should start until it is fixed.
+    pub order: Result<UpgradeOrder, InvalidOption>,
+    /// `max-parallel-workers`; an `Err` has no usable batch size, as for `order`.
+    pub max_parallel_workers: Result<NonZeroU32, InvalidOption>,
+    /// `credentials-secret`: `Ok(None)` means "use the configured name template".
+    pub credentials_secret: Result<Option<String>, InvalidOption>,
+    /// Unrecognised values of the flag annotations (`resume`, the resets, `paused`), whose fields above
+    /// hold the safe reading.
+    pub invalid_flags: Vec<InvalidOption>,
+}
+
+impl UpgradeIntent {
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> UpgradeIntent {
+        let mut invalid_flags = Vec::new();
+        let mut flag = |key: &'static str, on_invalid: bool| match read_flag(annotations, key) {
+            Ok(value) => value,
+            Err(invalid) => {
+                invalid_flags.push(invalid);
+                on_invalid
+            }
+        };
+        // Flags read in key-table order, so reports come out in a stable order.
+        let resume = flag(annotations::RESUME, false);
+        let talos_reset = flag(annotations::TALOS_RESET_UPGRADE_STATE, false);
+        let kubernetes_reset = flag(annotations::KUBERNETES_RESET_UPGRADE_STATE, false);
+        let paused = flag(annotations::PAUSED, true);
+        UpgradeIntent {
+            talos_target: read_target(annotations, annotations::TALOS_TARGET, TalosVersion::parse),
+            kubernetes_target: read_target(
+                annotations,
+                annotations::KUBERNETES_TARGET,
+                KubernetesVersion::parse,
+            ),
+            resume,
+            talos_reset,
+            kubernetes_reset,
+            paused,
+            order: read_order(annotations),
+            max_parallel_workers: read_max_parallel_workers(annotations),
+            credentials_secret: read_credentials_secret(annotations),
+            invalid_flags,
+        }
+    }
+
+    /// The reset flag of `kind`.
+    pub fn reset(&self, kind: UpgradeKind) -> bool {
+        match kind {
+            UpgradeKind::Talos => self.talos_reset,
+            UpgradeKind::Kubernetes => self.kubernetes_reset,
+        }
+    }
+
+    /// Whether `kind` has a target annotation (valid or not).
+    pub fn has_target(&self, kind: UpgradeKind) -> bool {
+        match kind {
+            UpgradeKind::Talos => !self.talos_target.is_absent(),
+            UpgradeKind::Kubernetes => !self.kubernetes_target.is_absent(),
+        }
+    }
+
+    /// Every invalid option value, in annotation-table order, for the controller to report.
+    pub fn invalid_options(&self) -> Vec<&InvalidOption> {
+        let mut all: Vec<&InvalidOption> = self.invalid_flags.iter().collect();
+        all.extend(self.order.as_ref().err());
+        all.extend(self.max_parallel_workers.as_ref().err());
+        all.extend(self.credentials_secret.as_ref().err());
+        all
+    }
+}
+
+/// The trimmed value of `key`; `None` when missing or blank.
+fn value<'a>(annotations: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
+    annotations
+        .get(key)
+        .map(|raw| raw.trim())
+        .filter(|value| !value.is_empty())
+}
+
+fn invalid(
+    annotations: &BTreeMap<String, String>,
+    key: &'static str,
+    reason: &str,
+) -> InvalidOption {
+    InvalidOption {
+        key,
+        value: annotations.get(key).cloned().unwrap_or_default(),
+        reason: reason.to_string(),
+    }
+}
+
+fn read_target<V>(
+    annotations: &BTreeMap<String, String>,
+    key: &str,
+    parse: fn(&str) -> Result<V, VersionParseError>,
+) -> Target<V> {
+    let Some(text) = value(annotations, key) else {
+        return Target::Absent;
+    };
+    match parse(text) {
+        Ok(version) => Target::Version(version),
+        Err(reason) => Target::Invalid {
+            raw: annotations.get(key).cloned().unwrap_or_default(),
+            reason,
+        },
+    }
+}
+
+fn read_flag(
+    annotations: &BTreeMap<String, String>,
+    key: &'static str,
+) -> Result<bool, InvalidOption> {
+    match value(annotations, key) {
+        None => Ok(false),
+        Some(text) if text.eq_ignore_ascii_case("true") => Ok(true),
+        Some(text) if text.eq_ignore_ascii_case("false") => Ok(false),
+        Some(_) => Err(invalid(annotations, key, BOOL_REASON)),
+    }
+}
+
+fn read_order(annotations: &BTreeMap<String, String>) -> Result<UpgradeOrder, InvalidOption> {
+    match value(annotations, annotations::UPGRADE_ORDER) {
+        None => Ok(UpgradeOrder::default()),
+        Some(text) => UpgradeOrder::parse(text)
+            .ok_or_else(|| invalid(annotations, annotations::UPGRADE_ORDER, ORDER_REASON)),
+    }
+}
+
+fn read_max_parallel_workers(
+    annotations: &BTreeMap<String, String>,
+) -> Result<NonZeroU32, InvalidOption> {
+    let Some(text) = value(annotations, annotations::MAX_PARALLEL_WORKERS) else {
+        return Ok(NonZeroU32::MIN);
+    };
+    // Digits only: `u32::from_str` would also take `+3`, which is not what the table documents.
+    text.bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| text.parse::<NonZeroU32>().ok())
+        .flatten()
+        .ok_or_else(|| {
+            invalid(
+                annotations,
+                annotations::MAX_PARALLEL_WORKERS,
+                PARALLEL_REASON,
+            )
+        })
+}
+
+fn read_credentials_secret(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<String>, InvalidOption> {
+    let Some(text) = value(annotations, annotations::CREDENTIALS_SECRET) else {
+        return Ok(None);
+    };
+    // Checked here so a typo is reported as such, instead of as a Secret that cannot be found.
+    if is_dns_subdomain(text) {
+        Ok(Some(text.to_string()))
+    } else {
+        Err(invalid(
+            annotations,
+            annotations::CREDENTIALS_SECRET,
+            SECRET_REASON,
+        ))
+    }
+}
+
+/// RFC 1123 subdomain, the rule for Secret names.
+fn is_dns_subdomain(name: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    name.len() <= 253
+        && name.bytes().next().is_some_and(alnum)
+        && name.bytes().last().is_some_and(alnum)
+        && name.bytes().all(|b| alnum(b) || b == b'-' || b == b'.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotations::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn intent(pairs: &[(&str, &str)]) -> UpgradeIntent {
+        UpgradeIntent::from_annotations(&map(pairs))
+    }
+
+    /// Expected reading of a target value: `Ok(display)` for a version, `Err(message)` for invalid.
+    type Expect = Option<Result<&'static str, &'static str>>;
+
+    #[test]
+    fn targets() {
+        let cases: [(Option<&str>, Expect); 14] = [
+            (None, None),
+            (Some(""), None),
+            (Some("   "), None),
+            (Some("1.12.0"), Some(Ok("1.12.0"))),
+            (Some("v1.12.0"), Some(Ok("1.12.0"))),
+            (Some(" v1.12.0 "), Some(Ok("1.12.0"))),
+            (Some("1.12.0\n"), Some(Ok("1.12.0"))),
+            (Some("1.13.0-beta.1"), Some(Ok("1.13.0-beta.1"))),
+            (
+                Some("1.12"),
+                Some(Err(
+                    r#""1.12" is not a version: use MAJOR.MINOR.PATCH, e.g. 1.12.0"#,
+                )),
+            ),
+            (
+                Some(" v1.12 "),
+                Some(Err(
+                    r#""v1.12" is not a version: use MAJOR.MINOR.PATCH, e.g. 1.12.0"#,
+                )),
+            ),
+            (Some("latest"), Some(Err(""))),
+            (Some("1.12.x"), Some(Err(""))),
+            (Some("1.12.0+x"), Some(Err(""))),
+            (Some("v"), Some(Err(""))),
+        ];
+        for kind in UpgradeKind::ALL {
+            for (raw, expected) in cases {
+                let pairs: Vec<(&str, &str)> = raw
+                    .map(|raw| (kind.target_key(), raw))
+                    .into_iter()
+                    .collect();
+                let intent = intent(&pairs);
+                let (display, invalid) = match kind {
+                    UpgradeKind::Talos => describe(&intent.talos_target),
+                    UpgradeKind::Kubernetes => describe(&intent.kubernetes_target),
+                };
+                // The other kind is untouched.
+                let other_absent = match kind {
+                    UpgradeKind::Talos => intent.kubernetes_target.is_absent(),
+                    UpgradeKind::Kubernetes => intent.talos_target.is_absent(),
+                };
+                assert!(other_absent, "{kind} {raw:?}");
+                assert_eq!(
+                    intent.has_target(kind),
+                    expected.is_some(),
+                    "{kind} {raw:?}"
+                );
+                match expected {
+                    None => assert_eq!((display, invalid), (None, None), "{kind} {raw:?}"),
+                    Some(Ok(version)) => {
+                        assert_eq!(display.as_deref(), Some(version), "{kind} {raw:?}");
+                        assert_eq!(invalid, None, "{kind} {raw:?}");
+                    }
+                    Some(Err(message)) => {
+                        let (invalid_raw, reason) = invalid.expect("invalid target");
+                        assert_eq!(Some(invalid_raw.as_str()), raw, "raw kept as written");
+                        if !message.is_empty() {
+                            assert_eq!(reason, message, "{kind} {raw:?}");
+                        }
+                        assert_eq!(display, None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// (version display, (raw, reason)) of a target.
+    fn describe<V: std::fmt::Display>(
+        target: &Target<V>,
+    ) -> (Option<String>, Option<(String, String)>) {
+        match target {
+            Target::Absent => (None, None),
+            Target::Invalid { raw, reason } => (None, Some((raw.clone(), reason.to_string()))),
+            Target::Version(version) => (Some(version.to_string()), None),
+        }
+    }
+
+    #[test]
+    fn both_targets_at_once() {
+        let intent = intent(&[(TALOS_TARGET, "v1.12.0"), (KUBERNETES_TARGET, "1.35.0")]);
+        assert_eq!(
+            intent.talos_target,
+            Target::Version(TalosVersion::new(1, 12, 0))
+        );
+        assert_eq!(
+            intent.kubernetes_target.version(),
+            Some(&KubernetesVersion::new(1, 35, 0))
+        );
+        let intent = intent_with_bad_kubernetes();
+        assert_eq!(
+            intent.talos_target.version(),
+            Some(&TalosVersion::new(1, 12, 0))
+        );
+        assert!(matches!(intent.kubernetes_target, Target::Invalid { .. }));
+    }
+
+    fn intent_with_bad_kubernetes() -> UpgradeIntent {
+        intent(&[(TALOS_TARGET, "1.12.0"), (KUBERNETES_TARGET, "1.35")])
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let intent = intent(&[("unrelated/key", "x"), (TALOS_STATUS, "failed")]);
+        assert_eq!(intent.talos_target, Target::Absent);
+        assert_eq!(intent.kubernetes_target, Target::Absent);
+        assert!(
+            !intent.resume && !intent.talos_reset && !intent.kubernetes_reset && !intent.paused
+        );
+        assert_eq!(intent.order, Ok(UpgradeOrder::WorkersFirst));
+        assert_eq!(intent.max_parallel_workers, Ok(NonZeroU32::MIN));
+        assert_eq!(intent.credentials_secret, Ok(None));
+        assert!(intent.invalid_options().is_empty());
+    }
+
+    /// Which flag a row sets.
+    #[derive(Debug, Clone, Copy)]
+    enum Flag {
+        Resume,
+        TalosReset,
+        KubernetesReset,
+        Paused,
+    }
+
+    #[test]
+    fn flags() {
+        let flags = [
+            (Flag::Resume, RESUME, false),
+            (Flag::TalosReset, TALOS_RESET_UPGRADE_STATE, false),
+            (Flag::KubernetesReset, KUBERNETES_RESET_UPGRADE_STATE, false),
+            (Flag::Paused, PAUSED, true),
+        ];
+        // (value, reading, valid); invalid rows read as the flag's safe value.
+        let values = [
+            ("true", Some(true)),
+            ("True", Some(true)),
+            ("TRUE", Some(true)),
+            (" true\n", Some(true)),
+            ("false", Some(false)),
+            ("False", Some(false)),
+            ("", Some(false)),
+            ("  ", Some(false)),
+            ("yes", None),
+            ("1", None),
+            ("on", None),
+            ("t", None),
+            ("truee", None),
+        ];
+        for (flag, key, safe) in flags {
+            for (raw, reading) in values {
+                let intent = intent(&[(key, raw)]);
+                let got = match flag {
+                    Flag::Resume => intent.resume,
+                    Flag::TalosReset => intent.talos_reset,
+                    Flag::KubernetesReset => intent.kubernetes_reset,
+                    Flag::Paused => intent.paused,
+                };
+                assert_eq!(got, reading.unwrap_or(safe), "{key}={raw:?}");
+                match reading {
+                    Some(_) => assert!(intent.invalid_options().is_empty(), "{key}={raw:?}"),
+                    None => assert_eq!(
+                        intent.invalid_options(),
+                        vec![&InvalidOption {
+                            key,
+                            value: raw.to_string(),
+                            reason: BOOL_REASON.to_string(),
+                        }],
+                        "{key}={raw:?}"
+                    ),
+                }
+            }
+        }
+        let intent = intent(&[(TALOS_RESET_UPGRADE_STATE, "true")]);
+        assert!(intent.reset(UpgradeKind::Talos) && !intent.reset(UpgradeKind::Kubernetes));
+        let intent = super::tests::intent(&[(KUBERNETES_RESET_UPGRADE_STATE, "true")]);
+        assert!(!intent.reset(UpgradeKind::Talos) && intent.reset(UpgradeKind::Kubernetes));
+    }
+
+    #[test]
+    fn upgrade_order() {
+        let cases = [
+            ("workers-first", Some(UpgradeOrder::WorkersFirst)),
+            (
+                "control-planes-first",
+                Some(UpgradeOrder::ControlPlanesFirst),
+            ),
+            (
+                " Control-Planes-First ",
+                Some(UpgradeOrder::ControlPlanesFirst),
+            ),
+            ("", Some(UpgradeOrder::WorkersFirst)),
+            ("sideways", None),
+            ("controlplanes-first", None),
+            ("workers_first", None),
+            ("workers", None),
+        ];
+        for (raw, expected) in cases {
+            let intent = intent(&[(UPGRADE_ORDER, raw)]);
+            match expected {
+                Some(order) => assert_eq!(intent.order, Ok(order), "{raw:?}"),
+                None => {
+                    let error = intent.order.clone().unwrap_err();
+                    assert_eq!(error.key, UPGRADE_ORDER);
+                    assert_eq!(error.value, raw);
+                    assert_eq!(intent.invalid_options(), vec![&error]);
+                }
+            }
+        }
+        assert_eq!(
+            intent(&[(UPGRADE_ORDER, "sideways")])
+                .order
+                .unwrap_err()
+                .to_string(),
+            r#"Annotation upgrade.vitistack.io/upgrade-order has the invalid value "sideways": use workers-first (the default) or control-planes-first"#
+        );
+        for order in [UpgradeOrder::WorkersFirst, UpgradeOrder::ControlPlanesFirst] {
+            assert_eq!(UpgradeOrder::parse(order.as_str()), Some(order));
+            assert_eq!(order.to_string(), order.as_str());
+        }
+    }
+
+    #[test]
+    fn max_parallel_workers() {
+        let cases = [
+            ("1", Some(1)),
+            ("3", Some(3)),
+            (" 10 ", Some(10)),
+            ("007", Some(7)),
+            ("4294967295", Some(u32::MAX)),
+            ("", Some(1)),
+            ("0", None),
+            ("00", None),
+            ("-1", None),
+            ("+2", None),
+            ("abc", None),
+            ("2.5", None),
+            ("1e3", None),
+            ("4294967296", None),
+            ("3 workers", None),
+        ];
+        for (raw, expected) in cases {
+            let intent = intent(&[(MAX_PARALLEL_WORKERS, raw)]);
+            match expected {
+                Some(n) => assert_eq!(
+                    intent.max_parallel_workers.map(NonZeroU32::get),
+                    Ok(n),
+                    "{raw:?}"
+                ),
+                None => {
+                    let error = intent.max_parallel_workers.clone().unwrap_err();
+                    assert_eq!(
+                        (error.key, error.value.as_str()),
+                        (MAX_PARALLEL_WORKERS, raw)
+                    );
+                    assert_eq!(intent.invalid_options().len(), 1);
+                }
+            }
+        }
+        assert_eq!(
+            intent(&[(MAX_PARALLEL_WORKERS, "0")])
+                .max_parallel_workers
+                .unwrap_err()
+                .to_string(),
+            r#"Annotation upgrade.vitistack.io/max-parallel-workers has the invalid value "0": use a whole number of 1 or more (the default is 1)"#
+        );
+    }
+
+    #[test]
+    fn credentials_secret() {
+        let long = "a".repeat(253);
+        let too_long = "a".repeat(254);
+        let cases = [
+            ("cluster-a", Some(Some("cluster-a"))),
+            (" cluster-a.talos ", Some(Some("cluster-a.talos"))),
+            ("0abc9", Some(Some("0abc9"))),
+            (long.as_str(), Some(Some(long.as_str()))),
+            ("", Some(None)),
+            (too_long.as_str(), None),
+            ("Cluster-A", None),
+            ("-cluster", None),
+            ("cluster-", None),
+            ("cluster_a", None),
+            ("ns/cluster", None),
+        ];
+        for (raw, expected) in cases {
+            let intent = intent(&[(CREDENTIALS_SECRET, raw)]);
+            match expected {
+                Some(name) => assert_eq!(
+                    intent.credentials_secret,
+                    Ok(name.map(str::to_string)),
+                    "{raw:?}"
+                ),
+                None => {
+                    let error = intent.credentials_secret.clone().unwrap_err();
+                    assert_eq!(error.key, CREDENTIALS_SECRET, "{raw:?}");
+                    assert_eq!(intent.invalid_options(), vec![&error]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_options_are_all_reported_in_table_order() {
+        let intent = intent(&[
+            (CREDENTIALS_SECRET, "Bad_Name"),
+            (MAX_PARALLEL_WORKERS, "0"),
+            (UPGRADE_ORDER, "sideways"),
+            (PAUSED, "please"),
+            (RESUME, "yes"),
+            (TALOS_TARGET, "1.12.0"),
+        ]);
+        let keys: Vec<&str> = intent.invalid_options().iter().map(|o| o.key).collect();
+        assert_eq!(
+            keys,
+            [
+                RESUME,
+                PAUSED,
+                UPGRADE_ORDER,
+                MAX_PARALLEL_WORKERS,
+                CREDENTIALS_SECRET
+            ]
+        );
+        // An unrecognised pause holds; an unrecognised resume does nothing.
+        assert!(intent.paused);
+        assert!(!intent.resume);
+        // A valid target is unaffected by bad options.
+        assert_eq!(
+            intent.talos_target.version(),
+            Some(&TalosVersion::new(1, 12, 0))
+        );
+    }
+}

@@ -1,0 +1,1346 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::{Timestamp, ToSpan};
+
+use super::*;
+use crate::run::NoteType;
+
+const DEADLINE: Duration = Duration::from_secs(5 * 60);
+
+fn t0() -> Timestamp {
+    "2026-11-25T10:00:00Z".parse().expect("timestamp")
+}
+
+fn k(text: &str) -> KubernetesVersion {
+    KubernetesVersion::parse(text).expect("version")
+}
+
+fn settings() -> Settings {
+    Settings {
+        paused: false,
+        step_deadline: DEADLINE,
+    }
+}
+
+fn image(field: ImageField, version: &str) -> String {
+    format!("{}:v{version}", field.default_repository())
+}
+
+fn node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
+    let control_plane = role == NodeRole::ControlPlane;
+    let cp_image = |field| control_plane.then(|| image(field, version));
+    NodeObservation {
+        name: name.into(),
+        role,
+        talos: TalosApi::Up {
+            version: TalosVersion::parse("1.12.0").expect("version"),
+            ready: true,
+        },
+        images: ConfiguredImages {
+            api_server: cp_image(ImageField::ApiServer),
+            controller_manager: cp_image(ImageField::ControllerManager),
+            scheduler: cp_image(ImageField::Scheduler),
+            proxy: cp_image(ImageField::Proxy),
+            kubelet: Some(image(ImageField::Kubelet, version)),
+        },
+        config_versions: if control_plane {
+            ConfigVersions {
+                api_server: Some("1".into()),
+                controller_manager: Some("1".into()),
+                scheduler: Some("1".into()),
+            }
+        } else {
+            ConfigVersions::default()
+        },
+        static_pods: if control_plane {
+            Component::ALL
+                .iter()
+                .map(|&component| StaticPod {
+                    component,
+                    image: image(component.image_field(), version),
+                    config_version: Some("1".into()),
+                    ready: true,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        kubelet_version: Some(k(version)),
+        kubernetes_ready: true,
+    }
+}
+
+/// Three control planes and two workers, all healthy on Kubernetes `version`.
+fn cluster(version: &str) -> Observation {
+    Observation {
+        nodes: vec![
+            node("cp-1", NodeRole::ControlPlane, version),
+            node("cp-2", NodeRole::ControlPlane, version),
+            node("cp-3", NodeRole::ControlPlane, version),
+            node("w-1", NodeRole::Worker, version),
+            node("w-2", NodeRole::Worker, version),
+        ],
+    }
+}
+
+fn set(obs: &mut Observation, name: &str, change: impl FnOnce(&mut NodeObservation)) {
+    change(
+        obs.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .expect("node in observation"),
+    );
+}
+
+fn pod(node: &mut NodeObservation, component: Component) -> &mut StaticPod {
+    node.static_pods
+        .iter_mut()
+        .find(|p| p.component == component)
+        .expect("static pod")
+}
+
+fn start(obs: &Observation) -> KubeRun {
+    start_run("v1.35.0", &k("1.35.0"), &k("1.34.1"), obs, t0())
+}
+
+/// A compact name for a step: `prepull cp-1`, `kube-apiserver cp-1`, `manifests`.
+fn label(step: &Step) -> String {
+    match step {
+        Step::PrePull { node } => format!("prepull {node}"),
+        Step::ControlPlane { component, node } => format!("{component} {node}"),
+        Step::KubeProxy { node } => format!("kube-proxy {node}"),
+        Step::Kubelet { node } => format!("kubelet {node}"),
+        Step::Manifests => "manifests".into(),
+    }
+}
+
+/// A compact name for an action: `pull cp-1`, `patch kube-apiserver cp-1`, `sync cp-1`.
+fn action_label(action: &Action) -> String {
+    match action {
+        Action::PullImages { node, .. } => format!("pull {node}"),
+        Action::PatchImage { node, field, .. } => format!("patch {field} {node}"),
+        Action::SyncManifests { node } => format!("sync {node}"),
+    }
+}
+
+fn labels(actions: &[Action]) -> Vec<String> {
+    actions.iter().map(action_label).collect()
+}
+
+fn index_of(run: &KubeRun, wanted: &str) -> usize {
+    run.steps
+        .iter()
+        .position(|s| label(&s.step) == wanted)
+        .expect("step in run")
+}
+
+/// `run` with every step before `wanted` done (started in this run), `wanted` issued at `at` with the
+/// image it would patch, and the rest pending.
+fn issued_at(obs: &Observation, wanted: &str, at: Timestamp) -> KubeRun {
+    let mut run = start(obs);
+    let index = index_of(&run, wanted);
+    for step in &mut run.steps[..index] {
+        step.state = StepState::Done {
+            at,
+            started_at: Some(at),
+        };
+    }
+    let image = field_of(&run.steps[index].step).map(|field| image(field, "1.35.0"));
+    run.steps[index].state = StepState::Issued { at, image };
+    run
+}
+
+/// `run` with every step before `wanted` done and the rest pending.
+fn pending_at(obs: &Observation, wanted: &str) -> KubeRun {
+    let mut run = start(obs);
+    let index = index_of(&run, wanted);
+    for step in &mut run.steps[..index] {
+        step.state = StepState::Done {
+            at: t0(),
+            started_at: Some(t0()),
+        };
+    }
+    run
+}
+
+fn reasons(notes: &[Note]) -> Vec<&str> {
+    notes.iter().map(|n| n.reason).collect()
+}
+
+// ----------------------------------------------------------------------------------------------
+// Starting a run
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn the_steps_follow_talosctl_upgrade_k8s() {
+    let obs = Observation {
+        // Out of order on purpose: the run sorts by role, then name.
+        nodes: vec![
+            node("w-1", NodeRole::Worker, "1.34.1"),
+            node("cp-2", NodeRole::ControlPlane, "1.34.1"),
+            node("cp-1", NodeRole::ControlPlane, "1.34.1"),
+        ],
+    };
+    let run = start(&obs);
+    let steps: Vec<String> = run.steps.iter().map(|s| label(&s.step)).collect();
+    assert_eq!(
+        steps,
+        vec![
+            "prepull cp-1",
+            "prepull cp-2",
+            "prepull w-1",
+            "kube-apiserver cp-1",
+            "kube-apiserver cp-2",
+            "kube-controller-manager cp-1",
+            "kube-controller-manager cp-2",
+            "kube-scheduler cp-1",
+            "kube-scheduler cp-2",
+            "kube-proxy cp-1",
+            "kube-proxy cp-2",
+            "kubelet cp-1",
+            "kubelet cp-2",
+            "kubelet w-1",
+            "manifests",
+        ]
+    );
+    assert!(run.steps.iter().all(|s| s.state == StepState::Pending));
+    assert_eq!(run.requested, "v1.35.0");
+    assert_eq!(run.target, "1.35.0");
+    assert_eq!(run.from, "1.34.1");
+    assert_eq!(run.counts(), (0, 3));
+}
+
+#[test]
+fn a_cluster_already_on_the_target_completes_at_once() {
+    let obs = cluster("1.35.0");
+    let run = start(&obs);
+    assert!(run.steps.iter().all(|s| s.state
+        == StepState::Done {
+            at: t0(),
+            started_at: None
+        }));
+    let decision = advance(&run, &settings(), &obs, t0());
+    assert_eq!(decision.report.state, RunState::Completed);
+    assert_eq!(
+        decision.report.message,
+        "Kubernetes upgrade completed: now running 1.35.0"
+    );
+    assert_eq!((decision.report.done, decision.report.total), (5, 5));
+    assert!(decision.actions.is_empty());
+    // Nothing was upgraded, so no node is announced; the completion is, once.
+    assert_eq!(reasons(&decision.report.notes), vec!["UpgradeCompleted"]);
+}
+
+#[test]
+fn steps_an_earlier_run_finished_count_as_done() {
+    // A previous run moved cp-1's API server before it failed.
+    let mut obs = cluster("1.34.1");
+    set(&mut obs, "cp-1", |n| {
+        n.images.api_server = Some(image(ImageField::ApiServer, "1.35.0"));
+        n.config_versions.api_server = Some("2".into());
+        let p = pod(n, Component::KubeApiserver);
+        p.image = image(ImageField::ApiServer, "1.35.0");
+        p.config_version = Some("2".into());
+    });
+    let run = start(&obs);
+    let done: Vec<String> = run
+        .steps
+        .iter()
+        .filter(|s| s.state.is_done())
+        .map(|s| label(&s.step))
+        .collect();
+    assert_eq!(done, vec!["kube-apiserver cp-1"]);
+    // Its node still has other steps: not counted as done.
+    assert_eq!(run.counts(), (0, 5));
+}
+
+// ----------------------------------------------------------------------------------------------
+// One step at a time, verified
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn the_first_decision_pre_pulls_on_the_first_control_plane() {
+    let obs = cluster("1.34.1");
+    let decision = advance(&start(&obs), &settings(), &obs, t0());
+    let expected = vec![Action::PullImages {
+        node: "cp-1".into(),
+        images: vec![
+            ImagePull {
+                field: ImageField::ApiServer,
+                image: "registry.k8s.io/kube-apiserver:v1.35.0".into(),
+            },
+            ImagePull {
+                field: ImageField::ControllerManager,
+                image: "registry.k8s.io/kube-controller-manager:v1.35.0".into(),
+            },
+            ImagePull {
+                field: ImageField::Scheduler,
+                image: "registry.k8s.io/kube-scheduler:v1.35.0".into(),
+            },
+            ImagePull {
+                field: ImageField::Kubelet,
+                image: "ghcr.io/siderolabs/kubelet:v1.35.0".into(),
+            },
+        ],
+    }];
+    assert_eq!(decision.actions, expected);
+    assert_eq!(decision.step, Some(0));
+    assert!(matches!(
+        decision.run.steps[0].state,
+        StepState::Issued { .. }
+    ));
+    assert_eq!(
+        decision.report.message,
+        "Pre-pulling the Kubernetes 1.35.0 images on node cp-1 (step 1/23)"
+    );
+    assert_eq!(decision.report.in_flight, vec!["cp-1"]);
+    assert_eq!(
+        reasons(&decision.report.notes),
+        vec!["NodeUpgradeStarted", "StepStarted"]
+    );
+    assert_eq!(
+        decision.report.notes[0].message,
+        "Upgrading Kubernetes on node cp-1 from 1.34.1 to 1.35.0"
+    );
+
+    // A worker pulls only the kubelet.
+    let run = pending_at(&obs, "prepull w-1");
+    let decision = advance(&run, &settings(), &obs, t0());
+    assert_eq!(
+        decision.actions,
+        vec![Action::PullImages {
+            node: "w-1".into(),
+            images: vec![ImagePull {
+                field: ImageField::Kubelet,
+                image: "ghcr.io/siderolabs/kubelet:v1.35.0".into(),
+            }],
+        }]
+    );
+}
+
+#[test]
+fn calls_with_nothing_to_observe_wait_for_the_executor_and_are_repeated_if_lost() {
+    let obs = cluster("1.34.1");
+    let first = advance(&start(&obs), &settings(), &obs, t0());
+    // The controller stopped after persisting, before recording the call's result: the call is made again
+    // (pulls are idempotent), without announcing the step twice.
+    let again = advance(&first.run, &settings(), &obs, t0() + 1.minutes());
+    assert_eq!(labels(&again.actions), vec!["pull cp-1"]);
+    assert!(again.report.notes.is_empty());
+    assert_eq!(again.step, Some(0));
+
+    // Recorded as done: the next node's pull starts.
+    let mut run = first.run.clone();
+    assert!(complete_step(&mut run, 0, t0() + 1.minutes()));
+    assert!(!complete_step(&mut run, 0, t0() + 1.minutes()), "only once");
+    assert!(!complete_step(&mut run, 99, t0()), "no such step");
+    // A patch is verified by what it changes, never by the call's success.
+    let mut patching = issued_at(&obs, "kube-apiserver cp-1", t0());
+    let patch = index_of(&patching, "kube-apiserver cp-1");
+    assert!(!complete_step(&mut patching, patch, t0()));
+    assert!(matches!(
+        patching.steps[patch].state,
+        StepState::Issued { .. }
+    ));
+    let next = advance(&run, &settings(), &obs, t0() + 1.minutes());
+    assert_eq!(labels(&next.actions), vec!["pull cp-2"]);
+    assert_eq!(
+        run.steps[0].state,
+        StepState::Done {
+            at: t0() + 1.minutes(),
+            started_at: Some(t0())
+        }
+    );
+}
+
+#[test]
+fn a_control_plane_component_is_done_only_when_its_pod_is_rerendered_on_the_new_image_and_ready() {
+    let obs = cluster("1.34.1");
+    let run = issued_at(&obs, "kube-apiserver cp-1", t0());
+    let new = image(ImageField::ApiServer, "1.35.0");
+    let later = t0() + 1.minutes();
+
+    let configured = |obs: &mut Observation| {
+        set(obs, "cp-1", |n| {
+            n.images.api_server = Some(new.clone());
+            n.config_versions.api_server = Some("2".into());
+        })
+    };
+    let not_applied = obs.clone();
+    // Talos took the patch, but the pod was not re-rendered yet.
+    let mut applied = obs.clone();
+    configured(&mut applied);
+    // The pod runs the image but from an older config revision.
+    let mut stale_revision = applied.clone();
+    set(&mut stale_revision, "cp-1", |n| {
+        pod(n, Component::KubeApiserver).image = new.clone();
+    });
+    let mut not_ready = applied.clone();
+    set(&mut not_ready, "cp-1", |n| {
+        let p = pod(n, Component::KubeApiserver);
+        p.image = new.clone();
+        p.config_version = Some("2".into());
+        p.ready = false;
+    });
+    let mut no_pod = applied.clone();
+    set(&mut no_pod, "cp-1", |n| {
+        n.static_pods
+            .retain(|p| p.component != Component::KubeApiserver)
+    });
+    let mut verified = not_ready.clone();
+    set(&mut verified, "cp-1", |n| {
+        pod(n, Component::KubeApiserver).ready = true
+    });
+    // Another node's NotReady does not hold a step already in flight.
+    let mut verified_while_worker_down = verified.clone();
+    set(&mut verified_while_worker_down, "w-2", |n| {
+        n.kubernetes_ready = false
+    });
+
+    // (what, observation, done, actions)
+    let cases = [
+        (
+            "patch not applied",
+            not_applied,
+            false,
+            vec!["patch kube-apiserver cp-1"],
+        ),
+        ("applied, old pod", applied, false, vec![]),
+        ("pod from an older revision", stale_revision, false, vec![]),
+        ("pod not ready", not_ready, false, vec![]),
+        ("pod missing", no_pod, false, vec![]),
+        // No time lost: the next step starts in the same decision.
+        (
+            "verified",
+            verified,
+            true,
+            vec!["patch kube-apiserver cp-2"],
+        ),
+        (
+            "verified, worker down",
+            verified_while_worker_down,
+            true,
+            vec![],
+        ),
+    ];
+    for (what, observation, done, actions) in cases {
+        let decision = advance(&run, &settings(), &observation, later);
+        let index = index_of(&run, "kube-apiserver cp-1");
+        assert_eq!(decision.run.steps[index].state.is_done(), done, "{what}");
+        assert_eq!(labels(&decision.actions), actions, "{what}");
+        assert_eq!(decision.report.state, RunState::InProgress, "{what}");
+    }
+}
+
+#[test]
+fn a_resent_patch_carries_the_image_recorded_when_the_step_started() {
+    let obs = cluster("1.34.1");
+    let mut run = issued_at(&obs, "kube-apiserver cp-1", t0());
+    let index = index_of(&run, "kube-apiserver cp-1");
+    run.steps[index].state = StepState::Issued {
+        at: t0(),
+        image: Some("mirror.local:5000/kube-apiserver:v1.35.0".into()),
+    };
+    let decision = advance(&run, &settings(), &obs, t0() + 1.minutes());
+    assert_eq!(
+        decision.actions,
+        vec![Action::PatchImage {
+            node: "cp-1".into(),
+            field: ImageField::ApiServer,
+            image: "mirror.local:5000/kube-apiserver:v1.35.0".into(),
+        }]
+    );
+    assert_eq!(decision.step, Some(index));
+}
+
+#[test]
+fn kube_proxy_is_done_once_configured_and_kubelets_once_the_node_reports_the_version() {
+    let obs = cluster("1.34.1");
+    let later = t0() + 1.minutes();
+
+    let proxy = issued_at(&obs, "kube-proxy cp-1", t0());
+    let mut proxy_set = obs.clone();
+    set(&mut proxy_set, "cp-1", |n| {
+        n.images.proxy = Some(image(ImageField::Proxy, "1.35.0"))
+    });
+    let kubelet = issued_at(&obs, "kubelet w-1", t0());
+    let configured = |obs: &mut Observation| {
+        set(obs, "w-1", |n| {
+            n.images.kubelet = Some(image(ImageField::Kubelet, "1.35.0"))
+        })
+    };
+    let mut kubelet_configured = obs.clone();
+    configured(&mut kubelet_configured);
+    let mut kubelet_restarting = kubelet_configured.clone();
+    set(&mut kubelet_restarting, "w-1", |n| {
+        n.kubelet_version = Some(k("1.35.0"));
+        n.kubernetes_ready = false;
+    });
+    let mut kubelet_back = kubelet_restarting.clone();
+    set(&mut kubelet_back, "w-1", |n| n.kubernetes_ready = true);
+
+    // (what, run, observation, step, done, actions)
+    let cases = [
+        (
+            "proxy not set",
+            &proxy,
+            obs.clone(),
+            "kube-proxy cp-1",
+            false,
+            vec!["patch kube-proxy cp-1"],
+        ),
+        (
+            "proxy set",
+            &proxy,
+            proxy_set,
+            "kube-proxy cp-1",
+            true,
+            vec!["patch kube-proxy cp-2"],
+        ),
+        (
+            "kubelet not set",
+            &kubelet,
+            obs.clone(),
+            "kubelet w-1",
+            false,
+            vec!["patch kubelet w-1"],
+        ),
+        (
+            "kubelet set, old version",
+            &kubelet,
+            kubelet_configured,
+            "kubelet w-1",
+            false,
+            vec![],
+        ),
+        (
+            "kubelet restarting",
+            &kubelet,
+            kubelet_restarting,
+            "kubelet w-1",
+            false,
+            vec![],
+        ),
+        (
+            "kubelet back",
+            &kubelet,
+            kubelet_back,
+            "kubelet w-1",
+            true,
+            vec!["patch kubelet w-2"],
+        ),
+    ];
+    for (what, run, observation, step, done, actions) in cases {
+        let decision = advance(run, &settings(), &observation, later);
+        assert_eq!(
+            decision.run.steps[index_of(run, step)].state.is_done(),
+            done,
+            "{what}"
+        );
+        assert_eq!(labels(&decision.actions), actions, "{what}");
+    }
+}
+
+#[test]
+fn a_pending_step_already_satisfied_is_done_without_a_call() {
+    // Someone moved cp-2's API server meanwhile (talosctl by hand, say).
+    let mut obs = cluster("1.34.1");
+    let new = image(ImageField::ApiServer, "1.35.0");
+    set(&mut obs, "cp-1", |n| {
+        n.images.api_server = Some(new.clone());
+        n.config_versions.api_server = Some("2".into());
+        let p = pod(n, Component::KubeApiserver);
+        p.image = new.clone();
+        p.config_version = Some("2".into());
+    });
+    set(&mut obs, "cp-2", |n| {
+        n.images.api_server = Some(new.clone());
+        n.config_versions.api_server = Some("7".into());
+        let p = pod(n, Component::KubeApiserver);
+        p.image = new.clone();
+        p.config_version = Some("7".into());
+    });
+    // The run started before that.
+    let run = issued_at(&cluster("1.34.1"), "kube-apiserver cp-1", t0());
+    let decision = advance(&run, &settings(), &obs, t0() + 1.minutes());
+    let cp2 = index_of(&run, "kube-apiserver cp-2");
+    assert_eq!(
+        decision.run.steps[cp2].state,
+        StepState::Done {
+            at: t0() + 1.minutes(),
+            started_at: None
+        }
+    );
+    assert_eq!(labels(&decision.actions), vec!["patch kube-apiserver cp-3"]);
+    assert_eq!(decision.step, Some(cp2 + 1));
+}
+
+#[test]
+fn an_image_already_configured_is_never_patched_again() {
+    // The config took the image (the controller stopped after the call) but the pod is not Ready yet.
+    let mut obs = cluster("1.34.1");
+    let new = image(ImageField::ApiServer, "1.35.0");
+    set(&mut obs, "cp-1", |n| {
+        n.images.api_server = Some(new.clone());
+        n.config_versions.api_server = Some("2".into());
+        let p = pod(n, Component::KubeApiserver);
+        p.image = new.clone();
+        p.config_version = Some("2".into());
+        p.ready = false;
+    });
+    // As a pending step: it starts, but only waits.
+    let pending = pending_at(&obs, "kube-apiserver cp-1");
+    let started = advance(&pending, &settings(), &obs, t0());
+    assert!(started.actions.is_empty(), "{:?}", started.actions);
+    assert_eq!(
+        started.report.message,
+        "Upgrading kube-apiserver on node cp-1 (step 6/23)"
+    );
+    let step_started = started
+        .report
+        .notes
+        .iter()
+        .find(|n| n.reason == "StepStarted")
+        .expect("StepStarted");
+    assert_eq!(
+        step_started.message,
+        "Upgrading kube-apiserver on node cp-1 to 1.35.0 (registry.k8s.io/kube-apiserver:v1.35.0), already configured"
+    );
+    // As an issued step: no re-sent patch either.
+    let again = advance(&started.run, &settings(), &obs, t0() + 1.minutes());
+    assert!(again.actions.is_empty());
+    assert!(again.report.notes.is_empty());
+}
+
+#[test]
+fn steps_that_restart_something_wait_for_a_healthy_cluster() {
+    let mut w1_not_ready = cluster("1.34.1");
+    set(&mut w1_not_ready, "w-1", |n| n.kubernetes_ready = false);
+    let mut w2_unreachable = cluster("1.34.1");
+    set(&mut w2_unreachable, "w-2", |n| {
+        n.talos = TalosApi::Unreachable {
+            reason: "connection refused".into(),
+        }
+    });
+    let mut cp3_talos_not_ready = cluster("1.34.1");
+    set(&mut cp3_talos_not_ready, "cp-3", |n| {
+        n.talos = TalosApi::Up {
+            version: TalosVersion::parse("1.12.0").expect("version"),
+            ready: false,
+        }
+    });
+    let mut cp1_unreachable = cluster("1.34.1");
+    set(&mut cp1_unreachable, "cp-1", |n| {
+        n.talos = TalosApi::Unreachable {
+            reason: "i/o timeout".into(),
+        }
+    });
+    let mut cp1_missing = cluster("1.34.1");
+    cp1_missing.nodes.retain(|n| n.name != "cp-1");
+
+    // (step, observation, message)
+    let cases = [
+        (
+            "kube-apiserver cp-1",
+            w1_not_ready.clone(),
+            "Waiting: node w-1 is not Ready; holding before upgrading kube-apiserver on cp-1 (step 6/23)",
+        ),
+        (
+            "kubelet cp-2",
+            w2_unreachable.clone(),
+            "Waiting: node w-2's Talos API is unreachable (connection refused); holding before upgrading kubelet on cp-2 (step 19/23)",
+        ),
+        (
+            "kube-scheduler cp-2",
+            cp3_talos_not_ready,
+            "Waiting: node cp-3's Talos is not ready; holding before upgrading kube-scheduler on cp-2 (step 13/23)",
+        ),
+        (
+            "kube-apiserver cp-1",
+            cp1_unreachable.clone(),
+            "Waiting: node cp-1's Talos API is unreachable: i/o timeout (step 6/23)",
+        ),
+        (
+            "prepull cp-1",
+            cp1_unreachable,
+            "Waiting: node cp-1's Talos API is unreachable: i/o timeout (step 1/23)",
+        ),
+        (
+            "kube-apiserver cp-1",
+            cp1_missing,
+            "Waiting: node cp-1 is not in the cluster's node list (step 6/23)",
+        ),
+    ];
+    for (step, obs, message) in cases {
+        let run = pending_at(&cluster("1.34.1"), step);
+        let decision = advance(&run, &settings(), &obs, t0());
+        assert!(
+            decision.actions.is_empty(),
+            "{step}: {:?}",
+            decision.actions
+        );
+        assert!(decision.report.notes.is_empty(), "{step}");
+        assert_eq!(decision.report.state, RunState::InProgress);
+        assert_eq!(decision.report.message, message);
+        assert_eq!(decision.run, run, "{step}: holding changes nothing");
+    }
+
+    // Steps that restart nothing only need their own node.
+    for (step, expected) in [
+        ("prepull cp-1", "pull cp-1"),
+        ("kube-proxy cp-1", "patch kube-proxy cp-1"),
+        ("manifests", "sync cp-1"),
+    ] {
+        let run = pending_at(&cluster("1.34.1"), step);
+        let decision = advance(&run, &settings(), &w1_not_ready, t0());
+        assert_eq!(labels(&decision.actions), vec![expected], "{step}");
+    }
+}
+
+#[test]
+fn the_manifests_are_synced_from_the_first_control_plane_that_answers() {
+    let unreachable = |obs: &mut Observation, name: &str| {
+        set(obs, name, |n| {
+            n.talos = TalosApi::Unreachable {
+                reason: "connection refused".into(),
+            }
+        })
+    };
+    let mut cp1_down = cluster("1.35.0");
+    unreachable(&mut cp1_down, "cp-1");
+    let mut all_down = cp1_down.clone();
+    unreachable(&mut all_down, "cp-2");
+    unreachable(&mut all_down, "cp-3");
+    let run = pending_at(&cluster("1.34.1"), "manifests");
+
+    let decision = advance(&run, &settings(), &cp1_down, t0());
+    assert_eq!(labels(&decision.actions), vec!["sync cp-2"]);
+    assert_eq!(
+        decision.report.notes[0].message,
+        "Syncing the bootstrap manifests for Kubernetes 1.35.0 from node cp-2"
+    );
+    assert_eq!(
+        decision.report.message,
+        "Syncing the bootstrap manifests (step 23/23)"
+    );
+    assert!(decision.report.in_flight.is_empty());
+
+    let held = advance(&run, &settings(), &all_down, t0());
+    assert!(held.actions.is_empty());
+    assert_eq!(
+        held.report.message,
+        "Waiting: no control plane's Talos API answers to sync the bootstrap manifests from (step 23/23)"
+    );
+
+    // The sync is the last step: recording it completes the run, announced once.
+    let mut run = decision.run;
+    assert!(complete_step(&mut run, 22, t0() + 1.minutes()));
+    let done = advance(&run, &settings(), &cluster("1.35.0"), t0() + 1.minutes());
+    assert_eq!(done.report.state, RunState::Completed);
+    assert_eq!(reasons(&done.report.notes), vec!["UpgradeCompleted"]);
+    assert_eq!(
+        done.report.notes[0].message,
+        "Kubernetes upgrade completed: all 5 nodes run 1.35.0"
+    );
+}
+
+// ----------------------------------------------------------------------------------------------
+// Failures
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn a_step_past_its_deadline_fails_the_run_saying_what_was_not_seen() {
+    let obs = cluster("1.34.1");
+    let late = t0() + 6.minutes();
+    let new_api = image(ImageField::ApiServer, "1.35.0");
+    let mut pod_not_ready = obs.clone();
+    set(&mut pod_not_ready, "cp-1", |n| {
+        n.images.api_server = Some(new_api.clone());
+        n.config_versions.api_server = Some("2".into());
+        let p = pod(n, Component::KubeApiserver);
+        p.image = new_api.clone();
+        p.config_version = Some("2".into());
+        p.ready = false;
+    });
+    let mut pod_old = obs.clone();
+    set(&mut pod_old, "cp-1", |n| {
+        n.images.api_server = Some(new_api.clone());
+    });
+    let mut kubelet_old = obs.clone();
+    set(&mut kubelet_old, "w-1", |n| {
+        n.images.kubelet = Some(image(ImageField::Kubelet, "1.35.0"))
+    });
+    let mut kubelet_not_ready = kubelet_old.clone();
+    set(&mut kubelet_not_ready, "w-1", |n| {
+        n.kubelet_version = Some(k("1.35.0"));
+        n.kubernetes_ready = false;
+    });
+    let mut cp1_down = obs.clone();
+    set(&mut cp1_down, "cp-1", |n| {
+        n.talos = TalosApi::Unreachable {
+            reason: "connection refused".into(),
+        }
+    });
+
+    // (step, observation, failed node, message)
+    let cases = [
+        (
+            "kube-apiserver cp-1",
+            pod_not_ready,
+            Some("cp-1"),
+            "Kubernetes upgrade failed: kube-apiserver on node cp-1 did not become Ready on v1.35.0 within 5m",
+        ),
+        (
+            "kube-apiserver cp-1",
+            pod_old,
+            Some("cp-1"),
+            "Kubernetes upgrade failed: kube-apiserver on node cp-1 was not restarted on v1.35.0 within 5m",
+        ),
+        (
+            "kube-apiserver cp-1",
+            obs.clone(),
+            Some("cp-1"),
+            "Kubernetes upgrade failed: node cp-1's machine config did not take kube-apiserver image registry.k8s.io/kube-apiserver:v1.35.0 within 5m",
+        ),
+        (
+            "kube-apiserver cp-1",
+            cp1_down,
+            Some("cp-1"),
+            "Kubernetes upgrade failed: node cp-1's Talos API did not answer within 5m",
+        ),
+        (
+            "kubelet w-1",
+            kubelet_old,
+            Some("w-1"),
+            "Kubernetes upgrade failed: the kubelet on node w-1 did not report v1.35.0 within 5m",
+        ),
+        (
+            "kubelet w-1",
+            kubelet_not_ready,
+            Some("w-1"),
+            "Kubernetes upgrade failed: node w-1 did not become Ready with kubelet v1.35.0 within 5m",
+        ),
+        (
+            "prepull w-2",
+            obs.clone(),
+            Some("w-2"),
+            "Kubernetes upgrade failed: pre-pulling images on node w-2 did not finish within 5m",
+        ),
+        (
+            "manifests",
+            obs.clone(),
+            None,
+            "Kubernetes upgrade failed: syncing the bootstrap manifests did not finish within 5m",
+        ),
+    ];
+    for (step, observation, failed, message) in cases {
+        let run = issued_at(&obs, step, t0());
+        // Within the deadline it keeps waiting.
+        let waiting = advance(&run, &settings(), &observation, t0() + 4.minutes());
+        assert_eq!(waiting.report.state, RunState::InProgress, "{step}");
+
+        let decision = advance(&run, &settings(), &observation, late);
+        assert_eq!(decision.report.state, RunState::Failed, "{step}");
+        assert_eq!(decision.report.message, message, "{step}");
+        assert!(decision.actions.is_empty(), "{step}: no further calls");
+        assert_eq!(decision.step, None);
+        assert_eq!(
+            decision.report.failed_nodes,
+            failed.into_iter().map(String::from).collect::<Vec<_>>(),
+            "{step}"
+        );
+        let warnings: Vec<&Note> = decision.report.notes.iter().collect();
+        assert_eq!(warnings.len(), 1, "{step}");
+        assert_eq!(warnings[0].reason, "UpgradeFailed");
+        assert_eq!(warnings[0].type_, NoteType::Warning);
+        assert_eq!(warnings[0].message, message);
+        assert!(matches!(
+            decision.run.outcome,
+            Some(Outcome::Failed { ref node, .. }) if node.as_deref() == failed
+        ));
+
+        // Decided once: deciding again, even on a healthy cluster, changes and announces nothing.
+        let again = advance(
+            &decision.run,
+            &settings(),
+            &cluster("1.35.0"),
+            late + 1.hours(),
+        );
+        assert_eq!(again.report.state, RunState::Failed);
+        assert_eq!(again.report.message, message);
+        assert!(again.actions.is_empty() && again.report.notes.is_empty());
+        assert_eq!(again.run, decision.run);
+    }
+}
+
+#[test]
+fn a_failed_call_fails_the_run_once_naming_the_step() {
+    let obs = cluster("1.34.1");
+    let first = advance(&start(&obs), &settings(), &obs, t0());
+    let mut run = first.run;
+    let index = first.step.expect("a step in flight");
+    assert!(fail_step(
+        &mut run,
+        index,
+        "image registry.k8s.io/kube-apiserver:v1.35.0 not found",
+        t0()
+    ));
+    assert!(!fail_step(&mut run, index, "again", t0()), "decided once");
+    let decision = advance(&run, &settings(), &obs, t0());
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert_eq!(
+        decision.report.message,
+        "Kubernetes upgrade failed: pre-pulling images on node cp-1 failed: image registry.k8s.io/kube-apiserver:v1.35.0 not found"
+    );
+    assert_eq!(decision.report.failed_nodes, vec!["cp-1"]);
+    // `fail_step` ended the run, so the reconciler announces it from its own result; a decision on the
+    // already finished run adds nothing.
+    assert!(decision.report.notes.is_empty());
+    assert!(decision.actions.is_empty());
+}
+
+#[test]
+fn an_image_the_target_cannot_be_derived_from_fails_before_any_call() {
+    let mut obs = cluster("1.34.1");
+    set(&mut obs, "cp-2", |n| {
+        n.images.scheduler = Some("registry.k8s.io/kube-scheduler:".into())
+    });
+    let run = pending_at(&obs, "prepull cp-2");
+    let decision = advance(&run, &settings(), &obs, t0());
+    assert!(decision.actions.is_empty());
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert_eq!(
+        decision.report.message,
+        "Kubernetes upgrade failed: node cp-2 cannot be upgraded: the kube-scheduler image \
+         \"registry.k8s.io/kube-scheduler:\" is not a valid image reference (its tag is malformed), \
+         so the new image cannot be derived from it: correct cluster.scheduler.image"
+    );
+    assert_eq!(decision.report.failed_nodes, vec!["cp-2"]);
+    assert_eq!(reasons(&decision.report.notes), vec!["UpgradeFailed"]);
+}
+
+#[test]
+fn a_resumed_run_continues_from_the_failed_step() {
+    let obs = cluster("1.34.1");
+    let run = issued_at(&obs, "kube-apiserver cp-2", t0());
+    let failed = advance(&run, &settings(), &obs, t0() + 6.minutes()).run;
+    let mut resumed = failed.clone();
+    assert!(resume(&mut resumed));
+    assert!(!resume(&mut resumed), "only a failed run resumes");
+    assert!(resumed.outcome.is_none());
+    assert!(resumed.failed_nodes().is_empty());
+    let decision = advance(&resumed, &settings(), &obs, t0() + 7.minutes());
+    assert_eq!(labels(&decision.actions), vec!["patch kube-apiserver cp-2"]);
+    // cp-2 had started before: it is not announced as starting again.
+    assert_eq!(reasons(&decision.report.notes), vec!["StepStarted"]);
+}
+
+#[test]
+fn a_corrupted_target_fails_rather_than_guessing() {
+    let obs = cluster("1.34.1");
+    let mut run = start(&obs);
+    run.target = "banana".into();
+    let decision = advance(&run, &settings(), &obs, t0());
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert_eq!(
+        decision.report.message,
+        "Kubernetes upgrade failed: the recorded target \"banana\" is not a version"
+    );
+    assert!(decision.actions.is_empty());
+}
+
+// ----------------------------------------------------------------------------------------------
+// Pausing
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn a_paused_run_finishes_the_step_in_flight_and_starts_none() {
+    let obs = cluster("1.34.1");
+    let paused = Settings {
+        paused: true,
+        ..settings()
+    };
+    let run = issued_at(&obs, "kube-apiserver cp-1", t0());
+
+    let finishing = advance(&run, &paused, &obs, t0() + 1.minutes());
+    assert_eq!(finishing.report.state, RunState::Paused);
+    assert_eq!(
+        finishing.report.message,
+        "Pausing: finishing the kube-apiserver upgrade on node cp-1 before holding (step 6/23)"
+    );
+    // The in-flight step's lost call is still made again: finishing it is part of pausing.
+    assert_eq!(
+        labels(&finishing.actions),
+        vec!["patch kube-apiserver cp-1"]
+    );
+
+    let mut verified = obs.clone();
+    let new = image(ImageField::ApiServer, "1.35.0");
+    set(&mut verified, "cp-1", |n| {
+        n.images.api_server = Some(new.clone());
+        n.config_versions.api_server = Some("2".into());
+        let p = pod(n, Component::KubeApiserver);
+        p.image = new.clone();
+        p.config_version = Some("2".into());
+    });
+    let held = advance(&run, &paused, &verified, t0() + 2.minutes());
+    assert!(held.actions.is_empty());
+    assert_eq!(held.report.state, RunState::Paused);
+    assert_eq!(
+        held.report.message,
+        "Paused after 6/23 steps; remove the paused annotation to continue"
+    );
+    let again = advance(&held.run, &paused, &verified, t0() + 30.minutes());
+    assert!(
+        again.actions.is_empty(),
+        "no deadline runs while nothing is in flight"
+    );
+    assert_eq!(again.report.state, RunState::Paused);
+
+    let resumed = advance(&held.run, &settings(), &verified, t0() + 31.minutes());
+    assert_eq!(labels(&resumed.actions), vec!["patch kube-apiserver cp-2"]);
+}
+
+// ----------------------------------------------------------------------------------------------
+// The current version
+// ----------------------------------------------------------------------------------------------
+
+#[test]
+fn the_current_version_is_the_lowest_component() {
+    let mut obs = cluster("1.35.0");
+    assert_eq!(kubernetes_current(&obs), Some(k("1.35.0")));
+
+    // A lagging kubelet.
+    set(&mut obs, "w-2", |n| n.kubelet_version = Some(k("1.34.1")));
+    assert_eq!(kubernetes_current(&obs), Some(k("1.34.1")));
+
+    // A lagging scheduler behind a registry with a port, and an unparsable tag that is left out.
+    set(&mut obs, "cp-3", |n| {
+        pod(n, Component::KubeScheduler).image =
+            "registry.local:5000/kube-scheduler:v1.34.0".into();
+        pod(n, Component::KubeApiserver).image = "registry.local:5000/kube-apiserver:latest".into();
+    });
+    assert_eq!(kubernetes_current(&obs), Some(k("1.34.0")));
+    assert_eq!(kubernetes_range(&obs), Some((k("1.34.0"), k("1.35.0"))));
+
+    assert_eq!(kubernetes_current(&Observation::default()), None);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Whole runs
+// ----------------------------------------------------------------------------------------------
+
+/// A fake cluster: what Talos and the kubelet do after a patch, one tick later.
+struct FakeCluster {
+    obs: Observation,
+    /// Ticks a re-rendered pod stays not Ready before it is.
+    pod_warmup: u32,
+    warming: BTreeMap<(String, Component), u32>,
+}
+
+impl FakeCluster {
+    fn new(pod_warmup: u32) -> Self {
+        Self::of(cluster("1.34.1"), pod_warmup)
+    }
+
+    fn of(obs: Observation, pod_warmup: u32) -> Self {
+        FakeCluster {
+            obs,
+            pod_warmup,
+            warming: BTreeMap::new(),
+        }
+    }
+
+    fn apply(&mut self, action: &Action) {
+        if let Action::PatchImage { node, field, image } = action {
+            set(&mut self.obs, node, |n| {
+                let slot = match field {
+                    ImageField::ApiServer => &mut n.images.api_server,
+                    ImageField::ControllerManager => &mut n.images.controller_manager,
+                    ImageField::Scheduler => &mut n.images.scheduler,
+                    ImageField::Proxy => &mut n.images.proxy,
+                    ImageField::Kubelet => &mut n.images.kubelet,
+                };
+                *slot = Some(image.clone());
+                // Talos bumps the component's config resource on every change of its config.
+                let version = match field {
+                    ImageField::ApiServer => Some(&mut n.config_versions.api_server),
+                    ImageField::ControllerManager => {
+                        Some(&mut n.config_versions.controller_manager)
+                    }
+                    ImageField::Scheduler => Some(&mut n.config_versions.scheduler),
+                    ImageField::Proxy | ImageField::Kubelet => None,
+                };
+                if let Some(version) = version {
+                    let next = version
+                        .as_deref()
+                        .and_then(|v| v.parse::<u32>().ok())
+                        .unwrap_or(0)
+                        + 1;
+                    *version = Some(next.to_string());
+                }
+            });
+        }
+    }
+
+    /// Time passes: pods are re-rendered from the config and warm up; kubelets restart on their image.
+    fn tick(&mut self) {
+        for node in &mut self.obs.nodes {
+            for component in Component::ALL {
+                let configured = node.images.get(component.image_field()).map(String::from);
+                let version = node.config_versions.get(component).map(String::from);
+                let Some(pod) = node
+                    .static_pods
+                    .iter_mut()
+                    .find(|p| p.component == component)
+                else {
+                    continue;
+                };
+                let key = (node.name.clone(), component);
+                if pod.config_version != version {
+                    pod.image = configured.unwrap_or_default();
+                    pod.config_version = version;
+                    pod.ready = self.pod_warmup == 0;
+                    self.warming.insert(key, self.pod_warmup);
+                } else if let Some(left) = self.warming.get_mut(&key) {
+                    *left = left.saturating_sub(1);
+                    pod.ready = *left == 0;
+                }
+            }
+            let running = node
+                .images
+                .kubelet
+                .as_deref()
+                .and_then(image_tag)
+                // `v1.35.0-fat` runs kubelet v1.35.0.
+                .and_then(|tag| semver::Version::parse(tag.trim_start_matches('v')).ok())
+                .map(|v| KubernetesVersion::new(v.major, v.minor, v.patch));
+            if running != node.kubelet_version {
+                node.kubelet_version = running;
+            }
+        }
+    }
+}
+
+/// Drives a whole run: every action executed (unless `lose` says the controller stopped before making
+/// it), the results of pulls and syncs recorded, the cluster ticking between decisions. Returns the
+/// calls made, in order, and the notes.
+fn drive(
+    cluster: &mut FakeCluster,
+    lose: impl Fn(usize) -> bool,
+) -> (KubeRun, Vec<String>, Vec<Note>) {
+    let run = start(&cluster.obs);
+    drive_from(cluster, run, lose)
+}
+
+fn drive_from(
+    cluster: &mut FakeCluster,
+    mut run: KubeRun,
+    lose: impl Fn(usize) -> bool,
+) -> (KubeRun, Vec<String>, Vec<Note>) {
+    let mut now = t0();
+    let mut calls = Vec::new();
+    let mut notes = Vec::new();
+    let mut last_done = 0;
+    for round in 0..200 {
+        let decision = advance(&run, &settings(), &cluster.obs, now);
+        notes.extend(decision.report.notes.clone());
+        assert!(
+            decision.report.done >= last_done,
+            "progress never goes back"
+        );
+        last_done = decision.report.done;
+        run = decision.run;
+        if decision.report.state == RunState::Completed {
+            break;
+        }
+        assert_eq!(
+            decision.report.state,
+            RunState::InProgress,
+            "{}",
+            decision.report.message
+        );
+        assert!(decision.actions.len() <= 1, "one call at a time");
+        if !lose(round) {
+            for action in &decision.actions {
+                calls.push(action_label(action));
+                cluster.apply(action);
+                match action {
+                    Action::PullImages { .. } | Action::SyncManifests { .. } => {
+                        let index = decision.step.expect("the step the call belongs to");
+                        assert!(complete_step(&mut run, index, now));
+                    }
+                    Action::PatchImage { .. } => {}
+                }
+            }
+        }
+        now += 30.seconds();
+        cluster.tick();
+    }
+    (run, calls, notes)
+}
+
+fn expected_calls() -> Vec<String> {
+    let mut calls = Vec::new();
+    for node in ["cp-1", "cp-2", "cp-3", "w-1", "w-2"] {
+        calls.push(format!("pull {node}"));
+    }
+    for component in Component::ALL {
+        for node in ["cp-1", "cp-2", "cp-3"] {
+            calls.push(format!("patch {component} {node}"));
+        }
+    }
+    for node in ["cp-1", "cp-2", "cp-3"] {
+        calls.push(format!("patch kube-proxy {node}"));
+    }
+    for node in ["cp-1", "cp-2", "cp-3", "w-1", "w-2"] {
+        calls.push(format!("patch kubelet {node}"));
+    }
+    calls.push("sync cp-1".into());
+    calls
+}
+
+#[test]
+fn a_whole_run_patches_everything_once_in_order() {
+    for warmup in [0, 2] {
+        let mut cluster = FakeCluster::new(warmup);
+        let (run, calls, notes) = drive(&mut cluster, |_| false);
+        assert_eq!(run.counts(), (5, 5), "warmup {warmup}");
+        assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
+        assert_eq!(calls, expected_calls(), "warmup {warmup}");
+        assert_eq!(kubernetes_current(&cluster.obs), Some(k("1.35.0")));
+
+        let count = |reason: &str| notes.iter().filter(|n| n.reason == reason).count();
+        assert_eq!(count("NodeUpgradeStarted"), 5);
+        assert_eq!(count("NodeUpgraded"), 5);
+        assert_eq!(count("StepStarted"), 23);
+        assert_eq!(count("UpgradeCompleted"), 1);
+        assert_eq!(count("UpgradeFailed"), 0);
+        // A node is announced done after its kubelet, the last of its steps.
+        let order: Vec<String> = notes
+            .iter()
+            .filter(|n| n.reason == "NodeUpgraded")
+            .map(|n| n.message.clone())
+            .collect();
+        assert_eq!(
+            order,
+            ["cp-1", "cp-2", "cp-3", "w-1", "w-2"]
+                .iter()
+                .map(|n| format!("Node {n} runs Kubernetes 1.35.0"))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            notes.last().map(|n| n.reason),
+            Some("UpgradeCompleted"),
+            "completion comes last"
+        );
+    }
+}
+
+#[test]
+fn a_whole_run_survives_calls_lost_between_write_ahead_and_execution() {
+    // The controller stops after persisting every third decision, before making the call.
+    let mut cluster = FakeCluster::new(1);
+    let (run, calls, notes) = drive(&mut cluster, |round| round % 3 == 0);
+    assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
+    // Every lost call was made again; none was made twice after it took effect.
+    assert_eq!(calls, expected_calls());
+    assert_eq!(
+        notes.iter().filter(|n| n.reason == "StepStarted").count(),
+        23,
+        "each step announced once"
+    );
+}
+
+#[test]
+fn a_whole_run_tells_the_user_each_step_once() {
+    // One control plane behind a mirror with a port, one worker with a `-fat` kubelet.
+    let mut cp = node("cp-1", NodeRole::ControlPlane, "1.34.1");
+    cp.images.api_server = Some("registry.local:5000/kube-apiserver:v1.34.1".into());
+    pod(&mut cp, Component::KubeApiserver).image =
+        "registry.local:5000/kube-apiserver:v1.34.1".into();
+    let mut worker = node("w-1", NodeRole::Worker, "1.34.1");
+    worker.images.kubelet = Some("ghcr.io/siderolabs/kubelet:v1.34.1-fat".into());
+    let mut cluster = FakeCluster::of(
+        Observation {
+            nodes: vec![cp, worker],
+        },
+        1,
+    );
+    let (run, calls, notes) = drive(&mut cluster, |_| false);
+    assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
+    assert_eq!(
+        calls,
+        vec![
+            "pull cp-1",
+            "pull w-1",
+            "patch kube-apiserver cp-1",
+            "patch kube-controller-manager cp-1",
+            "patch kube-scheduler cp-1",
+            "patch kube-proxy cp-1",
+            "patch kubelet cp-1",
+            "patch kubelet w-1",
+            "sync cp-1",
+        ]
+    );
+    let told: Vec<String> = notes
+        .iter()
+        .map(|n| format!("{}: {}", n.reason, n.message))
+        .collect();
+    assert_eq!(
+        told,
+        vec![
+            "NodeUpgradeStarted: Upgrading Kubernetes on node cp-1 from 1.34.1 to 1.35.0",
+            "StepStarted: Pre-pulling the Kubernetes 1.35.0 images on node cp-1",
+            "NodeUpgradeStarted: Upgrading Kubernetes on node w-1 from 1.34.1 to 1.35.0",
+            "StepStarted: Pre-pulling the Kubernetes 1.35.0 images on node w-1",
+            "StepStarted: Upgrading kube-apiserver on node cp-1 to 1.35.0 (registry.local:5000/kube-apiserver:v1.35.0)",
+            "StepStarted: Upgrading kube-controller-manager on node cp-1 to 1.35.0 (registry.k8s.io/kube-controller-manager:v1.35.0)",
+            "StepStarted: Upgrading kube-scheduler on node cp-1 to 1.35.0 (registry.k8s.io/kube-scheduler:v1.35.0)",
+            "StepStarted: Upgrading kube-proxy on node cp-1 to 1.35.0 (registry.k8s.io/kube-proxy:v1.35.0)",
+            "StepStarted: Upgrading kubelet on node cp-1 to 1.35.0 (ghcr.io/siderolabs/kubelet:v1.35.0)",
+            "NodeUpgraded: Node cp-1 runs Kubernetes 1.35.0",
+            "StepStarted: Upgrading kubelet on node w-1 to 1.35.0 (ghcr.io/siderolabs/kubelet:v1.35.0-fat)",
+            "NodeUpgraded: Node w-1 runs Kubernetes 1.35.0",
+            "StepStarted: Syncing the bootstrap manifests for Kubernetes 1.35.0 from node cp-1",
+            "UpgradeCompleted: Kubernetes upgrade completed: all 2 nodes run 1.35.0",
+        ]
+    );
+    assert_eq!(
+        cluster
+            .obs
+            .node("w-1")
+            .and_then(|n| n.images.kubelet.as_deref()),
+        Some("ghcr.io/siderolabs/kubelet:v1.35.0-fat")
+    );
+}
+
+#[test]
+fn a_run_restarted_from_its_record_at_any_point_makes_the_same_calls() {
+    // The controller restarts after every decision: the run it continues from is the persisted JSON.
+    let mut cluster = FakeCluster::new(1);
+    let mut run = start(&cluster.obs);
+    let mut now = t0();
+    let mut calls = Vec::new();
+    for _ in 0..200 {
+        let json = serde_json::to_string(&run).expect("serialize");
+        run = serde_json::from_str(&json).expect("deserialize");
+        let decision = advance(&run, &settings(), &cluster.obs, now);
+        run = decision.run;
+        if run.is_finished() {
+            break;
+        }
+        for action in &decision.actions {
+            calls.push(action_label(action));
+            cluster.apply(action);
+            if let Action::PullImages { .. } | Action::SyncManifests { .. } = action {
+                assert!(complete_step(&mut run, decision.step.expect("step"), now));
+            }
+        }
+        now += 30.seconds();
+        cluster.tick();
+    }
+    assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
+    assert_eq!(calls, expected_calls());
+}

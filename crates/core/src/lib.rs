@@ -1,0 +1,22 @@
+//! The pure core of talos-upgrade-controller: everything it decides, with no IO and no clock.
+//!
+//! The controller's shell observes a cluster (Kubernetes, Talos), hands what it saw to this crate
+//! together with the user's annotations, the persisted run record and the time, and carries out what
+//! comes back. Nothing here waits, reads a socket or looks at the wall clock, so every rule is tested
+//! table by table without a runtime.
+//!
+//! * the contract: [`annotations`] (keys, statuses, the progress format) and [`crd`] (the
+//!   `KubernetesCluster` type, its conditions and the status patch);
+//! * the user's intent, parsed once: [`intent`];
+//! * the version rules and the release catalog: [`versions`], [`catalog`];
+//! * the rollouts: [`talos`] and [`kubernetes`] (each a run record and a pure `advance`), with the
+//!   vocabulary they share in [`run`].
+
+pub mod annotations;
+pub mod catalog;
+pub mod crd;
+pub mod intent;
+pub mod kubernetes;
+pub mod run;
+pub mod talos;
+pub mod versions;

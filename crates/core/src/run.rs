@@ -1,0 +1,155 @@
+//! The vocabulary both kinds of upgrade share: a node's role, how a run ends, where it stands, what it
+//! tells the user (the decision's [`Report`] and its Events as [`Note`]s), and the checks that hold it.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// A node's role in the rollout order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeRole {
+    ControlPlane,
+    Worker,
+}
+
+impl NodeRole {
+    pub const ALL: [NodeRole; 2] = [NodeRole::ControlPlane, NodeRole::Worker];
+
+    /// `control-plane` / `worker`, as in the persisted run and the metrics `role` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeRole::ControlPlane => "control-plane",
+            NodeRole::Worker => "worker",
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    tag = "result"
+)]
+pub enum Outcome {
+    Completed {
+        at: Timestamp,
+    },
+    /// `node` is absent when the run was refused before touching any node (an invalid target).
+    Failed {
+        at: Timestamp,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        reason: String,
+    },
+}
+
+/// Whether an event is routine or needs attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoteType {
+    Normal,
+    Warning,
+}
+
+/// A Kubernetes Event to publish on the KubernetesCluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub type_: NoteType,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Note {
+    pub(crate) fn normal(reason: &'static str, message: String) -> Self {
+        Note {
+            type_: NoteType::Normal,
+            reason,
+            message,
+        }
+    }
+
+    pub(crate) fn warning(reason: &'static str, message: String) -> Self {
+        Note {
+            type_: NoteType::Warning,
+            reason,
+            message,
+        }
+    }
+}
+
+/// A check made before a node starts, by the name the preflight-failures metric counts it under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreflightCheck {
+    /// The node is in the cluster's inventory.
+    NodeInventory,
+    /// The node's Talos API answers.
+    TalosApi,
+    /// Every other node is up, ready and Ready.
+    NodesReady,
+    /// etcd is healthy and keeps quorum with the node down.
+    EtcdHealth,
+    /// etcd leadership is off the node (not a failure: the controller moves it).
+    EtcdLeader,
+}
+
+impl PreflightCheck {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreflightCheck::NodeInventory => "node-inventory",
+            PreflightCheck::TalosApi => "talos-api",
+            PreflightCheck::NodesReady => "nodes-ready",
+            PreflightCheck::EtcdHealth => "etcd-health",
+            PreflightCheck::EtcdLeader => "etcd-leader",
+        }
+    }
+
+    /// Whether a hold on this check is a failed check (counted), rather than work in progress.
+    pub fn is_failure(self) -> bool {
+        !matches!(self, PreflightCheck::EtcdLeader)
+    }
+}
+
+/// Where the run stands, for annotations, conditions and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    InProgress,
+    /// In progress, but starting no new node because the user paused it.
+    Paused,
+    Completed,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub state: RunState,
+    /// One sentence for `talos-message`.
+    pub message: String,
+    /// Nodes done and total, for `talos-progress`.
+    pub done: usize,
+    pub total: usize,
+    /// Nodes upgrading right now.
+    pub in_flight: Vec<String>,
+    pub failed_nodes: Vec<String>,
+    pub notes: Vec<Note>,
+    /// The preflight check holding the next node, if one is.
+    pub hold: Option<PreflightCheck>,
+    /// Every node in flight is only waiting to come back from its reboot (the legacy upgrade call was
+    /// answered, or the Talos ≥ 1.13 reboot was sent), and no other node waits to start. Until one of
+    /// those nodes changes, only a deadline can change the decision: the reconciler follows the nodes
+    /// and need not poll often.
+    pub awaiting_reboots: bool,
+}
+
+/// `15m`, `90s`, `1h`: how a deadline reads in a message (both kinds of upgrade).
+pub fn human_duration(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    if secs >= 3600 && secs.is_multiple_of(3600) {
+        format!("{}h", secs / 3600)
+    } else if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}

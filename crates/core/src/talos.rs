@@ -1,0 +1,893 @@
+//! The Talos OS rolling upgrade as a pure decision: given the persisted run, what the nodes look like
+//! now and the time, which node to take next (if any), what to call, and what to tell the user.
+//!
+//! No IO and no clock here: the reconciler observes, calls [`advance`], persists the returned run
+//! *before* executing the returned actions (write-ahead), then executes them. Everything that makes an
+//! upgrade safe is decided in this file and covered by its table-driven tests:
+//! - nodes go in the order fixed at the start of the run: workers first (or control planes first), workers
+//!   in batches of at most `max_parallel_workers`, control planes strictly one at a time;
+//! - before a node starts, every other node is up and Ready, the node's Talos API answers, and for a
+//!   control plane etcd is healthy and leadership has moved off it;
+//! - an upgrade call is issued at most once per node and run; the node is done only when it rebooted (new
+//!   boot id), runs the target, reports ready and its Kubernetes Node is Ready;
+//! - a node that comes back on its old version (A/B fallback) or misses its deadline fails the run, which
+//!   then touches no further node;
+//! - on Talos ≥ 1.13 the controller sequences install, cordon and drain (bounded by a timeout), reboot and
+//!   uncordon itself; a node it cordoned stays in flight until it is uncordoned again.
+
+mod record;
+
+use std::fmt;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use semver::Version;
+
+pub use self::record::{LifecycleStage, NodeProgress, NodeStep, Run};
+use crate::run::{NodeRole, Note, Outcome, PreflightCheck, Report, RunState, human_duration};
+
+/// Node order of the Talos OS upgrade (`upgrade-order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum UpgradeOrder {
+    /// Workers first, then control planes one at a time: a bad release shows up on a worker before it
+    /// can cost etcd quorum.
+    #[default]
+    WorkersFirst,
+    ControlPlanesFirst,
+}
+
+impl UpgradeOrder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgradeOrder::WorkersFirst => "workers-first",
+            UpgradeOrder::ControlPlanesFirst => "control-planes-first",
+        }
+    }
+
+    /// ASCII case-insensitive, no trimming (the caller trims).
+    pub fn parse(value: &str) -> Option<UpgradeOrder> {
+        [UpgradeOrder::WorkersFirst, UpgradeOrder::ControlPlanesFirst]
+            .into_iter()
+            .find(|order| order.as_str().eq_ignore_ascii_case(value))
+    }
+}
+
+impl fmt::Display for UpgradeOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Knobs of one run, from the user's annotations and the controller's flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub order: UpgradeOrder,
+    /// Workers upgraded at once (at least 1); control planes always go one at a time.
+    pub max_parallel_workers: usize,
+    /// Finish the node(s) in flight, start no new one.
+    pub paused: bool,
+    /// How long a node may take from its upgrade call (or, on Talos ≥ 1.13, its reboot) to being done.
+    pub node_deadline: Duration,
+    /// How long draining a node (Talos ≥ 1.13) may take before the run fails.
+    pub drain_timeout: Duration,
+    /// How long a node whose upgrade call got no answer must be seen on its old boot, running and ready,
+    /// before the call is taken as never received and made again.
+    pub unanswered_grace: Duration,
+}
+
+/// What the controller sees of one node right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeObservation {
+    pub name: String,
+    pub role: NodeRole,
+    pub talos: TalosState,
+    /// The Kubernetes Node's `Ready` condition is `True`.
+    pub kubernetes_ready: bool,
+    /// The Kubernetes Node is unschedulable (`spec.unschedulable`).
+    pub cordoned: bool,
+    /// For a node the run is draining: what this pass's evictions left on it.
+    pub drain: Option<DrainStatus>,
+}
+
+/// The pods left on a node being drained, after this pass's evictions.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DrainStatus {
+    /// Pods that still have to go (evicted ones still terminating included); DaemonSet and mirror pods
+    /// never count.
+    pub remaining: usize,
+    /// Why an eviction was refused, naming the pod (a PodDisruptionBudget, usually).
+    pub blocked: Option<String>,
+}
+
+/// The node's Talos API as last seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TalosState {
+    Up {
+        version: Version,
+        boot_id: String,
+        /// Machine stage `running` and every readiness check met.
+        ready: bool,
+        /// `machine.install.image` of the running config. Read only for the nodes the run may start
+        /// now ([`may_start`]); `None` for the others.
+        installer_image: Option<String>,
+    },
+    /// Connection refused, reset, timed out: the node is down or rebooting.
+    Unreachable { reason: String },
+}
+
+/// etcd as seen from the control planes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EtcdObservation {
+    /// `None` when healthy: every member healthy, the member lists agree, and quorum holds with one member
+    /// down. Otherwise why not, in one sentence.
+    pub problem: Option<String>,
+    /// Node name of the current leader, if known.
+    pub leader: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Observation {
+    pub nodes: Vec<NodeObservation>,
+    pub etcd: EtcdObservation,
+}
+
+impl Observation {
+    fn node(&self, name: &str) -> Option<&NodeObservation> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+/// Which Talos API generation upgrades a node, by the version it runs now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpgradeApi {
+    /// `MachineService.Upgrade` (all Talos 1.x; the only one before 1.13).
+    Legacy,
+    /// `ImageService.Pull` + `LifecycleService.Upgrade`, cordon and drain, then `Reboot` (Talos ≥ 1.13).
+    /// The upgrade action installs only; the reboot is its own action once the node is drained.
+    Lifecycle,
+}
+
+impl UpgradeApi {
+    pub fn for_running(version: &Version) -> Self {
+        if *version >= Version::new(1, 13, 0) {
+            UpgradeApi::Lifecycle
+        } else {
+            UpgradeApi::Legacy
+        }
+    }
+}
+
+/// A call the reconciler makes after persisting the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Move etcd leadership off a control plane before it is upgraded.
+    ForfeitEtcdLeadership { node: String },
+    /// Upgrade a node; the run already records it as issued. With [`UpgradeApi::Lifecycle`] this pulls
+    /// and installs the new system only: draining and [`Action::Reboot`] follow.
+    Upgrade {
+        node: String,
+        installer_image: String,
+        api: UpgradeApi,
+    },
+    /// Reboot a drained node into its newly installed system (Talos ≥ 1.13); recorded before it is sent.
+    Reboot { node: String },
+    /// Make a node the run cordoned schedulable again.
+    Uncordon { node: String },
+}
+
+impl Action {
+    pub fn node(&self) -> &str {
+        match self {
+            Action::ForfeitEtcdLeadership { node }
+            | Action::Upgrade { node, .. }
+            | Action::Reboot { node }
+            | Action::Uncordon { node } => node,
+        }
+    }
+}
+
+/// The outcome of one decision: the run to persist, then the actions to take, then what to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub run: Run,
+    pub actions: Vec<Action>,
+    pub report: Report,
+}
+
+/// Starts a run: fixes the node order and counts nodes already on the target as done.
+pub fn start_run(
+    requested: &str,
+    target: &Version,
+    order: UpgradeOrder,
+    observation: &Observation,
+    now: Timestamp,
+) -> Run {
+    let mut nodes: Vec<&NodeObservation> = observation.nodes.iter().collect();
+    // Role first (in the chosen order), then name: a stable order the user can predict.
+    nodes.sort_by_key(|n| (role_rank(n.role, order), n.name.clone()));
+    let nodes = nodes
+        .into_iter()
+        .map(|n| NodeProgress {
+            name: n.name.clone(),
+            role: n.role,
+            step: match &n.talos {
+                TalosState::Up { version, .. } if version == target => NodeStep::Done {
+                    at: now,
+                    started_at: None,
+                },
+                _ => NodeStep::Pending,
+            },
+        })
+        .collect();
+    Run {
+        requested: requested.to_string(),
+        target: target.to_string(),
+        started_at: now,
+        outcome: None,
+        nodes,
+    }
+}
+
+/// Where a role comes in the order: 0 first, 1 second.
+pub fn role_rank(role: NodeRole, order: UpgradeOrder) -> u8 {
+    match (order, role) {
+        (UpgradeOrder::WorkersFirst, NodeRole::Worker)
+        | (UpgradeOrder::ControlPlanesFirst, NodeRole::ControlPlane) => 0,
+        (UpgradeOrder::WorkersFirst, NodeRole::ControlPlane)
+        | (UpgradeOrder::ControlPlanesFirst, NodeRole::Worker) => 1,
+    }
+}
+
+/// Records that a call on `node` failed for good (the node refused the upgrade, the installer image is
+/// bad): the run fails, naming the node. Returns the clean-up to do: uncordoning the node if the run had
+/// cordoned it.
+pub fn fail_node(run: &mut Run, node: &str, reason: &str, now: Timestamp) -> Option<Action> {
+    let mut cleanup = None;
+    for progress in &mut run.nodes {
+        if progress.name == node {
+            if let NodeStep::Issued {
+                lifecycle: Some(stage),
+                ..
+            } = &progress.step
+                && stage.must_uncordon()
+            {
+                cleanup = Some(Action::Uncordon {
+                    node: node.to_string(),
+                });
+            }
+            progress.step = NodeStep::Failed {
+                at: now,
+                reason: reason.to_string(),
+            };
+        }
+    }
+    run.outcome = Some(Outcome::Failed {
+        at: now,
+        node: Some(node.to_string()),
+        reason: format!("node {node} {reason}"),
+    });
+    cleanup
+}
+
+/// Records that the new system is installed on `node` (Talos ≥ 1.13): draining starts now.
+/// `already_cordoned` says the node was unschedulable before the controller touched it, in which case it
+/// is left cordoned afterwards, as it was found.
+pub fn installed(run: &mut Run, node: &str, already_cordoned: bool, now: Timestamp) {
+    for progress in &mut run.nodes {
+        if progress.name == node
+            && let NodeStep::Issued { lifecycle, .. } = &mut progress.step
+            && *lifecycle == Some(LifecycleStage::Installing)
+        {
+            *lifecycle = Some(LifecycleStage::Draining {
+                since: now,
+                uncordon: !already_cordoned,
+            });
+        }
+    }
+}
+
+/// Records that the call just made to `node` was answered, so it is never made again: the legacy
+/// upgrade call, or (Talos ≥ 1.13) the reboot.
+pub fn answered(run: &mut Run, node: &str) {
+    for progress in &mut run.nodes {
+        if progress.name != node {
+            continue;
+        }
+        if let NodeStep::Issued {
+            unanswered,
+            lifecycle,
+            ..
+        } = &mut progress.step
+        {
+            *unanswered = false;
+            if let Some(LifecycleStage::Rebooting { unanswered, .. }) = lifecycle {
+                *unanswered = false;
+            }
+        }
+    }
+}
+
+/// Nodes the run is draining right now: the reconciler cordons them and evicts their pods, and reports
+/// what is left in [`NodeObservation::drain`].
+pub fn draining(run: &Run) -> Vec<&str> {
+    run.nodes
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.step,
+                NodeStep::Issued {
+                    lifecycle: Some(LifecycleStage::Draining { .. }),
+                    ..
+                }
+            )
+        })
+        .map(|n| n.name.as_str())
+        .collect()
+}
+
+/// Decides the next step of an unfinished or finished run.
+pub fn advance(
+    run: &Run,
+    settings: &Settings,
+    observation: &Observation,
+    installer_image_for: &dyn Fn(&str, &Version) -> Result<String, String>,
+    now: Timestamp,
+) -> Decision {
+    let mut run = run.clone();
+    let mut notes = Vec::new();
+    let Ok(target) = Version::parse(&run.target) else {
+        // The run was created from a parsed version, so this is a corrupted record: fail rather than guess.
+        let reason = format!("the recorded target {:?} is not a version", run.target);
+        run.outcome.get_or_insert(Outcome::Failed {
+            at: now,
+            node: None,
+            reason: reason.clone(),
+        });
+        return finish(run, Vec::new(), notes, None, true);
+    };
+    if run.outcome.is_some() {
+        // Decided before: report it again, but announce nothing twice.
+        return finish(run, Vec::new(), notes, None, false);
+    }
+
+    // 1. Nodes in flight: done, still going, or failed.
+    let mut actions = Vec::new();
+    let mut details = Vec::new();
+    for progress in &mut run.nodes {
+        let name = progress.name.clone();
+        let NodeStep::Issued {
+            at,
+            boot_id,
+            from_version,
+            installer_image,
+            lifecycle,
+            unanswered,
+        } = &mut progress.step
+        else {
+            continue;
+        };
+        let observed = observation.node(&name);
+        // A call without an answer, and the node still on the same boot, running and ready well after
+        // it: the call never reached it (the controller stopped mid-call). A node that did get it would
+        // be upgrading (not ready) or rebooted by now. It goes back to pending and is called again. Not
+        // while paused (or following the nodes in flight after the target was removed): no new call
+        // would be made then, so the node stays in flight until it is seen done or its deadline passes.
+        if *unanswered
+            && !settings.paused
+            && now.duration_since(*at).unsigned_abs() > settings.unanswered_grace
+            && untouched_since(observed, boot_id)
+        {
+            progress.step = NodeStep::Pending;
+            continue;
+        }
+        // Where the deadline counts from, and whether the node must be uncordoned once back.
+        let (since, uncordon) = match lifecycle {
+            None => (*at, false),
+            Some(LifecycleStage::Installing) => {
+                // The controller stopped during the install call; the node still runs its old system
+                // untouched, so installing again is safe.
+                actions.push(Action::Upgrade {
+                    node: name,
+                    installer_image: installer_image.clone(),
+                    api: UpgradeApi::Lifecycle,
+                });
+                continue;
+            }
+            Some(LifecycleStage::Draining { since, uncordon }) => {
+                let status = observed.and_then(|n| n.drain.as_ref());
+                match status {
+                    Some(status) if status.remaining == 0 => {
+                        notes.push(Note::normal(
+                            "NodeDrained",
+                            format!("Node {name} is drained; rebooting it into Talos {target}"),
+                        ));
+                        *lifecycle = Some(LifecycleStage::Rebooting {
+                            at: now,
+                            uncordon: *uncordon,
+                            unanswered: true,
+                        });
+                        actions.push(Action::Reboot { node: name });
+                    }
+                    _ if now.duration_since(*since).unsigned_abs() > settings.drain_timeout => {
+                        let why = status
+                            .and_then(|s| s.blocked.as_deref())
+                            .map(|blocked| format!(": {blocked}"))
+                            .unwrap_or_default();
+                        if *uncordon {
+                            actions.push(Action::Uncordon { node: name.clone() });
+                        }
+                        progress.step = NodeStep::Failed {
+                            at: now,
+                            reason: format!(
+                                "could not be drained within {}{why}; it was not rebooted and runs \
+                                 its old version",
+                                human_duration(settings.drain_timeout)
+                            ),
+                        };
+                    }
+                    _ => {
+                        let left = status.map_or(String::from("pods"), |s| {
+                            format!("{} pod{} left", s.remaining, plural(s.remaining))
+                        });
+                        let why = status
+                            .and_then(|s| s.blocked.as_deref())
+                            .map(|blocked| format!("; {blocked}"))
+                            .unwrap_or_default();
+                        details.push(format!("draining {name}, {left}{why}"));
+                    }
+                }
+                continue;
+            }
+            Some(LifecycleStage::Rebooting {
+                at,
+                uncordon,
+                unanswered,
+            }) => {
+                // A reboot without an answer, and the node still on the same boot, running and ready
+                // well after it: the reboot never reached it (the controller stopped between recording
+                // and sending it, or the call failed on the way). A node that got it would be going down
+                // or back on a new boot by now. The node is drained and waits for nothing else, so the
+                // reboot is sent again, paused or not, and the deadline counts from then.
+                if *unanswered
+                    && now.duration_since(*at).unsigned_abs() > settings.unanswered_grace
+                    && untouched_since(observed, boot_id)
+                {
+                    notes.push(Note::normal(
+                        "NodeRebootResent",
+                        format!(
+                            "Node {name} is still running its old system, ready, after its reboot \
+                             got no answer; sending the reboot again"
+                        ),
+                    ));
+                    *at = now;
+                    actions.push(Action::Reboot { node: name });
+                    continue;
+                }
+                (*at, *uncordon)
+            }
+        };
+        match check_in_flight(observed, &target, boot_id, from_version) {
+            InFlight::Done if uncordon && observed.is_some_and(|n| n.cordoned) => {
+                // Back on the target and Ready: it only has to take pods again.
+                actions.push(Action::Uncordon { node: name.clone() });
+                details.push(format!("uncordoning {name}"));
+            }
+            InFlight::Done => {
+                let started = *at;
+                notes.push(Note::normal(
+                    "NodeUpgraded",
+                    format!("Node {name} is running Talos {target}"),
+                ));
+                progress.step = NodeStep::Done {
+                    at: now,
+                    started_at: Some(started),
+                };
+            }
+            InFlight::Failed(reason) => {
+                if uncordon {
+                    actions.push(Action::Uncordon { node: name.clone() });
+                }
+                progress.step = NodeStep::Failed { at: now, reason };
+            }
+            InFlight::Waiting(waiting_for) => {
+                let elapsed = now.duration_since(since).unsigned_abs();
+                if elapsed > settings.node_deadline {
+                    let reason = match waiting_for {
+                        Waiting::Down => format!(
+                            "did not come back online within {}",
+                            human_duration(settings.node_deadline)
+                        ),
+                        Waiting::NotRebooted => format!(
+                            "did not reboot into the new version within {}",
+                            human_duration(settings.node_deadline)
+                        ),
+                        Waiting::NotReady => format!(
+                            "did not become Ready within {}",
+                            human_duration(settings.node_deadline)
+                        ),
+                    };
+                    if uncordon {
+                        actions.push(Action::Uncordon { node: name.clone() });
+                    }
+                    progress.step = NodeStep::Failed { at: now, reason };
+                }
+            }
+        }
+    }
+    if let Some(failed) = run.nodes.iter().find_map(|n| match &n.step {
+        NodeStep::Failed { reason, .. } => Some((n.name.clone(), reason.clone())),
+        _ => None,
+    }) {
+        run.outcome = Some(Outcome::Failed {
+            at: now,
+            node: Some(failed.0.clone()),
+            reason: format!("node {} {}", failed.0, failed.1),
+        });
+        // Only clean-up is left to do: nodes this run cordoned are made schedulable again.
+        actions.retain(|action| matches!(action, Action::Uncordon { .. }));
+        return finish(run, actions, notes, None, true);
+    }
+    if run
+        .nodes
+        .iter()
+        .all(|n| matches!(n.step, NodeStep::Done { .. }))
+    {
+        run.outcome = Some(Outcome::Completed { at: now });
+        return finish(run, Vec::new(), notes, None, true);
+    }
+
+    // 2. Start the next node(s), unless paused.
+    let mut waiting = None;
+    if !settings.paused {
+        waiting = start_next(
+            &mut run,
+            &target,
+            settings,
+            observation,
+            installer_image_for,
+            now,
+            &mut actions,
+            &mut notes,
+        );
+    }
+    // A node whose installer image cannot be derived fails the run on the spot.
+    let newly_finished = run.outcome.is_some();
+    let mut decision = finish(run, actions, notes, waiting, newly_finished);
+    if decision.report.state == RunState::InProgress && !details.is_empty() {
+        decision.report.message = format!("{}: {}", decision.report.message, details.join("; "));
+    }
+    if settings.paused && !newly_finished {
+        decision.report.state = RunState::Paused;
+        decision.report.message = if decision.report.in_flight.is_empty() {
+            format!(
+                "Paused after {}/{} nodes; remove the paused annotation to continue",
+                decision.report.done, decision.report.total
+            )
+        } else {
+            format!(
+                "Pausing: finishing {} before holding ({}/{} done)",
+                decision.report.in_flight.join(", "),
+                decision.report.done,
+                decision.report.total
+            )
+        };
+    }
+    decision
+}
+
+/// The node is up on the boot recorded before its call, running and ready: nothing the call would have
+/// set off (an upgrade, a reboot) has happened to it.
+fn untouched_since(observed: Option<&NodeObservation>, boot_id_before: &str) -> bool {
+    observed.is_some_and(|n| {
+        matches!(&n.talos, TalosState::Up { boot_id, ready: true, .. } if boot_id == boot_id_before)
+    })
+}
+
+enum Waiting {
+    Down,
+    NotRebooted,
+    NotReady,
+}
+
+enum InFlight {
+    Done,
+    Failed(String),
+    Waiting(Waiting),
+}
+
+fn check_in_flight(
+    observed: Option<&NodeObservation>,
+    target: &Version,
+    boot_id_before: &str,
+    from_version: &str,
+) -> InFlight {
+    let Some(node) = observed else {
+        return InFlight::Waiting(Waiting::Down);
+    };
+    match &node.talos {
+        TalosState::Unreachable { .. } => InFlight::Waiting(Waiting::Down),
+        TalosState::Up { boot_id, .. } if boot_id == boot_id_before => {
+            InFlight::Waiting(Waiting::NotRebooted)
+        }
+        TalosState::Up { version, .. } if version != target => InFlight::Failed(format!(
+            "came back on Talos {version} instead of {target} (the new system did not boot; A/B \
+             fallback from {from_version}); it was not upgraded again"
+        )),
+        TalosState::Up { ready, .. } => {
+            if *ready && node.kubernetes_ready {
+                InFlight::Done
+            } else {
+                InFlight::Waiting(Waiting::NotReady)
+            }
+        }
+    }
+}
+
+/// The nodes [`advance`] may start in this pass, whose installer image the observation must carry
+/// (every other node's machine config is left unread, a Talos call saved per node and pass): the pending
+/// nodes of the role that comes next in the run's order, whether or not the batch has room now (a node
+/// in flight may finish in this very pass and free it), and a legacy call without an answer (it may be
+/// taken back and made again). None while paused or once the run has an outcome.
+pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
+    if settings.paused || run.outcome.is_some() {
+        return Vec::new();
+    }
+    let next_role = run
+        .nodes
+        .iter()
+        .find(|n| matches!(n.step, NodeStep::Pending))
+        .map(|n| n.role);
+    run.nodes
+        .iter()
+        .filter(|n| match &n.step {
+            NodeStep::Pending => Some(n.role) == next_role,
+            NodeStep::Issued { unanswered, .. } => *unanswered,
+            NodeStep::Done { .. } | NodeStep::Failed { .. } => false,
+        })
+        .map(|n| n.name.as_str())
+        .collect()
+}
+
+/// Starts as many next nodes as the order and batch size allow and their preflight checks pass. Returns
+/// why it is holding, if it is.
+#[allow(clippy::too_many_arguments)]
+fn start_next(
+    run: &mut Run,
+    target: &Version,
+    settings: &Settings,
+    observation: &Observation,
+    installer_image_for: &dyn Fn(&str, &Version) -> Result<String, String>,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+    notes: &mut Vec<Note>,
+) -> Option<(PreflightCheck, String)> {
+    // The current phase is the role of the first node that is not done; later phases wait for it.
+    let phase = run
+        .nodes
+        .iter()
+        .find(|n| !matches!(n.step, NodeStep::Done { .. }))
+        .map(|n| n.role)?;
+    let in_flight = run.in_flight();
+    let capacity = match phase {
+        NodeRole::ControlPlane => 1,
+        NodeRole::Worker => settings.max_parallel_workers.max(1),
+    };
+    let mut free = capacity.saturating_sub(in_flight.len());
+    let candidates: Vec<usize> = run
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.role == phase && matches!(n.step, NodeStep::Pending))
+        .map(|(i, _)| i)
+        .collect();
+
+    for index in candidates {
+        if free == 0 {
+            return None;
+        }
+        let name = run.nodes[index].name.clone();
+        let Some(node) = observation.node(&name) else {
+            return Some((
+                PreflightCheck::NodeInventory,
+                format!("node {name} is not in the cluster's node list"),
+            ));
+        };
+        let (version, boot_id, installer_image) = match &node.talos {
+            TalosState::Up {
+                version,
+                boot_id,
+                installer_image,
+                ..
+            } => (version, boot_id, installer_image.as_deref()),
+            TalosState::Unreachable { reason } => {
+                return Some((
+                    PreflightCheck::TalosApi,
+                    format!("node {name}'s Talos API is unreachable: {reason}"),
+                ));
+            }
+        };
+        // Upgraded by someone else meanwhile (or by a call whose answer was lost): it counts as done.
+        if version == target {
+            run.nodes[index].step = NodeStep::Done {
+                at: now,
+                started_at: None,
+            };
+            continue;
+        }
+        // A node that is not ready may be in the middle of an upgrade already (a call whose answer was
+        // lost), or broken: it is not called until it is running and ready.
+        if !matches!(node.talos, TalosState::Up { ready: true, .. }) {
+            return Some((
+                PreflightCheck::NodesReady,
+                format!("node {name} is not ready; holding before upgrading it"),
+            ));
+        }
+        if let Some(blocker) = observation.nodes.iter().find(|other| {
+            other.name != name && !in_flight.contains(&other.name) && !is_healthy(other)
+        }) {
+            return Some((
+                PreflightCheck::NodesReady,
+                format!(
+                    "node {} is not ready; holding before upgrading {name}",
+                    blocker.name
+                ),
+            ));
+        }
+        if node.role == NodeRole::ControlPlane {
+            if let Some(problem) = &observation.etcd.problem {
+                return Some((
+                    PreflightCheck::EtcdHealth,
+                    format!("etcd is not healthy ({problem}); holding before control plane {name}"),
+                ));
+            }
+            if observation.etcd.leader.as_deref() == Some(name.as_str()) {
+                actions.push(Action::ForfeitEtcdLeadership { node: name.clone() });
+                return Some((
+                    PreflightCheck::EtcdLeader,
+                    format!("moving etcd leadership off {name} before upgrading it"),
+                ));
+            }
+        }
+        // Read for every node `may_start` names; a node without it is held, not failed.
+        let Some(installer_image) = installer_image else {
+            return Some((
+                PreflightCheck::TalosApi,
+                format!("node {name}'s machine config was not read; holding before upgrading it"),
+            ));
+        };
+        let image = match installer_image_for(installer_image, target) {
+            Ok(image) => image,
+            Err(reason) => {
+                fail_node(
+                    run,
+                    &name,
+                    &format!("has an installer image the upgrade cannot be derived from: {reason}"),
+                    now,
+                );
+                return None;
+            }
+        };
+        let api = UpgradeApi::for_running(version);
+        run.nodes[index].step = NodeStep::Issued {
+            at: now,
+            boot_id: boot_id.clone(),
+            from_version: version.to_string(),
+            installer_image: image.clone(),
+            lifecycle: match api {
+                UpgradeApi::Legacy => None,
+                UpgradeApi::Lifecycle => Some(LifecycleStage::Installing),
+            },
+            // Until its answer is recorded (see [`answered`]).
+            unanswered: api == UpgradeApi::Legacy,
+        };
+        notes.push(Note::normal(
+            "NodeUpgradeStarted",
+            format!("Upgrading node {name} from Talos {version} to {target} with {image}"),
+        ));
+        actions.push(Action::Upgrade {
+            node: name.clone(),
+            installer_image: image,
+            api,
+        });
+        free -= 1;
+    }
+    None
+}
+
+fn is_healthy(node: &NodeObservation) -> bool {
+    matches!(node.talos, TalosState::Up { ready: true, .. }) && node.kubernetes_ready
+}
+
+/// Builds the report for `run` after a decision; `announce` adds the completion or failure event (only
+/// when this decision ended the run, so a finished run is announced once).
+fn finish(
+    run: Run,
+    actions: Vec<Action>,
+    mut notes: Vec<Note>,
+    waiting: Option<(PreflightCheck, String)>,
+    announce: bool,
+) -> Decision {
+    let (done, total) = run.counts();
+    let in_flight = run.in_flight();
+    let failed_nodes: Vec<String> = run.failed_nodes().into_iter().map(String::from).collect();
+    let (state, message) = match &run.outcome {
+        Some(Outcome::Completed { .. }) => {
+            if announce {
+                notes.push(Note::normal(
+                    "UpgradeCompleted",
+                    format!(
+                        "Talos upgrade completed: all {total} nodes run {}",
+                        run.target
+                    ),
+                ));
+            }
+            (
+                RunState::Completed,
+                format!("Talos upgrade completed: now running {}", run.target),
+            )
+        }
+        Some(Outcome::Failed { reason, .. }) => {
+            let message = format!("Talos upgrade failed: {reason}");
+            if announce {
+                notes.push(Note::warning("UpgradeFailed", message.clone()));
+            }
+            (RunState::Failed, message)
+        }
+        None => {
+            let message = match (in_flight.as_slice(), &waiting) {
+                ([one], _) => format!("Upgrading node {one} ({}/{total})", done + 1),
+                // The reconciler publishes an event when this message changes, not on every pass.
+                ([], Some((_, why))) => format!("Waiting: {why} ({done}/{total} done)"),
+                ([], None) => format!("Upgrading ({done}/{total} done)"),
+                (many, _) => format!("Upgrading nodes {} ({done}/{total} done)", many.join(", ")),
+            };
+            (RunState::InProgress, message)
+        }
+    };
+    let hold = match (&state, in_flight.is_empty(), &waiting) {
+        (RunState::InProgress, true, Some((check, _))) => Some(*check),
+        _ => None,
+    };
+    let awaiting_reboots = state == RunState::InProgress
+        && !in_flight.is_empty()
+        && waiting.is_none()
+        && run.nodes.iter().all(|n| match &n.step {
+            NodeStep::Issued {
+                lifecycle,
+                unanswered,
+                ..
+            } => {
+                !unanswered
+                    && matches!(
+                        lifecycle,
+                        None | Some(LifecycleStage::Rebooting {
+                            unanswered: false,
+                            ..
+                        })
+                    )
+            }
+            NodeStep::Pending | NodeStep::Done { .. } | NodeStep::Failed { .. } => true,
+        });
+    Decision {
+        run,
+        actions,
+        report: Report {
+            state,
+            message,
+            done,
+            total,
+            in_flight,
+            failed_nodes,
+            notes,
+            hold,
+            awaiting_reboots,
+        },
+    }
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 { "" } else { "s" }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1187 @@
+use std::time::Duration;
+
+use jiff::{Timestamp, ToSpan};
+use semver::Version;
+
+use super::*;
+use crate::run::NoteType;
+
+const DEADLINE: Duration = Duration::from_secs(15 * 60);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+fn t0() -> Timestamp {
+    "2026-11-25T10:00:00Z".parse().expect("timestamp")
+}
+
+fn v(text: &str) -> Version {
+    Version::parse(text).expect("version")
+}
+
+fn settings() -> Settings {
+    Settings {
+        order: UpgradeOrder::WorkersFirst,
+        max_parallel_workers: 1,
+        paused: false,
+        node_deadline: DEADLINE,
+        drain_timeout: DRAIN_TIMEOUT,
+        unanswered_grace: Duration::from_secs(60),
+    }
+}
+
+/// Swaps the tag, keeping repository and schematic: enough for these tests; the real derivation lives in
+/// the versions module.
+fn image_for(current: &str, target: &Version) -> Result<String, String> {
+    let repo = current
+        .rsplit_once(':')
+        .map(|(repo, _)| repo)
+        .ok_or_else(|| format!("{current:?} has no tag"))?;
+    Ok(format!("{repo}:v{target}"))
+}
+
+fn node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
+    NodeObservation {
+        name: name.into(),
+        role,
+        talos: TalosState::Up {
+            version: v(version),
+            boot_id: format!("{name}-boot-1"),
+            ready: true,
+            installer_image: Some(format!("factory.talos.dev/installer/abc123:v{version}")),
+        },
+        kubernetes_ready: true,
+        cordoned: false,
+        drain: None,
+    }
+}
+
+/// Three control planes and two workers, all healthy on `version`.
+fn cluster(version: &str) -> Observation {
+    Observation {
+        nodes: vec![
+            node("cp-1", NodeRole::ControlPlane, version),
+            node("cp-2", NodeRole::ControlPlane, version),
+            node("cp-3", NodeRole::ControlPlane, version),
+            node("worker-1", NodeRole::Worker, version),
+            node("worker-2", NodeRole::Worker, version),
+        ],
+        etcd: EtcdObservation {
+            problem: None,
+            leader: Some("cp-3".into()),
+        },
+    }
+}
+
+fn set(obs: &mut Observation, name: &str, change: impl FnOnce(&mut NodeObservation)) {
+    change(
+        obs.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .expect("node in observation"),
+    );
+}
+
+/// The node rebooted into `version` with a new boot id, ready or not.
+fn rebooted(obs: &mut Observation, name: &str, version: &str, ready: bool) {
+    set(obs, name, |n| {
+        n.talos = TalosState::Up {
+            version: v(version),
+            boot_id: format!("{name}-boot-2"),
+            ready,
+            installer_image: Some(format!("factory.talos.dev/installer/abc123:v{version}")),
+        };
+        n.kubernetes_ready = ready;
+    });
+}
+
+fn down(obs: &mut Observation, name: &str) {
+    set(obs, name, |n| {
+        n.talos = TalosState::Unreachable {
+            reason: "connection refused".into(),
+        };
+        n.kubernetes_ready = false;
+    });
+}
+
+fn names(run: &Run) -> Vec<&str> {
+    run.nodes.iter().map(|n| n.name.as_str()).collect()
+}
+
+fn upgraded_nodes(actions: &[Action]) -> Vec<&str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Upgrade { node, .. } => Some(node.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A run to `target`, workers first, started at t0.
+fn workers_first(target: &str, observation: &Observation) -> Run {
+    start_run(
+        target,
+        &v(target),
+        UpgradeOrder::WorkersFirst,
+        observation,
+        t0(),
+    )
+}
+
+/// A workers-first run whose workers are all done: the control planes come next.
+fn workers_done(target: &str, observation: &Observation) -> Run {
+    let mut run = workers_first(target, observation);
+    for n in run.nodes.iter_mut().filter(|n| n.role == NodeRole::Worker) {
+        n.step = NodeStep::Done {
+            at: t0(),
+            started_at: Some(t0()),
+        };
+    }
+    run
+}
+
+fn decide(run: &Run, settings: &Settings, obs: &Observation, now: Timestamp) -> Decision {
+    advance(run, settings, obs, &image_for, now)
+}
+
+#[test]
+fn the_order_is_fixed_at_the_start() {
+    let obs = cluster("1.11.6");
+    let cases = [
+        (
+            UpgradeOrder::WorkersFirst,
+            vec!["worker-1", "worker-2", "cp-1", "cp-2", "cp-3"],
+        ),
+        (
+            UpgradeOrder::ControlPlanesFirst,
+            vec!["cp-1", "cp-2", "cp-3", "worker-1", "worker-2"],
+        ),
+    ];
+    for (order, expected) in cases {
+        let run = start_run("1.12.0", &v("1.12.0"), order, &obs, t0());
+        assert_eq!(names(&run), expected, "{order:?}");
+        assert_eq!(run.counts(), (0, 5));
+    }
+}
+
+#[test]
+fn nodes_already_on_the_target_count_as_done() {
+    let mut obs = cluster("1.11.6");
+    rebooted(&mut obs, "worker-2", "1.12.0", true);
+    let run = start_run(
+        "v1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    );
+    assert_eq!(run.counts(), (1, 5));
+    assert_eq!(run.requested, "v1.12.0");
+    assert_eq!(run.target, "1.12.0");
+}
+
+#[test]
+fn batches_respect_the_role_and_max_parallel_workers() {
+    // (max parallel workers, nodes issued in the first decision)
+    let cases = [
+        (1, vec!["worker-1"]),
+        (2, vec!["worker-1", "worker-2"]),
+        (5, vec!["worker-1", "worker-2"]),
+    ];
+    for (parallel, expected) in cases {
+        let obs = cluster("1.11.6");
+        let run = workers_first("1.12.0", &obs);
+        let settings = Settings {
+            max_parallel_workers: parallel,
+            ..settings()
+        };
+        let decision = decide(&run, &settings, &obs, t0());
+        assert_eq!(
+            upgraded_nodes(&decision.actions),
+            expected,
+            "parallel {parallel}"
+        );
+        assert_eq!(decision.report.in_flight, expected);
+    }
+}
+
+#[test]
+fn control_planes_go_one_at_a_time_even_with_parallel_workers() {
+    let obs = cluster("1.11.6");
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::ControlPlanesFirst,
+        &obs,
+        t0(),
+    );
+    let settings = Settings {
+        max_parallel_workers: 3,
+        ..settings()
+    };
+    let decision = decide(&run, &settings, &obs, t0());
+    assert_eq!(upgraded_nodes(&decision.actions), vec!["cp-1"]);
+}
+
+#[test]
+fn the_upgrade_call_is_recorded_before_it_is_made_and_never_repeated() {
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let first = decide(&run, &settings(), &obs, t0());
+    assert_eq!(
+        first.actions,
+        vec![Action::Upgrade {
+            node: "worker-1".into(),
+            installer_image: "factory.talos.dev/installer/abc123:v1.12.0".into(),
+            api: UpgradeApi::Legacy,
+        }]
+    );
+    match &first.run.nodes[0].step {
+        NodeStep::Issued {
+            boot_id,
+            from_version,
+            ..
+        } => {
+            assert_eq!(boot_id, "worker-1-boot-1");
+            assert_eq!(from_version, "1.11.6");
+        }
+        other => panic!("worker-1 should be issued, is {other:?}"),
+    }
+    // A restarted controller decides again from the persisted run: nothing is re-issued.
+    for obs_now in [obs.clone(), {
+        let mut o = obs.clone();
+        down(&mut o, "worker-1");
+        o
+    }] {
+        let again = decide(&first.run, &settings(), &obs_now, t0() + 1.minutes());
+        assert!(again.actions.is_empty(), "{:?}", again.actions);
+        assert_eq!(again.report.message, "Upgrading node worker-1 (1/5)");
+    }
+}
+
+#[test]
+fn a_node_is_done_only_after_a_reboot_into_the_target_and_ready() {
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let mut issued = decide(&run, &settings(), &obs, t0()).run;
+    // The node acknowledged the call.
+    answered(&mut issued, "worker-1");
+    let later = t0() + 2.minutes();
+
+    // (observation of worker-1, done?)
+    let mut same_boot = obs.clone();
+    set(&mut same_boot, "worker-1", |n| n.kubernetes_ready = true);
+    let mut unreachable = obs.clone();
+    down(&mut unreachable, "worker-1");
+    let mut booting = obs.clone();
+    rebooted(&mut booting, "worker-1", "1.12.0", false);
+    let mut ready = obs.clone();
+    rebooted(&mut ready, "worker-1", "1.12.0", true);
+    let cases = [
+        ("same boot id", same_boot, false),
+        ("unreachable", unreachable, false),
+        ("rebooted, not ready", booting, false),
+        ("rebooted and ready", ready, true),
+    ];
+    for (what, observation, done) in cases {
+        let decision = decide(&issued, &settings(), &observation, later);
+        let is_done = matches!(decision.run.nodes[0].step, NodeStep::Done { .. });
+        assert_eq!(is_done, done, "{what}");
+        if done {
+            // No time lost: the next node starts in the same decision.
+            assert_eq!(
+                upgraded_nodes(&decision.actions),
+                vec!["worker-2"],
+                "{what}"
+            );
+            assert!(
+                decision
+                    .report
+                    .notes
+                    .iter()
+                    .any(|n| n.reason == "NodeUpgraded"),
+                "{what}"
+            );
+        } else {
+            assert!(decision.actions.is_empty(), "{what}");
+        }
+    }
+}
+
+#[test]
+fn deadlines_and_fallbacks_fail_the_run_naming_the_node() {
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let mut issued = decide(&run, &settings(), &obs, t0()).run;
+    // The node acknowledged the call.
+    answered(&mut issued, "worker-1");
+    let late = t0() + 16.minutes();
+
+    let mut never_back = obs.clone();
+    down(&mut never_back, "worker-1");
+    let mut never_rebooted = obs.clone();
+    set(&mut never_rebooted, "worker-1", |n| {
+        n.kubernetes_ready = true
+    });
+    let mut never_ready = obs.clone();
+    rebooted(&mut never_ready, "worker-1", "1.12.0", false);
+    let mut fallback = obs.clone();
+    rebooted(&mut fallback, "worker-1", "1.11.6", true);
+    let cases = [
+        (
+            "down",
+            never_back,
+            late,
+            "Talos upgrade failed: node worker-1 did not come back online within 15m",
+        ),
+        (
+            "not rebooted",
+            never_rebooted,
+            late,
+            "Talos upgrade failed: node worker-1 did not reboot into the new version within 15m",
+        ),
+        (
+            "not ready",
+            never_ready,
+            late,
+            "Talos upgrade failed: node worker-1 did not become Ready within 15m",
+        ),
+        (
+            // An A/B fallback fails at once, deadline or not.
+            "fallback",
+            fallback,
+            t0() + 1.minutes(),
+            "Talos upgrade failed: node worker-1 came back on Talos 1.11.6 instead of 1.12.0",
+        ),
+    ];
+    for (what, observation, now, message) in cases {
+        let decision = decide(&issued, &settings(), &observation, now);
+        assert_eq!(decision.report.state, RunState::Failed, "{what}");
+        assert!(
+            decision.report.message.starts_with(message),
+            "{what}: {}",
+            decision.report.message
+        );
+        assert!(decision.actions.is_empty(), "{what}: no further calls");
+        assert_eq!(decision.report.failed_nodes, vec!["worker-1"], "{what}");
+        assert_eq!(
+            decision
+                .report
+                .notes
+                .iter()
+                .filter(|n| n.reason == "UpgradeFailed" && n.type_ == NoteType::Warning)
+                .count(),
+            1,
+            "{what}"
+        );
+        // Terminal: deciding again changes nothing and announces nothing.
+        let again = decide(
+            &decision.run,
+            &settings(),
+            &cluster("1.11.6"),
+            now + 1.hours(),
+        );
+        assert_eq!(again.report.state, RunState::Failed);
+        assert!(
+            again.actions.is_empty() && again.report.notes.is_empty(),
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn preflight_holds_name_the_node_and_the_reason() {
+    let mut worker_not_ready = cluster("1.11.6");
+    set(&mut worker_not_ready, "worker-2", |n| {
+        n.kubernetes_ready = false
+    });
+    let mut cp_unreachable = cluster("1.11.6");
+    down(&mut cp_unreachable, "cp-1");
+    let mut etcd_sick = cluster("1.11.6");
+    etcd_sick.etcd.problem = Some("member cp-2 is unhealthy".into());
+
+    let cases = [
+        (
+            worker_not_ready,
+            "Waiting: node worker-2 is not ready; holding before upgrading cp-1 (2/5 done)",
+        ),
+        (
+            cp_unreachable,
+            "Waiting: node cp-1's Talos API is unreachable: connection refused (2/5 done)",
+        ),
+        (
+            etcd_sick,
+            "Waiting: etcd is not healthy (member cp-2 is unhealthy); holding before control plane cp-1 (2/5 done)",
+        ),
+    ];
+    for (obs, message) in cases {
+        let run = workers_done("1.12.0", &obs);
+        let decision = decide(&run, &settings(), &obs, t0());
+        assert!(decision.actions.is_empty(), "{message}");
+        assert_eq!(decision.report.state, RunState::InProgress);
+        assert_eq!(decision.report.message, message);
+    }
+}
+
+#[test]
+fn leadership_moves_off_a_control_plane_before_its_upgrade() {
+    let mut obs = cluster("1.11.6");
+    obs.etcd.leader = Some("cp-1".into());
+    let run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::ControlPlanesFirst,
+        &obs,
+        t0(),
+    );
+    let decision = decide(&run, &settings(), &obs, t0());
+    assert_eq!(
+        decision.actions,
+        vec![Action::ForfeitEtcdLeadership {
+            node: "cp-1".into()
+        }]
+    );
+    assert!(matches!(decision.run.nodes[0].step, NodeStep::Pending));
+
+    obs.etcd.leader = Some("cp-2".into());
+    let next = decide(&decision.run, &settings(), &obs, t0());
+    assert_eq!(upgraded_nodes(&next.actions), vec!["cp-1"]);
+}
+
+#[test]
+fn paused_runs_finish_in_flight_nodes_and_start_none() {
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let mut issued = decide(&run, &settings(), &obs, t0()).run;
+    // The node acknowledged the call.
+    answered(&mut issued, "worker-1");
+    let paused = Settings {
+        paused: true,
+        ..settings()
+    };
+
+    let finishing = decide(&issued, &paused, &obs, t0());
+    assert_eq!(finishing.report.state, RunState::Paused);
+    assert_eq!(
+        finishing.report.message,
+        "Pausing: finishing worker-1 before holding (0/5 done)"
+    );
+
+    let mut back = obs.clone();
+    rebooted(&mut back, "worker-1", "1.12.0", true);
+    let held = decide(&issued, &paused, &back, t0() + 1.minutes());
+    assert!(held.actions.is_empty());
+    assert_eq!(
+        held.report.message,
+        "Paused after 1/5 nodes; remove the paused annotation to continue"
+    );
+
+    let resumed = decide(&held.run, &settings(), &back, t0() + 2.minutes());
+    assert_eq!(upgraded_nodes(&resumed.actions), vec!["worker-2"]);
+}
+
+#[test]
+fn the_api_generation_follows_the_running_version() {
+    let cases = [
+        ("1.11.6", "1.12.0", UpgradeApi::Legacy),
+        ("1.12.9", "1.13.0", UpgradeApi::Legacy),
+        ("1.13.0", "1.14.0", UpgradeApi::Lifecycle),
+    ];
+    for (from, to, api) in cases {
+        let obs = cluster(from);
+        let run = start_run(to, &v(to), UpgradeOrder::WorkersFirst, &obs, t0());
+        let decision = decide(&run, &settings(), &obs, t0());
+        assert!(
+            matches!(&decision.actions[0], Action::Upgrade { api: a, .. } if *a == api),
+            "{from} -> {to}: {:?}",
+            decision.actions
+        );
+    }
+}
+
+#[test]
+fn an_underivable_installer_image_fails_before_any_call() {
+    let mut obs = cluster("1.11.6");
+    set(&mut obs, "worker-1", |n| {
+        if let TalosState::Up {
+            installer_image, ..
+        } = &mut n.talos
+        {
+            *installer_image = Some("no-tag-here".into());
+        }
+    });
+    let run = workers_first("1.12.0", &obs);
+    let decision = decide(&run, &settings(), &obs, t0());
+    assert!(decision.actions.is_empty());
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert!(
+        decision
+            .report
+            .message
+            .contains("node worker-1 has an installer image"),
+        "{}",
+        decision.report.message
+    );
+}
+
+#[test]
+fn a_failed_call_fails_the_run_once() {
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let mut issued = decide(&run, &settings(), &obs, t0()).run;
+    fail_node(
+        &mut issued,
+        "worker-1",
+        "refused the upgrade: error validating installer image",
+        t0(),
+    );
+    let decision = decide(&issued, &settings(), &obs, t0());
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert_eq!(
+        decision.report.message,
+        "Talos upgrade failed: node worker-1 refused the upgrade: error validating installer image"
+    );
+    assert!(decision.actions.is_empty());
+}
+
+/// Drives a simulated cluster through whole runs with every order and batch size, on both API
+/// generations, checking the invariants the brief promises on every step.
+#[test]
+fn whole_runs_keep_every_promise() {
+    for (from, to) in [("1.11.6", "1.12.0"), ("1.13.0", "1.14.0")] {
+        for order in [UpgradeOrder::WorkersFirst, UpgradeOrder::ControlPlanesFirst] {
+            for parallel in 1..=3 {
+                whole_run(from, to, order, parallel);
+            }
+        }
+    }
+}
+
+fn whole_run(from: &str, to: &str, order: UpgradeOrder, parallel: usize) {
+    let case = format!("{from}->{to} {order:?}/{parallel}");
+    let settings = Settings {
+        order,
+        max_parallel_workers: parallel,
+        ..settings()
+    };
+    let mut obs = cluster(from);
+    let mut run = start_run(to, &v(to), order, &obs, t0());
+    let mut now = t0();
+    let mut upgrade_calls: Vec<String> = Vec::new();
+    let mut reboots: Vec<String> = Vec::new();
+    let mut going_down: Vec<String> = Vec::new();
+    for _ in 0..200 {
+        let decision = decide(&run, &settings, &obs, now);
+        run = decision.run;
+        if decision.report.state == RunState::Completed {
+            break;
+        }
+        assert_eq!(decision.report.state, RunState::InProgress, "{case}");
+        for action in &decision.actions {
+            match action {
+                Action::Upgrade {
+                    node,
+                    api: UpgradeApi::Legacy,
+                    ..
+                } => {
+                    upgrade_calls.push(node.clone());
+                    going_down.push(node.clone());
+                }
+                Action::Upgrade {
+                    node,
+                    api: UpgradeApi::Lifecycle,
+                    ..
+                } => {
+                    upgrade_calls.push(node.clone());
+                    installed(&mut run, node, false, now);
+                    // The next pass cordons and evicts; this cluster has nothing to evict.
+                    drain(&mut obs, node, 0, None);
+                }
+                Action::Reboot { node } => {
+                    reboots.push(node.clone());
+                    going_down.push(node.clone());
+                }
+                Action::Uncordon { node } => set(&mut obs, node, |n| n.cordoned = false),
+                Action::ForfeitEtcdLeadership { node } => {
+                    let other = if node == "cp-1" { "cp-2" } else { "cp-1" };
+                    obs.etcd.leader = Some(other.into());
+                }
+            }
+        }
+        for name in &going_down {
+            down(&mut obs, name);
+        }
+        let down_now: Vec<&str> = obs
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.talos, TalosState::Unreachable { .. }))
+            .map(|n| n.name.as_str())
+            .collect();
+        let cps_down = down_now.iter().filter(|n| n.starts_with("cp-")).count();
+        let workers_down = down_now.len() - cps_down;
+        assert!(cps_down <= 1, "{case}: two control planes down at once");
+        assert!(
+            cps_down == 0 || workers_down == 0,
+            "{case}: roles never mix in flight"
+        );
+        assert!(
+            workers_down <= parallel,
+            "{case}: batch larger than {parallel}"
+        );
+        // The nodes come back on the target one step later.
+        now += 3.minutes();
+        for name in going_down.drain(..) {
+            rebooted(&mut obs, &name, to, true);
+            set(&mut obs, &name, |n| n.drain = None);
+        }
+    }
+    assert_eq!(run.counts(), (5, 5), "{case}");
+    assert!(
+        obs.nodes.iter().all(|n| !n.cordoned),
+        "{case}: no node left cordoned"
+    );
+    let exactly_once = |calls: &[String]| {
+        let mut sorted = calls.to_vec();
+        sorted.sort();
+        sorted.dedup();
+        sorted.len() == 5 && calls.len() == 5
+    };
+    assert!(
+        exactly_once(&upgrade_calls),
+        "{case}: each node upgraded exactly once: {upgrade_calls:?}"
+    );
+    if UpgradeApi::for_running(&v(from)) == UpgradeApi::Lifecycle {
+        assert!(
+            exactly_once(&reboots),
+            "{case}: each node rebooted exactly once: {reboots:?}"
+        );
+    }
+    let first_cp = upgrade_calls.iter().position(|n| n.starts_with("cp-"));
+    let last_worker = upgrade_calls.iter().rposition(|n| n.starts_with("worker-"));
+    match order {
+        UpgradeOrder::WorkersFirst => assert!(last_worker < first_cp, "{case}"),
+        UpgradeOrder::ControlPlanesFirst => assert!(
+            first_cp < upgrade_calls.iter().position(|n| n.starts_with("worker-")),
+            "{case}"
+        ),
+    }
+}
+
+// ----- Talos >= 1.13: install, cordon and drain, reboot, uncordon -----
+
+fn lifecycle_stage(run: &Run, name: &str) -> Option<LifecycleStage> {
+    match &run.node(name).expect("node in run").step {
+        NodeStep::Issued { lifecycle, .. } => lifecycle.clone(),
+        other => panic!("{name} is not in flight: {other:?}"),
+    }
+}
+
+/// A run to 1.14.0 from 1.13.0 whose first node (worker-1) is installed and draining since t0.
+fn draining_run() -> (Run, Observation) {
+    let obs = cluster("1.13.0");
+    let run = workers_first("1.14.0", &obs);
+    let mut run = decide(&run, &settings(), &obs, t0()).run;
+    installed(&mut run, "worker-1", false, t0());
+    (run, obs)
+}
+
+fn drain(obs: &mut Observation, name: &str, remaining: usize, blocked: Option<&str>) {
+    set(obs, name, |n| {
+        n.cordoned = true;
+        n.drain = Some(DrainStatus {
+            remaining,
+            blocked: blocked.map(String::from),
+        });
+    });
+}
+
+#[test]
+fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
+    let obs = cluster("1.13.0");
+    let run = workers_first("1.14.0", &obs);
+    let first = decide(&run, &settings(), &obs, t0());
+    assert_eq!(
+        first.actions,
+        vec![Action::Upgrade {
+            node: "worker-1".into(),
+            installer_image: "factory.talos.dev/installer/abc123:v1.14.0".into(),
+            api: UpgradeApi::Lifecycle,
+        }]
+    );
+    assert_eq!(
+        lifecycle_stage(&first.run, "worker-1"),
+        Some(LifecycleStage::Installing)
+    );
+
+    // The install went through: draining starts; a node someone else had cordoned stays cordoned after.
+    for (already_cordoned, uncordon) in [(false, true), (true, false)] {
+        let mut run = first.run.clone();
+        installed(&mut run, "worker-1", already_cordoned, t0() + 1.minutes());
+        assert_eq!(
+            lifecycle_stage(&run, "worker-1"),
+            Some(LifecycleStage::Draining {
+                since: t0() + 1.minutes(),
+                uncordon
+            })
+        );
+        assert_eq!(draining(&run), vec!["worker-1"]);
+    }
+}
+
+#[test]
+fn an_install_found_unfinished_is_made_again() {
+    let obs = cluster("1.13.0");
+    let run = workers_first("1.14.0", &obs);
+    let first = decide(&run, &settings(), &obs, t0());
+    // A controller restarted mid-install: the node still runs its old system, untouched.
+    let again = decide(&first.run, &settings(), &obs, t0() + 1.minutes());
+    assert_eq!(
+        again.actions,
+        vec![Action::Upgrade {
+            node: "worker-1".into(),
+            installer_image: "factory.talos.dev/installer/abc123:v1.14.0".into(),
+            api: UpgradeApi::Lifecycle,
+        }]
+    );
+}
+
+#[test]
+fn a_reboot_without_an_answer_is_sent_again_only_if_the_node_never_got_it() {
+    let (run, mut obs) = draining_run();
+    drain(&mut obs, "worker-1", 0, None);
+    set(&mut obs, "worker-1", |n| n.drain = None);
+    let reboot = vec![Action::Reboot {
+        node: "worker-1".into(),
+    }];
+    let mut drained_obs = obs.clone();
+    drain(&mut drained_obs, "worker-1", 0, None);
+    let drained = decide(&run, &settings(), &drained_obs, t0() + 2.minutes());
+    assert_eq!(drained.actions, reboot);
+    // Recorded before it is sent, as unanswered until the call returns.
+    assert!(matches!(
+        lifecycle_stage(&drained.run, "worker-1"),
+        Some(LifecycleStage::Rebooting {
+            unanswered: true,
+            ..
+        })
+    ));
+
+    let mut going_down = obs.clone();
+    set(&mut going_down, "worker-1", |n| {
+        if let TalosState::Up { ready, .. } = &mut n.talos {
+            *ready = false;
+        }
+    });
+    let mut gone = obs.clone();
+    down(&mut gone, "worker-1");
+    // (case, observation, when, reboot sent again?)
+    let cases = [
+        (
+            "untouched, within the grace",
+            &obs,
+            t0() + 2.minutes() + 30.seconds(),
+            false,
+        ),
+        (
+            "going down, past the grace",
+            &going_down,
+            t0() + 4.minutes(),
+            false,
+        ),
+        (
+            "unreachable, past the grace",
+            &gone,
+            t0() + 4.minutes(),
+            false,
+        ),
+        ("untouched, past the grace", &obs, t0() + 4.minutes(), true),
+    ];
+    for (case, observation, now, sent_again) in cases {
+        let decision = decide(&drained.run, &settings(), observation, now);
+        let expected: &[Action] = if sent_again { &reboot } else { &[] };
+        assert_eq!(decision.actions, expected, "{case}");
+        assert_eq!(
+            decision
+                .report
+                .notes
+                .iter()
+                .any(|n| n.reason == "NodeRebootResent"
+                    && n.message
+                        .starts_with("Node worker-1 is still running its old system")),
+            sent_again,
+            "{case}: {:?}",
+            decision.report.notes
+        );
+        assert_eq!(decision.report.state, RunState::InProgress, "{case}");
+    }
+
+    // Sent again, the grace and the deadline count from the new reboot.
+    let resent = decide(&drained.run, &settings(), &obs, t0() + 4.minutes()).run;
+    assert!(matches!(
+        lifecycle_stage(&resent, "worker-1"),
+        Some(LifecycleStage::Rebooting { at, unanswered: true, .. }) if at == t0() + 4.minutes()
+    ));
+    let soon = decide(
+        &resent,
+        &settings(),
+        &obs,
+        t0() + 4.minutes() + 30.seconds(),
+    );
+    assert!(soon.actions.is_empty(), "{:?}", soon.actions);
+
+    // An answered reboot is never sent again: a node that stays on its old boot runs into its deadline.
+    let mut answered_run = drained.run.clone();
+    answered(&mut answered_run, "worker-1");
+    let waiting = decide(&answered_run, &settings(), &obs, t0() + 4.minutes());
+    assert!(waiting.actions.is_empty(), "{:?}", waiting.actions);
+    assert_eq!(waiting.report.state, RunState::InProgress);
+    let late = decide(
+        &answered_run,
+        &settings(),
+        &obs,
+        t0() + 2.minutes() + DEADLINE + 1.seconds(),
+    );
+    assert_eq!(late.report.state, RunState::Failed);
+    assert_eq!(
+        late.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
+    assert_eq!(
+        late.report.message,
+        "Talos upgrade failed: node worker-1 did not reboot into the new version within 15m"
+    );
+}
+
+#[test]
+fn draining_waits_for_the_pods_and_says_what_holds_it() {
+    let (run, mut obs) = draining_run();
+    let blocked = "eviction of pod shop/web-1 refused: Cannot evict pod as it would violate the \
+                   pod's disruption budget";
+    let cases = [
+        (
+            2,
+            None,
+            "Upgrading node worker-1 (1/5): draining worker-1, 2 pods left",
+        ),
+        (
+            1,
+            Some(blocked),
+            &*format!("Upgrading node worker-1 (1/5): draining worker-1, 1 pod left; {blocked}"),
+        ),
+    ];
+    for (remaining, why, message) in cases {
+        drain(&mut obs, "worker-1", remaining, why);
+        let decision = decide(&run, &settings(), &obs, t0() + 4.minutes());
+        assert!(decision.actions.is_empty(), "{:?}", decision.actions);
+        assert_eq!(decision.report.message, message);
+        assert_eq!(decision.report.in_flight, vec!["worker-1"]);
+    }
+}
+
+#[test]
+fn a_drain_past_its_timeout_fails_the_run_and_uncordons_the_node() {
+    let (run, mut obs) = draining_run();
+    let blocked = "eviction of pod shop/web-1 refused: Cannot evict pod as it would violate the \
+                   pod's disruption budget";
+    drain(&mut obs, "worker-1", 1, Some(blocked));
+    let decision = decide(&run, &settings(), &obs, t0() + 5.minutes() + 1.seconds());
+    assert_eq!(
+        decision.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert_eq!(
+        decision.report.message,
+        format!(
+            "Talos upgrade failed: node worker-1 could not be drained within 5m: {blocked}; it was \
+             not rebooted and runs its old version"
+        )
+    );
+    assert_eq!(decision.report.failed_nodes, vec!["worker-1"]);
+    assert!(
+        decision
+            .report
+            .notes
+            .iter()
+            .any(|n| n.reason == "UpgradeFailed"),
+        "{:?}",
+        decision.report.notes
+    );
+}
+
+#[test]
+fn a_rebooted_node_is_done_only_once_uncordoned() {
+    let (run, mut obs) = draining_run();
+    drain(&mut obs, "worker-1", 0, None);
+    let rebooting = decide(&run, &settings(), &obs, t0() + 2.minutes()).run;
+    rebooted(&mut obs, "worker-1", "1.14.0", true);
+    set(&mut obs, "worker-1", |n| n.drain = None);
+
+    let back = decide(&rebooting, &settings(), &obs, t0() + 3.minutes());
+    assert_eq!(
+        back.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
+    assert_eq!(back.report.in_flight, vec!["worker-1"]);
+
+    set(&mut obs, "worker-1", |n| n.cordoned = false);
+    let done = decide(&back.run, &settings(), &obs, t0() + 4.minutes());
+    assert!(matches!(
+        done.run.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Done { .. })
+    ));
+    // The next node starts in the same decision: no time is lost between nodes.
+    assert_eq!(upgraded_nodes(&done.actions), vec!["worker-2"]);
+
+    // A node found cordoned before the controller touched it is left cordoned.
+    let (mut run, mut obs) = draining_run();
+    run.nodes[0].step = NodeStep::Issued {
+        at: t0(),
+        boot_id: "worker-1-boot-1".into(),
+        from_version: "1.13.0".into(),
+        installer_image: "factory.talos.dev/installer/abc123:v1.14.0".into(),
+        lifecycle: Some(LifecycleStage::Rebooting {
+            at: t0() + 1.minutes(),
+            uncordon: false,
+            unanswered: false,
+        }),
+        unanswered: false,
+    };
+    rebooted(&mut obs, "worker-1", "1.14.0", true);
+    set(&mut obs, "worker-1", |n| n.cordoned = true);
+    let done = decide(&run, &settings(), &obs, t0() + 2.minutes());
+    assert!(!done.actions.contains(&Action::Uncordon {
+        node: "worker-1".into()
+    }));
+    assert!(matches!(
+        done.run.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Done { .. })
+    ));
+}
+
+#[test]
+fn the_deadline_counts_from_the_reboot_and_a_late_node_is_uncordoned() {
+    let (run, mut obs) = draining_run();
+    drain(&mut obs, "worker-1", 0, None);
+    // A long drain: the reboot is sent ten minutes after the install.
+    let rebooting = decide(&run, &settings(), &obs, t0() + 10.minutes()).run;
+    down(&mut obs, "worker-1");
+    let cases = [
+        (t0() + 20.minutes(), RunState::InProgress, vec![]),
+        (
+            t0() + 25.minutes() + 1.seconds(),
+            RunState::Failed,
+            vec![Action::Uncordon {
+                node: "worker-1".into(),
+            }],
+        ),
+    ];
+    for (now, state, actions) in cases {
+        let decision = decide(&rebooting, &settings(), &obs, now);
+        assert_eq!(decision.report.state, state, "{}", decision.report.message);
+        assert_eq!(decision.actions, actions);
+    }
+}
+
+#[test]
+fn a_refused_call_on_a_cordoned_node_asks_for_its_uncordon() {
+    let (run, _) = draining_run();
+    let mut refused = run.clone();
+    assert_eq!(
+        fail_node(&mut refused, "worker-1", "refused the reboot: boom", t0()),
+        Some(Action::Uncordon {
+            node: "worker-1".into()
+        })
+    );
+    assert_eq!(refused.failed_nodes(), vec!["worker-1"]);
+
+    let obs = cluster("1.13.0");
+    let fresh = workers_first("1.14.0", &obs);
+    let mut installing = decide(&fresh, &settings(), &obs, t0()).run;
+    assert_eq!(
+        fail_node(
+            &mut installing,
+            "worker-1",
+            "refused the installation",
+            t0()
+        ),
+        None,
+        "a node that was never cordoned needs no uncordon"
+    );
+}
+
+#[test]
+fn an_upgrade_call_without_an_answer_is_made_again_only_if_the_node_never_got_it() {
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let issued = decide(&run, &settings(), &obs, t0()).run;
+    assert!(matches!(
+        issued.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Issued {
+            unanswered: true,
+            ..
+        })
+    ));
+
+    // Within the grace period nothing is made again, whatever the node looks like.
+    let early = decide(&issued, &settings(), &obs, t0() + 30.seconds());
+    assert!(early.actions.is_empty(), "{:?}", early.actions);
+
+    // The node got the call: it is upgrading (not ready), then rebooted: never called twice.
+    let mut upgrading = obs.clone();
+    set(&mut upgrading, "worker-1", |n| {
+        if let TalosState::Up { ready, .. } = &mut n.talos {
+            *ready = false;
+        }
+    });
+    let later = decide(&issued, &settings(), &upgrading, t0() + 2.minutes());
+    assert!(later.actions.is_empty(), "{:?}", later.actions);
+    let mut back = obs.clone();
+    rebooted(&mut back, "worker-1", "1.12.0", true);
+    let done = decide(&later.run, &settings(), &back, t0() + 3.minutes());
+    assert!(matches!(
+        done.run.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Done { .. })
+    ));
+    assert_eq!(upgraded_nodes(&done.actions), vec!["worker-2"]);
+
+    // The node never got it: same boot, running and ready past the grace: the call is made again.
+    let again = decide(&issued, &settings(), &obs, t0() + 2.minutes());
+    assert_eq!(upgraded_nodes(&again.actions), vec!["worker-1"]);
+
+    // An answered call is never made again, even if the node looks untouched.
+    let mut answered_run = issued.clone();
+    answered(&mut answered_run, "worker-1");
+    let waiting = decide(&answered_run, &settings(), &obs, t0() + 2.minutes());
+    assert!(waiting.actions.is_empty(), "{:?}", waiting.actions);
+}
+
+#[test]
+fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them() {
+    // Legacy path: recorded before the call (its answer not yet seen), then answered.
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let recorded = decide(&run, &settings(), &obs, t0()).run;
+    let mut answered_run = recorded.clone();
+    answered(&mut answered_run, "worker-1");
+    let mut worker_1_down = obs.clone();
+    down(&mut worker_1_down, "worker-1");
+    // Talos >= 1.13: installing, draining, rebooting.
+    let obs_13 = cluster("1.13.0");
+    let run_13 = workers_first("1.14.0", &obs_13);
+    let installing = decide(&run_13, &settings(), &obs_13, t0()).run;
+    let (draining_run, mut drained_obs) = draining_run();
+    drain(&mut drained_obs, "worker-1", 0, None);
+    let rebooting_unanswered = decide(&draining_run, &settings(), &drained_obs, t0()).run;
+    let mut rebooting = rebooting_unanswered.clone();
+    answered(&mut rebooting, "worker-1");
+    let mut rebooting_down = drained_obs.clone();
+    down(&mut rebooting_down, "worker-1");
+    // A node in flight that is back on the target and ready is done: nothing is awaited any more.
+    let mut worker_1_back = obs.clone();
+    rebooted(&mut worker_1_back, "worker-1", "1.12.0", true);
+
+    // (case, run, observation, awaiting reboots only?)
+    let cases: [(&str, &Run, &Observation, bool); 8] = [
+        ("nothing in flight yet", &run, &obs, false),
+        ("legacy call unanswered", &recorded, &worker_1_down, false),
+        ("legacy call answered", &answered_run, &worker_1_down, true),
+        ("1.13 installing", &installing, &obs_13, false),
+        ("1.13 draining", &draining_run, &obs_13, false),
+        (
+            "1.13 reboot unanswered",
+            &rebooting_unanswered,
+            &rebooting_down,
+            false,
+        ),
+        ("1.13 reboot answered", &rebooting, &rebooting_down, true),
+        ("the node came back", &answered_run, &worker_1_back, false),
+    ];
+    for (case, run, observation, expected) in cases {
+        let decision = decide(run, &settings(), observation, t0() + 1.minutes());
+        assert_eq!(decision.report.awaiting_reboots, expected, "{case}");
+    }
+
+    // Two workers allowed in parallel, the second held back by its own failing preflight check: the
+    // run waits on something no follower reports, so it is not only awaiting reboots.
+    let parallel = Settings {
+        max_parallel_workers: 2,
+        ..settings()
+    };
+    let mut both_down = worker_1_down.clone();
+    down(&mut both_down, "worker-2");
+    let decision = decide(&answered_run, &parallel, &both_down, t0() + 1.minutes());
+    assert_eq!(decision.report.in_flight, vec!["worker-1"]);
+    assert!(decision.actions.is_empty(), "{:?}", decision.actions);
+    assert!(!decision.report.awaiting_reboots);
+}
+
+#[test]
+fn only_the_nodes_that_may_start_next_need_their_machine_config() {
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let recorded = decide(&run, &settings(), &obs, t0()).run;
+    let mut answered_run = recorded.clone();
+    answered(&mut answered_run, "worker-1");
+    let workers_done = workers_done("1.12.0", &obs);
+    let paused = Settings {
+        paused: true,
+        ..settings()
+    };
+    let mut finished = run.clone();
+    finished.outcome = Some(Outcome::Completed { at: t0() });
+
+    // (case, run, settings, nodes whose machine config is read)
+    let cases: [(&str, &Run, &Settings, &[&str]); 6] = [
+        // The batch has room for one, but worker-1 may turn out to be on the target already.
+        ("a fresh run", &run, &settings(), &["worker-1", "worker-2"]),
+        // worker-1 may come back in this very pass, and worker-2 start in the same decision.
+        (
+            "worker-1 in flight",
+            &answered_run,
+            &settings(),
+            &["worker-2"],
+        ),
+        // A call without an answer may be taken back and made again.
+        (
+            "worker-1's call unanswered",
+            &recorded,
+            &settings(),
+            &["worker-1", "worker-2"],
+        ),
+        (
+            "the workers done",
+            &workers_done,
+            &settings(),
+            &["cp-1", "cp-2", "cp-3"],
+        ),
+        ("paused", &run, &paused, &[]),
+        ("finished", &finished, &settings(), &[]),
+    ];
+    for (case, run, settings, expected) in cases {
+        assert_eq!(may_start(run, settings), expected, "{case}");
+    }
+
+    // A node the run would start whose config was not read is held, never failed.
+    let mut unread = obs.clone();
+    set(&mut unread, "worker-1", |n| {
+        if let TalosState::Up {
+            installer_image, ..
+        } = &mut n.talos
+        {
+            *installer_image = None;
+        }
+    });
+    let held = decide(&run, &settings(), &unread, t0());
+    assert!(held.actions.is_empty(), "{:?}", held.actions);
+    assert_eq!(held.report.state, RunState::InProgress);
+    assert_eq!(
+        held.report.message,
+        "Waiting: node worker-1's machine config was not read; holding before upgrading it (0/5 done)"
+    );
+}

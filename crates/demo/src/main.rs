@@ -1,0 +1,229 @@
+//! The README's first command: a real Kubernetes control plane on loopback, a simulated five-node Talos
+//! cluster (3 control planes, 2 workers, Talos 1.11.6, Kubernetes 1.34.1) registered in it, the
+//! `KubernetesCluster` `my-cluster` with its credentials Secret, and the controller with its metrics
+//! endpoint. It prints how to use them and stays up until Ctrl-C, then cleans up.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use talos_sim::workload::WorkloadMirror;
+use talos_sim::{ClientRole, SimConfig, Simulator, control};
+use talos_upgrade_controller::admin::{self, HealthState};
+use talos_upgrade_controller::metrics::Metrics;
+use talos_upgrade_controller::reconcile::{self, Settings};
+use testenv::ControlPlane;
+use tokio_util::sync::CancellationToken;
+
+const CLUSTER: &str = "my-cluster";
+const NAMESPACE: &str = "default";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube_client::client::builder=off".into()),
+        )
+        .init();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+
+    eprintln!("starting etcd and kube-apiserver on 127.0.0.1 ...");
+    let control_plane = ControlPlane::start()
+        .await
+        .context("starting the control plane")?;
+    let client = control_plane.client().await?;
+    let version = client.apiserver_version().await?;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(&talos_upgrade_core::crd::crd_yaml()).context("the CRD")?;
+    crds.create(&PostParams::default(), &crd).await?;
+    wait_established(&crds, "kubernetesclusters.vitistack.io").await?;
+
+    eprintln!("starting the simulated Talos cluster ...");
+    let config = SimConfig::from_file(&repo.join("examples/sim-cluster.yaml"))?;
+    let simulator = Arc::new(Simulator::start(config).await.context(
+        "starting the simulator (is another demo running? it uses 127.0.0.11-15:50000)",
+    )?);
+    let stop = CancellationToken::new();
+    let mirror = WorkloadMirror::new(client.clone());
+    let mut names = BTreeSet::new();
+    for node in simulator.nodes() {
+        names.insert(node.name.clone());
+        let snapshots = simulator.subscribe(&node.name)?;
+        let mirror = mirror.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = mirror.follow(snapshots) => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+    tokio::spawn({
+        let mirror = mirror.clone();
+        let stop = stop.clone();
+        async move {
+            tokio::select! {
+                _ = mirror.run_kubelet(names) => {}
+                () = stop.cancelled() => {}
+            }
+        }
+    });
+
+    // The cluster's credentials, named after its clusterId as vitistack names them.
+    let kubeconfig = std::fs::read_to_string(control_plane.admin_kubeconfig())?;
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
+        "stringData": {
+            "talosconfig": simulator.talosconfig(ClientRole::Admin),
+            "kube.config": kubeconfig,
+        },
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let cluster: talos_upgrade_core::crd::KubernetesCluster = serde_yaml::from_str(
+        &std::fs::read_to_string(repo.join("examples/kubernetescluster.yaml"))?,
+    )?;
+    Api::<talos_upgrade_core::crd::KubernetesCluster>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &cluster)
+        .await?;
+
+    // The controller, with its metrics endpoint, and the simulator's control API.
+    let metrics = Metrics::new();
+    let health = HealthState::default();
+    let admin_listener = bind_first(&["127.0.0.1:8080", "127.0.0.1:0"]).await?;
+    let metrics_url = format!("http://{}/metrics", admin_listener.local_addr()?);
+    tokio::spawn(admin::serve_on(
+        admin_listener,
+        admin::router(metrics.clone(), health.clone()),
+        stop.clone().cancelled_owned(),
+    ));
+    let control_listener = bind_first(&["127.0.0.1:50001", "127.0.0.1:0"]).await?;
+    let control_url = format!("http://{}", control_listener.local_addr()?);
+    tokio::spawn({
+        let router = control::router(simulator.clone());
+        let stop = stop.clone();
+        async move {
+            let _ = axum_serve(control_listener, router, stop).await;
+        }
+    });
+    // The releases of the user guide's example, so `talos-available` and `kubernetes-available` read
+    // like the guide (the built-in catalog knows newer releases).
+    let catalog = talos_upgrade_core::catalog::Catalog::builtin().with_override(
+        &talos_upgrade_core::catalog::CatalogOverride::parse(
+            include_str!("../../../examples/release-catalog.yaml"),
+            "examples/release-catalog.yaml",
+        )?,
+    );
+    let settings = Settings {
+        poll_interval: Duration::from_millis(500),
+        catalog: talos_upgrade_controller::catalog_sources::CatalogHandle::fixed(catalog),
+        ..Settings::default()
+    };
+    // The controller's clients as the binary makes them (`api_client`: HTTP/2, the intake connection
+    // apart), from the admin kubeconfig.
+    let controller_config =
+        talos_upgrade_controller::api_client::config_from_file(control_plane.admin_kubeconfig())
+            .await?;
+    let clients = reconcile::ApiClients::connect(&controller_config)?;
+    let controller = tokio::spawn(reconcile::run(
+        clients,
+        None,
+        metrics,
+        settings,
+        health,
+        "demo".into(),
+        stop.clone().cancelled_owned(),
+    ));
+
+    let kubeconfig_path = control_plane.admin_kubeconfig().display().to_string();
+    let bin_dir = control_plane.binaries().dir.display().to_string();
+    println!();
+    println!(
+        "Ready: kube-apiserver {} at {}",
+        version.git_version,
+        control_plane.server()
+    );
+    println!(
+        "       Talos cluster {CLUSTER}: 3 control planes + 2 workers on 127.0.0.11-15:50000, Talos 1.11.6, Kubernetes 1.34.1"
+    );
+    println!();
+    println!("In another terminal:");
+    println!("  export KUBECONFIG={kubeconfig_path}");
+    println!(
+        "  export PATH={bin_dir}:$PATH   # kubectl {}",
+        version.git_version
+    );
+    println!(
+        "  kubectl get kubernetescluster my-cluster -o jsonpath='{{.metadata.annotations}}'; echo"
+    );
+    println!(
+        "  kubectl annotate kubernetescluster my-cluster upgrade.vitistack.io/talos-target=\"1.12.0\""
+    );
+    println!("  kubectl wait kubernetescluster my-cluster \\");
+    println!(
+        "    --for=jsonpath='{{.metadata.annotations.upgrade\\.vitistack\\.io/talos-status}}'=completed --timeout=30m"
+    );
+    println!("  kubectl describe kubernetescluster my-cluster");
+    println!();
+    println!("Metrics:        {metrics_url}");
+    println!(
+        "Break a node:   curl -X POST {control_url}/nodes/cp-2/faults/never-returns   (see docs/simulator.md)"
+    );
+    println!("Logs:           {}", control_plane.dir().display());
+    println!("Press Ctrl-C to stop and clean up.");
+
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    eprintln!("stopping ...");
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
+    simulator.shutdown();
+    drop(control_plane);
+    Ok(())
+}
+
+async fn wait_established(crds: &Api<CustomResourceDefinition>, name: &str) -> anyhow::Result<()> {
+    for _ in 0..200 {
+        let crd = crds.get(name).await?;
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("CRD {name} was not established")
+}
+
+async fn bind_first(addresses: &[&str]) -> anyhow::Result<tokio::net::TcpListener> {
+    for address in addresses {
+        if let Ok(listener) = tokio::net::TcpListener::bind(address).await {
+            return Ok(listener);
+        }
+    }
+    anyhow::bail!("could not bind any of {addresses:?}")
+}
+
+async fn axum_serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+}

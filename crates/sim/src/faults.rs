@@ -1,0 +1,129 @@
+//! Fault injection: per-node switches a test flips while the simulator runs, to reproduce the failure
+//! modes a controller must survive (talos-api.md §8 "Failure modes to simulate").
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+/// A failure to inject into one node. Faults stay active until [`crate::Simulator::clear_faults`],
+/// except `FailNextCalls`, which counts down.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Fault {
+    /// Pulling an installer image fails (legacy Upgrade RPC error, ImageService.Pull error,
+    /// LifecycleService.Upgrade non-zero exit code).
+    InstallerPullFails,
+    /// After the next power-off the node stays down (connection refused) until the fault is cleared.
+    NeverReturns,
+    /// The newly installed A/B slot fails to boot: the node comes back on its old version.
+    BootsOldVersion,
+    /// This node's etcd member fails health checks (quorum reads), so CP upgrades are refused.
+    EtcdUnhealthy,
+    /// The next n API calls routed to this node answer `Unavailable`.
+    FailNextCalls(u32),
+    /// After boot, readiness comes this much later than `ready_ms` (unmet `nodeReady`).
+    ReadyDelay(Duration),
+    /// ApplyConfiguration is refused with `InvalidArgument`.
+    ApplyConfigRejected,
+    /// The next `Reboot` call is lost on its way to machined: apid answers `Unavailable` and the node
+    /// keeps running (one call, then the fault is spent).
+    RebootLost,
+}
+
+/// The faults active on a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ActiveFaults {
+    pub installer_pull_fails: bool,
+    pub never_returns: bool,
+    pub boots_old_version: bool,
+    pub etcd_unhealthy: bool,
+    pub fail_next_calls: u32,
+    pub ready_delay: Option<Duration>,
+    pub apply_config_rejected: bool,
+    pub reboot_lost: bool,
+}
+
+/// A node's faults behind a watch channel, so waiting code (a node kept down, a delayed readiness)
+/// wakes up as soon as a test clears a fault.
+#[derive(Debug)]
+pub(crate) struct FaultSet {
+    tx: watch::Sender<ActiveFaults>,
+}
+
+impl FaultSet {
+    pub(crate) fn new() -> Self {
+        FaultSet {
+            tx: watch::Sender::new(ActiveFaults::default()),
+        }
+    }
+
+    pub(crate) fn inject(&self, fault: Fault) {
+        self.tx.send_modify(|f| match fault {
+            Fault::InstallerPullFails => f.installer_pull_fails = true,
+            Fault::NeverReturns => f.never_returns = true,
+            Fault::BootsOldVersion => f.boots_old_version = true,
+            Fault::EtcdUnhealthy => f.etcd_unhealthy = true,
+            Fault::FailNextCalls(n) => f.fail_next_calls = f.fail_next_calls.saturating_add(n),
+            Fault::ReadyDelay(delay) => f.ready_delay = Some(delay),
+            Fault::ApplyConfigRejected => f.apply_config_rejected = true,
+            Fault::RebootLost => f.reboot_lost = true,
+        });
+    }
+
+    pub(crate) fn clear(&self) {
+        self.tx.send_replace(ActiveFaults::default());
+    }
+
+    pub(crate) fn current(&self) -> ActiveFaults {
+        self.tx.borrow().clone()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<ActiveFaults> {
+        self.tx.subscribe()
+    }
+
+    /// Consume a lost reboot; true if this `Reboot` call must be lost.
+    pub(crate) fn take_lost_reboot(&self) -> bool {
+        self.tx
+            .send_if_modified(|f| std::mem::replace(&mut f.reboot_lost, false))
+    }
+
+    /// Consume one injected call failure; true if this call must fail.
+    pub(crate) fn take_call_failure(&self) -> bool {
+        self.tx.send_if_modified(|f| {
+            if f.fail_next_calls > 0 {
+                f.fail_next_calls -= 1;
+                true
+            } else {
+                false
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fail_next_calls_counts_down() {
+        let faults = FaultSet::new();
+        faults.inject(Fault::FailNextCalls(2));
+        assert!(faults.take_call_failure());
+        assert!(faults.take_call_failure());
+        assert!(!faults.take_call_failure());
+        faults.inject(Fault::EtcdUnhealthy);
+        assert!(faults.current().etcd_unhealthy);
+        faults.clear();
+        assert_eq!(faults.current(), ActiveFaults::default());
+    }
+
+    #[test]
+    fn a_lost_reboot_is_spent_by_one_reboot() {
+        let faults = FaultSet::new();
+        assert!(!faults.take_lost_reboot());
+        faults.inject(Fault::RebootLost);
+        assert!(faults.take_lost_reboot());
+        assert!(!faults.take_lost_reboot());
+    }
+}

@@ -1,0 +1,546 @@
+//! The COSI resources a node exposes (talos-api.md §2.3), derived from its state.
+//!
+//! Each resource's `proto_spec` is the matching Talos spec message, and `yaml_spec` is the YAML Talos
+//! prints for it (camelCase keys). The type table also drives the State service's access checks.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use serde_json::{Value as Json, json};
+
+use super::compat;
+use super::etcd::EtcdMemberSnapshot;
+use super::node::{Node, NodeState, RunningComponent};
+use super::resources::{DesiredResource, ResourceKey};
+use talos_api::proto::resource::config as cfg;
+use talos_api::proto::talos::resource::definitions::{etcd, k8s, runtime, v1alpha1};
+
+pub(crate) const CONFIG_NS: &str = "config";
+pub(crate) const RUNTIME_NS: &str = "runtime";
+pub(crate) const K8S_NS: &str = "k8s";
+pub(crate) const CONTROLPLANE_NS: &str = "controlplane";
+pub(crate) const ETCD_NS: &str = "etcd";
+
+pub(crate) const MACHINE_STATUS_TYPE: &str = "MachineStatuses.runtime.talos.dev";
+pub(crate) const VERSION_TYPE: &str = "Versions.runtime.talos.dev";
+pub(crate) const MACHINE_CONFIG_TYPE: &str = "MachineConfigs.config.talos.dev";
+pub(crate) const MACHINE_TYPE_TYPE: &str = "MachineTypes.config.talos.dev";
+pub(crate) const NODENAME_TYPE: &str = "Nodenames.kubernetes.talos.dev";
+pub(crate) const SERVICE_TYPE: &str = "Services.v1alpha1.talos.dev";
+pub(crate) const KUBELET_SPEC_TYPE: &str = "KubeletSpecs.kubernetes.talos.dev";
+pub(crate) const STATIC_POD_STATUS_TYPE: &str = "StaticPodStatuses.kubernetes.talos.dev";
+pub(crate) const APISERVER_CONFIG_TYPE: &str = "APIServerConfigs.kubernetes.talos.dev";
+pub(crate) const CONTROLLER_MANAGER_CONFIG_TYPE: &str =
+    "ControllerManagerConfigs.kubernetes.talos.dev";
+pub(crate) const SCHEDULER_CONFIG_TYPE: &str = "SchedulerConfigs.kubernetes.talos.dev";
+pub(crate) const MANIFEST_TYPE: &str = "Manifests.kubernetes.talos.dev";
+pub(crate) const ETCD_MEMBER_TYPE: &str = "EtcdMembers.etcd.talos.dev";
+
+/// A resource type the simulator serves.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TypeInfo {
+    pub type_: &'static str,
+    pub namespace: &'static str,
+    /// Reading needs `os:admin`.
+    pub sensitive: bool,
+    /// The type only exists on Talos ≥ this minor (1.x).
+    pub since_minor: u64,
+}
+
+pub(crate) const TYPES: &[TypeInfo] = &[
+    TypeInfo {
+        type_: MACHINE_STATUS_TYPE,
+        namespace: RUNTIME_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: VERSION_TYPE,
+        namespace: RUNTIME_NS,
+        sensitive: false,
+        since_minor: 10,
+    },
+    TypeInfo {
+        type_: MACHINE_CONFIG_TYPE,
+        namespace: CONFIG_NS,
+        sensitive: true,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: MACHINE_TYPE_TYPE,
+        namespace: CONFIG_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: NODENAME_TYPE,
+        namespace: K8S_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: SERVICE_TYPE,
+        namespace: RUNTIME_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: KUBELET_SPEC_TYPE,
+        namespace: K8S_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: STATIC_POD_STATUS_TYPE,
+        namespace: K8S_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: APISERVER_CONFIG_TYPE,
+        namespace: CONTROLPLANE_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: CONTROLLER_MANAGER_CONFIG_TYPE,
+        namespace: CONTROLPLANE_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: SCHEDULER_CONFIG_TYPE,
+        namespace: CONTROLPLANE_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: MANIFEST_TYPE,
+        namespace: CONTROLPLANE_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: ETCD_MEMBER_TYPE,
+        namespace: ETCD_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+];
+
+pub(crate) fn type_info(type_: &str) -> Option<&'static TypeInfo> {
+    TYPES.iter().find(|t| t.type_ == type_)
+}
+
+/// Convert JSON into a `google.protobuf.Struct` (what Talos puts in pod and manifest specs).
+pub(crate) fn json_to_struct(value: &Json) -> prost_types::Struct {
+    match json_to_value(value).kind {
+        Some(prost_types::value::Kind::StructValue(s)) => s,
+        _ => prost_types::Struct::default(),
+    }
+}
+
+fn json_to_value(value: &Json) -> prost_types::Value {
+    use prost_types::value::Kind;
+    let kind = match value {
+        Json::Null => Kind::NullValue(0),
+        Json::Bool(b) => Kind::BoolValue(*b),
+        Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Json::String(s) => Kind::StringValue(s.clone()),
+        Json::Array(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.iter().map(json_to_value).collect(),
+        }),
+        Json::Object(map) => Kind::StructValue(prost_types::Struct {
+            fields: map
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+fn to_yaml(value: &Json) -> String {
+    // Serializing a JSON value to YAML cannot fail (no non-string keys, no unsupported types).
+    serde_yaml::to_string(value).unwrap_or_default()
+}
+
+fn resource(
+    namespace: &str,
+    type_: &str,
+    id: &str,
+    owner: &str,
+    spec: &impl Message,
+    yaml: String,
+) -> DesiredResource {
+    DesiredResource {
+        key: ResourceKey {
+            namespace: namespace.to_string(),
+            type_: type_.to_string(),
+            id: id.to_string(),
+        },
+        owner: owner.to_string(),
+        proto_spec: spec.encode_to_vec(),
+        yaml_spec: yaml,
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+    }
+}
+
+/// The full set of resources `node` exposes in `state`.
+pub(crate) fn desired(
+    node: &Node,
+    state: &NodeState,
+    etcd_member: Option<&EtcdMemberSnapshot>,
+) -> Vec<DesiredResource> {
+    let mut out = Vec::new();
+    let version = &state.current.version;
+
+    // runtime/MachineStatuses/machine
+    let spec = runtime::MachineStatusSpec {
+        stage: state.stage.to_resource() as i32,
+        status: Some(runtime::MachineStatusStatus {
+            ready: state.ready,
+            unmet_conditions: state
+                .unmet
+                .iter()
+                .map(|c| runtime::UnmetCondition {
+                    name: c.name.clone(),
+                    reason: c.reason.clone(),
+                })
+                .collect(),
+        }),
+    };
+    let unmet: Vec<Json> = state
+        .unmet
+        .iter()
+        .map(|c| json!({"name": c.name, "reason": c.reason}))
+        .collect();
+    let yaml = to_yaml(&json!({
+        "stage": state.stage.yaml_name(),
+        "status": {"ready": state.ready, "unmetConditions": unmet},
+    }));
+    out.push(resource(
+        RUNTIME_NS,
+        MACHINE_STATUS_TYPE,
+        "machine",
+        "runtime.MachineStatusController",
+        &spec,
+        yaml,
+    ));
+
+    // runtime/Versions/version (1.10+)
+    if compat::has_version_resource(version) {
+        let tag = compat::tag(version);
+        let spec = runtime::VersionSpec {
+            version: tag.clone(),
+            name: "Talos".to_string(),
+        };
+        let yaml = to_yaml(&json!({"version": tag, "name": "Talos"}));
+        out.push(resource(
+            RUNTIME_NS,
+            VERSION_TYPE,
+            "version",
+            "runtime.VersionController",
+            &spec,
+            yaml,
+        ));
+    }
+
+    // config/MachineConfigs/{v1alpha1,persistent}
+    let config_yaml = |bytes: &[u8]| {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        if compat::machine_config_yaml_spec_is_scalar(version) {
+            to_yaml(&Json::String(text))
+        } else {
+            text
+        }
+    };
+    let active = cfg::MachineConfigSpec {
+        yaml_marshalled: state.config.clone(),
+    };
+    out.push(resource(
+        CONFIG_NS,
+        MACHINE_CONFIG_TYPE,
+        "v1alpha1",
+        "",
+        &active,
+        config_yaml(&state.config),
+    ));
+    let persistent_bytes = state.staged_config.as_ref().unwrap_or(&state.config);
+    let persistent = cfg::MachineConfigSpec {
+        yaml_marshalled: persistent_bytes.clone(),
+    };
+    out.push(resource(
+        CONFIG_NS,
+        MACHINE_CONFIG_TYPE,
+        "persistent",
+        "",
+        &persistent,
+        config_yaml(persistent_bytes),
+    ));
+
+    // config/MachineTypes/machine-type
+    let machine_type = if node.role.is_control_plane() {
+        cfg::MachineType::ControlPlane
+    } else {
+        cfg::MachineType::Worker
+    };
+    out.push(resource(
+        CONFIG_NS,
+        MACHINE_TYPE_TYPE,
+        "machine-type",
+        "config.MachineTypeController",
+        &cfg::MachineTypeSpec {
+            machine_type: machine_type as i32,
+        },
+        to_yaml(&json!({"machineType": node.role.as_str()})),
+    ));
+
+    // k8s/Nodenames/nodename
+    out.push(resource(
+        K8S_NS,
+        NODENAME_TYPE,
+        "nodename",
+        "k8s.NodenameController",
+        &k8s::NodenameSpec {
+            nodename: node.name.clone(),
+            hostname_version: "1".to_string(),
+            skip_node_registration: false,
+        },
+        to_yaml(&json!({"nodename": node.name, "hostnameVersion": "1"})),
+    ));
+
+    // runtime/Services/<id>: only services that run exist (the resource goes away when one stops).
+    for (id, service) in &state.services {
+        if service.state != "Running" {
+            continue;
+        }
+        let spec = v1alpha1::ServiceSpec {
+            running: true,
+            healthy: service.healthy,
+            unknown: false,
+        };
+        let yaml = to_yaml(&json!({"running": true, "healthy": service.healthy, "unknown": false}));
+        out.push(resource(
+            RUNTIME_NS,
+            SERVICE_TYPE,
+            id,
+            "v1alpha1.ServiceController",
+            &spec,
+            yaml,
+        ));
+    }
+
+    // k8s/KubeletSpecs/kubelet: rendered from the config, so it follows the config immediately.
+    let kubelet_image = &state.parsed.images.kubelet;
+    let args = vec![
+        "--config=/etc/kubernetes/kubelet.yaml".to_string(),
+        format!("--hostname-override={}", node.name),
+        format!("--node-ip={}", node.address),
+    ];
+    let kubelet_config = json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "clusterDomain": "cluster.local",
+    });
+    out.push(resource(
+        K8S_NS,
+        KUBELET_SPEC_TYPE,
+        "kubelet",
+        "k8s.KubeletSpecController",
+        &k8s::KubeletSpecSpec {
+            image: kubelet_image.clone(),
+            args: args.clone(),
+            expected_nodename: node.name.clone(),
+            config: Some(json_to_struct(&kubelet_config)),
+        },
+        to_yaml(&json!({
+            "image": kubelet_image,
+            "args": args,
+            "expectedNodename": node.name,
+            "config": kubelet_config,
+        })),
+    ));
+
+    if node.role.is_control_plane() {
+        control_plane_resources(node, state, etcd_member, &mut out);
+    }
+    out
+}
+
+fn control_plane_resources(
+    node: &Node,
+    state: &NodeState,
+    etcd_member: Option<&EtcdMemberSnapshot>,
+    out: &mut Vec<DesiredResource>,
+) {
+    let images = &state.parsed.images;
+
+    // controlplane/*Configs: rendered from the machine config; their version is the pods' config-version.
+    out.push(resource(
+        CONTROLPLANE_NS,
+        APISERVER_CONFIG_TYPE,
+        "kube-apiserver",
+        "k8s.ControlPlaneAPIServerController",
+        &k8s::ApiServerConfigSpec {
+            image: images.apiserver.clone(),
+        },
+        to_yaml(&json!({"image": images.apiserver})),
+    ));
+    out.push(resource(
+        CONTROLPLANE_NS,
+        CONTROLLER_MANAGER_CONFIG_TYPE,
+        "kube-controller-manager",
+        "k8s.ControlPlaneControllerManagerController",
+        &k8s::ControllerManagerConfigSpec {
+            enabled: true,
+            image: images.controller_manager.clone(),
+        },
+        to_yaml(&json!({"enabled": true, "image": images.controller_manager})),
+    ));
+    out.push(resource(
+        CONTROLPLANE_NS,
+        SCHEDULER_CONFIG_TYPE,
+        "kube-scheduler",
+        "k8s.ControlPlaneSchedulerController",
+        &k8s::SchedulerConfigSpec {
+            enabled: true,
+            image: images.scheduler.clone(),
+        },
+        to_yaml(&json!({"enabled": true, "image": images.scheduler})),
+    ));
+
+    // k8s/StaticPodStatuses/kube-system/<component>-<node>: what kubelet reports for running pods.
+    let kubelet_up = state
+        .services
+        .get("kubelet")
+        .is_some_and(|s| s.state == "Running");
+    if kubelet_up {
+        for (component, running) in [
+            ("kube-apiserver", &state.apiserver),
+            ("kube-controller-manager", &state.controller_manager),
+            ("kube-scheduler", &state.scheduler),
+        ] {
+            if !running.running {
+                continue;
+            }
+            let status = pod_status(component, running);
+            out.push(resource(
+                K8S_NS,
+                STATIC_POD_STATUS_TYPE,
+                &format!("kube-system/{component}-{}", node.name),
+                "k8s.StaticPodStatusController",
+                &k8s::StaticPodStatusSpec {
+                    pod_status: Some(json_to_struct(&status)),
+                },
+                to_yaml(&json!({"podStatus": status})),
+            ));
+        }
+    }
+
+    // controlplane/Manifests: a couple of bootstrap manifests, kube-proxy following the config.
+    for (id, objects) in [
+        ("10-kube-proxy", kube_proxy_manifest(&images.proxy)),
+        ("11-core-dns", core_dns_manifest()),
+    ] {
+        let spec = k8s::ManifestSpec {
+            items: objects
+                .iter()
+                .map(|o| k8s::SingleManifest {
+                    object: Some(json_to_struct(o)),
+                })
+                .collect(),
+        };
+        let yaml = to_yaml(&json!({"items": objects}));
+        out.push(resource(
+            CONTROLPLANE_NS,
+            MANIFEST_TYPE,
+            id,
+            "k8s.ManifestController",
+            &spec,
+            yaml,
+        ));
+    }
+
+    // etcd/EtcdMembers/local
+    if let Some(member) = etcd_member {
+        out.push(resource(
+            ETCD_NS,
+            ETCD_MEMBER_TYPE,
+            "local",
+            "etcd.MemberController",
+            &etcd::MemberSpec {
+                member_id: member.member_id.clone(),
+            },
+            to_yaml(&json!({"memberID": member.member_id})),
+        ));
+    }
+}
+
+/// A `corev1.PodStatus` as JSON, as kubelet reports a running, Ready static pod.
+fn pod_status(component: &str, running: &RunningComponent) -> Json {
+    json!({
+        "phase": "Running",
+        "conditions": [
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", "status": "True"},
+            {"type": "ContainersReady", "status": "True"},
+            {"type": "PodScheduled", "status": "True"},
+        ],
+        "containerStatuses": [{
+            "name": component,
+            "image": running.image,
+            "imageID": format!("{}@sha256:{}", running.image.split(':').next().unwrap_or_default(), "0".repeat(64)),
+            "ready": true,
+            "started": true,
+            "restartCount": 0,
+        }],
+    })
+}
+
+fn kube_proxy_manifest(image: &str) -> Vec<Json> {
+    vec![
+        json!({
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "kube-proxy", "namespace": "kube-system"},
+        }),
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "kube-proxy", "namespace": "kube-system", "labels": {"k8s-app": "kube-proxy"}},
+            "spec": {
+                "selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+                "template": {
+                    "metadata": {"labels": {"k8s-app": "kube-proxy"}},
+                    "spec": {
+                        "serviceAccountName": "kube-proxy",
+                        "hostNetwork": true,
+                        "containers": [{
+                            "name": "kube-proxy",
+                            "image": image,
+                            "command": ["/usr/local/bin/kube-proxy", "--cluster-cidr=10.244.0.0/16"],
+                        }],
+                    },
+                },
+            },
+        }),
+    ]
+}
+
+fn core_dns_manifest() -> Vec<Json> {
+    vec![json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            "template": {
+                "metadata": {"labels": {"k8s-app": "kube-dns"}},
+                "spec": {"containers": [{"name": "coredns", "image": "registry.k8s.io/coredns/coredns:v1.12.1"}]},
+            },
+        },
+    })]
+}

@@ -1,0 +1,304 @@
+//! What apid does before a call reaches machined: authorization, `node`/`nodes` proxying
+//! (talos-api.md §1.5), and — simulator only — injected call failures and the call record.
+//!
+//! Every node serves the API of every other node in-process: a `node: <ip|name>` header routes the
+//! call to that node's state, as one-to-one proxying would (control planes only; a down target answers
+//! `Unavailable`). `nodes: a,b` fans unary MachineService calls out and aggregates the replies with
+//! `metadata.hostname` / `metadata.error`, as apid's one-to-many mode does.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tonic::{Code, Request, Status};
+
+use super::auth::{self, PeerIdentity};
+use super::cluster::Cluster;
+use super::node::Node;
+use super::record::CallId;
+use talos_api::proto::{common, google, machine};
+
+/// Per-endpoint context shared by the service implementations of one node's server.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiContext {
+    pub cluster: Arc<Cluster>,
+    /// The node whose port received the connection.
+    pub endpoint: Arc<Node>,
+}
+
+/// Where a call goes.
+pub(crate) enum Targets {
+    /// This node's own state, or one proxied node.
+    One(Arc<Node>),
+    /// One-to-many: each entry is the header value (apid's `hostname`) and the node or the error
+    /// reaching it.
+    Many(Vec<(String, Result<Arc<Node>, Status>)>),
+}
+
+/// How a method may be proxied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Proxy {
+    /// Unary MachineService methods: `node` and `nodes`.
+    Unary,
+    /// Streaming MachineService/Image/Lifecycle methods: `node` only in the simulator.
+    Streaming,
+    /// COSI: `node` only; `nodes` is refused by apid.
+    Cosi,
+}
+
+fn header_values(
+    req_meta: &tonic::metadata::MetadataMap,
+    key: &str,
+) -> Result<Vec<String>, Status> {
+    let mut out = Vec::new();
+    for value in req_meta.get_all(key) {
+        let text = value
+            .to_str()
+            .map_err(|_| Status::invalid_argument(format!("{key} metadata is not valid text")))?;
+        // Multiple values may arrive as repeated headers or joined with commas.
+        out.extend(
+            text.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string),
+        );
+    }
+    Ok(out)
+}
+
+impl ApiContext {
+    pub(crate) fn new(cluster: Arc<Cluster>, endpoint: Arc<Node>) -> Self {
+        ApiContext { cluster, endpoint }
+    }
+
+    /// Authorize and route a call. `method` is the full gRPC path.
+    pub(crate) fn route<T>(
+        &self,
+        req: &Request<T>,
+        method: &str,
+        proxy: Proxy,
+    ) -> Result<Targets, Status> {
+        let peer = peer(req)?;
+        if let Err(denied) = auth::authorize(&peer, method) {
+            tracing::debug!(remote = ?peer.remote, %method, "call refused: not authorized");
+            return Err(denied);
+        }
+        if self.endpoint.is_down() {
+            // A call racing the power cut: the connection is about to die anyway.
+            return Err(Status::unavailable("node is shutting down"));
+        }
+        let meta = req.metadata();
+        let nodes = header_values(meta, "nodes")?;
+        if !nodes.is_empty() {
+            return match proxy {
+                Proxy::Cosi => Err(Status::invalid_argument(
+                    "one-2-many proxying is not supported for COSI methods",
+                )),
+                Proxy::Streaming => Err(Status::unimplemented(
+                    "the simulator does not fan out streaming methods; use the node header",
+                )),
+                Proxy::Unary => Ok(Targets::Many(
+                    nodes
+                        .into_iter()
+                        .map(|n| {
+                            let target = self.forward_to(&n);
+                            (n, target)
+                        })
+                        .collect(),
+                )),
+            };
+        }
+        let node = header_values(meta, "node")?;
+        match node.as_slice() {
+            [] => {
+                let target = self.endpoint.clone();
+                check_injected_failure(&target)?;
+                Ok(Targets::One(target))
+            }
+            [one] => Ok(Targets::One(self.forward_to(one)?)),
+            _ => Err(Status::invalid_argument(
+                "node metadata must be single-valued",
+            )),
+        }
+    }
+
+    /// One-to-one proxying to `target` (an IP or hostname).
+    fn forward_to(&self, target: &str) -> Result<Arc<Node>, Status> {
+        let Some(node) = self.cluster.resolve(target) else {
+            return Err(Status::unavailable(format!(
+                "connection error: desc = \"transport: Error while dialing: dial tcp {target}:{}: connect: connection refused\"",
+                self.cluster.port
+            )));
+        };
+        if node.index != self.endpoint.index {
+            if !self.endpoint.role.is_control_plane() {
+                // Workers have no apid client certificate to forward with.
+                return Err(Status::permission_denied("no request forwarding"));
+            }
+            if node.is_down() {
+                return Err(Status::unavailable(format!(
+                    "connection error: desc = \"transport: Error while dialing: dial tcp {}:{}: connect: connection refused\"",
+                    node.address, self.cluster.port
+                )));
+            }
+        }
+        check_injected_failure(node)?;
+        Ok(node.clone())
+    }
+
+    /// Record a mutating call on `node` as it arrives.
+    pub(crate) fn record(&self, node: &Node, method: &str, params: serde_json::Value) -> CallId {
+        self.cluster
+            .record
+            .begin(&node.name, &self.endpoint.name, method, params)
+    }
+
+    pub(crate) fn finish<T>(&self, id: CallId, result: &Result<T, Status>) {
+        self.cluster.record.finish(id, outcome(result));
+    }
+}
+
+/// `"ok"` or `"<code>: <message>"` for the call record.
+pub(crate) fn outcome<T>(result: &Result<T, Status>) -> String {
+    match result {
+        Ok(_) => "ok".to_string(),
+        Err(status) => format!("{:?}: {}", status.code(), status.message()),
+    }
+}
+
+pub(crate) fn peer<T>(req: &Request<T>) -> Result<PeerIdentity, Status> {
+    req.extensions()
+        .get::<PeerIdentity>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no verified client certificate"))
+}
+
+fn check_injected_failure(node: &Node) -> Result<(), Status> {
+    if node.faults.take_call_failure() {
+        Err(Status::unavailable("injected fault: call failed"))
+    } else {
+        Ok(())
+    }
+}
+
+/// A unary reply envelope: `XxxResponse { repeated Xxx messages = 1 }` with metadata at field 1 of
+/// each message, so apid can aggregate replies and stamp each with the node it came from.
+pub(crate) trait Envelope: Default {
+    type Message: Default;
+    fn messages_mut(&mut self) -> &mut Vec<Self::Message>;
+    fn metadata_mut(message: &mut Self::Message) -> &mut Option<common::Metadata>;
+}
+
+macro_rules! envelope {
+    ($resp:ty, $msg:ty) => {
+        impl Envelope for $resp {
+            type Message = $msg;
+            fn messages_mut(&mut self) -> &mut Vec<$msg> {
+                &mut self.messages
+            }
+            fn metadata_mut(message: &mut $msg) -> &mut Option<common::Metadata> {
+                &mut message.metadata
+            }
+        }
+    };
+}
+
+envelope!(machine::VersionResponse, machine::Version);
+envelope!(machine::ServiceListResponse, machine::ServiceList);
+envelope!(machine::EtcdStatusResponse, machine::EtcdStatus);
+envelope!(machine::EtcdMemberListResponse, machine::EtcdMembers);
+envelope!(
+    machine::EtcdForfeitLeadershipResponse,
+    machine::EtcdForfeitLeadership
+);
+envelope!(machine::UpgradeResponse, machine::Upgrade);
+envelope!(machine::RebootResponse, machine::Reboot);
+envelope!(machine::RollbackResponse, machine::Rollback);
+envelope!(
+    machine::ApplyConfigurationResponse,
+    machine::ApplyConfiguration
+);
+envelope!(machine::ImagePullResponse, machine::ImagePull);
+
+/// Run a unary handler on the routed target(s). One target: its reply or error as is (one-to-one
+/// proxying passes both through verbatim). Many: replies concatenated, each message stamped with
+/// `metadata.hostname`; a failing backend contributes a message carrying only `metadata.error/status`
+/// and the call itself succeeds.
+pub(crate) async fn fan_out<R, F, Fut>(targets: Targets, mut handler: F) -> Result<R, Status>
+where
+    R: Envelope,
+    F: FnMut(Arc<Node>) -> Fut,
+    Fut: Future<Output = Result<R, Status>>,
+{
+    match targets {
+        Targets::One(node) => handler(node).await,
+        Targets::Many(list) => {
+            let mut out = R::default();
+            for (hostname, target) in list {
+                let result = match target {
+                    Ok(node) => handler(node).await,
+                    Err(status) => Err(status),
+                };
+                match result {
+                    Ok(mut reply) => {
+                        for mut message in reply.messages_mut().drain(..) {
+                            *R::metadata_mut(&mut message) = Some(common::Metadata {
+                                hostname: hostname.clone(),
+                                ..Default::default()
+                            });
+                            out.messages_mut().push(message);
+                        }
+                    }
+                    Err(status) => {
+                        let mut message = R::Message::default();
+                        *R::metadata_mut(&mut message) = Some(common::Metadata {
+                            hostname: hostname.clone(),
+                            error: format!(
+                                "rpc error: code = {} desc = {}",
+                                code_name(status.code()),
+                                status.message()
+                            ),
+                            status: Some(google::rpc::Status {
+                                code: status.code() as i32,
+                                message: status.message().to_string(),
+                                details: Vec::new(),
+                            }),
+                        });
+                        out.messages_mut().push(message);
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// grpc-go's spelling of a code, as it appears in `metadata.error`.
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// The single target of a streaming or COSI call (fan-out was refused in `route`).
+pub(crate) fn single(targets: Targets) -> Result<Arc<Node>, Status> {
+    match targets {
+        Targets::One(node) => Ok(node),
+        Targets::Many(_) => Err(Status::internal("unexpected one-to-many target")),
+    }
+}

@@ -1,0 +1,284 @@
+//! Where upgrade progress is persisted: a ConfigMap the controller owns, next to the cluster.
+//!
+//! Why a ConfigMap: vitistack's `KubernetesCluster` schema prunes fields it does not know, so progress
+//! cannot live in the cluster's status; annotations are the user's interface and too small for a plan.
+//! The ConfigMap is owned by the cluster (deleted with it by the garbage collector), written with the
+//! resourceVersion it was read at (a second writer gets a conflict instead of silently overwriting), and
+//! holds one JSON document per upgrade kind.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::core::PartialObjectMeta;
+
+use crate::read_cache::{CachedReads, Fingerprint};
+use talos_upgrade_core::kubernetes::KubeRun;
+use talos_upgrade_core::talos::Run;
+
+const TALOS_KEY: &str = "talos.json";
+const KUBERNETES_KEY: &str = "kubernetes.json";
+const MANAGED_BY: &str = "talos-upgrade-controller";
+/// Label naming the cluster a progress ConfigMap belongs to.
+pub const CLUSTER_LABEL: &str = "upgrade.vitistack.io/cluster";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("upgrade progress {namespace}/{name}: {source}")]
+    Kube {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Someone else wrote the progress since it was read; decide again from a fresh read.
+    #[error("upgrade progress {namespace}/{name} changed since it was read")]
+    Conflict { namespace: String, name: String },
+    #[error("upgrade progress {namespace}/{name} key {key} is not valid: {reason}")]
+    Corrupt {
+        namespace: String,
+        name: String,
+        key: &'static str,
+        reason: String,
+    },
+}
+
+/// The progress of one cluster, as read (with the version it was read at).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Progress {
+    pub talos: Option<Run>,
+    pub kubernetes: Option<KubeRun>,
+    /// Keys written by other versions of the controller are kept as they are.
+    other: BTreeMap<String, String>,
+    resource_version: Option<String>,
+}
+
+/// Progress records kept between reconciles, keyed by (namespace, ConfigMap name): a reconcile reuses
+/// the record the last one read or wrote while a watch of the progress ConfigMaps shows it unchanged.
+pub type ProgressCache = CachedReads<(String, String), Progress>;
+
+/// Keeps `cache` current: follows the progress ConfigMaps in `namespace` (or everywhere), metadata only
+/// and by their label, until the controller stops.
+pub async fn follow_progress(cache: &ProgressCache, client: kube::Client, namespace: Option<&str>) {
+    let api: Api<PartialObjectMeta<ConfigMap>> = match namespace {
+        Some(namespace) => Api::namespaced(client, namespace),
+        None => Api::all(client),
+    };
+    let selector = format!("app.kubernetes.io/managed-by={MANAGED_BY}");
+    let config = kube::runtime::watcher::Config::default().labels(&selector);
+    cache
+        .seen
+        .follow(api, config, "progress ConfigMaps", |configmap| {
+            Some((
+                configmap.namespace().unwrap_or_default(),
+                configmap.name_any(),
+            ))
+        })
+        .await;
+}
+
+/// Reads and writes progress ConfigMaps in one namespace.
+#[derive(Clone)]
+pub struct ProgressStore {
+    api: Api<ConfigMap>,
+    namespace: String,
+    cache: Option<Arc<ProgressCache>>,
+}
+
+/// The ConfigMap name for a cluster's progress.
+pub fn configmap_name(cluster: &str) -> String {
+    // Cluster names are DNS subdomains of at most 253 characters; keep the result within that.
+    let mut name = format!("talos-upgrade-{cluster}");
+    name.truncate(253);
+    name
+}
+
+impl ProgressStore {
+    pub fn new(client: kube::Client, namespace: &str) -> Self {
+        ProgressStore {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
+            cache: None,
+        }
+    }
+
+    /// Reuses records through `cache` (see [`ProgressCache`]).
+    pub fn with_cache(mut self, cache: Arc<ProgressCache>) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    fn cache_key(&self, name: &str) -> (String, String) {
+        (self.namespace.clone(), name.to_string())
+    }
+
+    /// Keeps what was just read or written, as the ConfigMap at `progress.resource_version`.
+    ///
+    /// That there is no record is not kept: the watch sees only ConfigMaps with the controller's label,
+    /// and a record someone creates by hand (a restore, a mistake) carries none, so only a read finds it.
+    /// A record the controller wrote keeps its label, and losing it looks like a deletion to the watch.
+    fn remember(&self, name: &str, progress: &Progress) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        match &progress.resource_version {
+            Some(version) => cache.keep(
+                self.cache_key(name),
+                Fingerprint::of([(name, version.as_str())]),
+                progress.clone(),
+            ),
+            None => self.forget(name),
+        }
+    }
+
+    /// Drops the kept record (after a failed save: the next load reads).
+    fn forget(&self, name: &str) {
+        if let Some(cache) = &self.cache {
+            cache.forget(&self.cache_key(name));
+        }
+    }
+
+    fn kube_error(&self, name: &str) -> impl FnOnce(kube::Error) -> StoreError {
+        let (namespace, name) = (self.namespace.clone(), name.to_string());
+        move |source| StoreError::Kube {
+            namespace,
+            name,
+            source,
+        }
+    }
+
+    /// The cluster's progress; empty when nothing was ever written.
+    pub async fn load(&self, cluster: &str) -> Result<Progress, StoreError> {
+        let name = configmap_name(cluster);
+        if let Some(kept) = self
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.get(&self.cache_key(&name)))
+        {
+            return Ok(kept);
+        }
+        let progress = self.read(&name).await?;
+        self.remember(&name, &progress);
+        Ok(progress)
+    }
+
+    async fn read(&self, name: &str) -> Result<Progress, StoreError> {
+        let Some(configmap) = self
+            .api
+            .get_opt(name)
+            .await
+            .map_err(self.kube_error(name))?
+        else {
+            return Ok(Progress::default());
+        };
+        let mut data = configmap.data.unwrap_or_default();
+        let talos = self.decode(name, &mut data, TALOS_KEY)?;
+        let kubernetes = self.decode(name, &mut data, KUBERNETES_KEY)?;
+        Ok(Progress {
+            talos,
+            kubernetes,
+            other: data,
+            resource_version: configmap.metadata.resource_version,
+        })
+    }
+
+    /// Takes one JSON document out of the ConfigMap's data.
+    fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        data: &mut BTreeMap<String, String>,
+        key: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        data.remove(key)
+            .map(|json| {
+                serde_json::from_str(&json).map_err(|e| StoreError::Corrupt {
+                    namespace: self.namespace.clone(),
+                    name: name.to_string(),
+                    key,
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()
+    }
+
+    /// Writes `progress` if nobody else wrote since it was read (or creates it), and remembers the new
+    /// version so the same `Progress` can be saved again. Must succeed before any call it records is made.
+    pub async fn save(
+        &self,
+        cluster: &str,
+        owner: Option<OwnerReference>,
+        progress: &mut Progress,
+    ) -> Result<(), StoreError> {
+        let name = configmap_name(cluster);
+        let mut data = progress.other.clone();
+        if let Some(run) = &progress.talos {
+            data.insert(
+                TALOS_KEY.to_string(),
+                serde_json::to_string_pretty(run).expect("a run always serializes"),
+            );
+        }
+        if let Some(run) = &progress.kubernetes {
+            data.insert(
+                KUBERNETES_KEY.to_string(),
+                serde_json::to_string_pretty(run).expect("a run always serializes"),
+            );
+        }
+        let configmap = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([
+                    (
+                        "app.kubernetes.io/managed-by".to_string(),
+                        MANAGED_BY.to_string(),
+                    ),
+                    (CLUSTER_LABEL.to_string(), label_value(cluster)),
+                ])),
+                owner_references: owner.map(|o| vec![o]),
+                resource_version: progress.resource_version.clone(),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..ConfigMap::default()
+        };
+        let written = match &progress.resource_version {
+            None => self.api.create(&PostParams::default(), &configmap).await,
+            Some(_) => {
+                self.api
+                    .replace(&name, &PostParams::default(), &configmap)
+                    .await
+            }
+        };
+        match written {
+            Ok(stored) => {
+                progress.resource_version = stored.metadata.resource_version;
+                self.remember(&name, progress);
+                Ok(())
+            }
+            // 409: replaced at a stale version, or created while someone else created it.
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                self.forget(&name);
+                Err(StoreError::Conflict {
+                    namespace: self.namespace.clone(),
+                    name,
+                })
+            }
+            Err(source) => {
+                self.forget(&name);
+                Err(self.kube_error(&name)(source))
+            }
+        }
+    }
+}
+
+/// Label values are at most 63 characters; longer cluster names are cut (the label is informational).
+fn label_value(cluster: &str) -> String {
+    let mut value: String = cluster.chars().take(63).collect();
+    while value.ends_with(['-', '.', '_']) {
+        value.pop();
+    }
+    value
+}

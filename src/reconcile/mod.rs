@@ -1,0 +1,538 @@
+//! The reconciler: for each `KubernetesCluster`, read the user's intent from its annotations, observe the
+//! cluster, decide (pure, in [`crate::rollout`]), persist the decision, act, and report.
+//!
+//! ```text
+//! annotations ──► intent ─┐
+//! Secret, Machines/Nodes ─┼─► observe (Talos API, workload API) ─► decide ─► persist ─► act ─► report
+//! progress ConfigMap ─────┘
+//! ```
+
+mod access;
+mod acknowledge;
+mod kubernetes_flow;
+pub mod report;
+mod talos_flow;
+mod wakeups;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use crate::admin::HealthState;
+use crate::catalog_sources::CatalogHandle;
+use crate::metrics::Metrics;
+use crate::progress_store::ProgressStore;
+use crate::talos_fleet::TalosFleet;
+use talos_api::ConnectOptions;
+use talos_upgrade_core::catalog::Catalog;
+use talos_upgrade_core::crd::KubernetesCluster;
+use talos_upgrade_core::intent::UpgradeIntent;
+
+/// The controller's tunables (flags of the `run` command).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long one node may take from its upgrade call (Talos ≥ 1.13: its reboot) to being done.
+    pub node_deadline: Duration,
+    /// How long a node whose upgrade call got no answer must be seen running its old boot, ready, before
+    /// the call is made again (it never reached the node).
+    pub unanswered_grace: Duration,
+    /// How long one step of a Kubernetes upgrade (a component on one node, a kubelet) may take.
+    pub step_deadline: Duration,
+    /// How long draining a node before its reboot may take (Talos ≥ 1.13, where the controller drains).
+    pub drain_timeout: Duration,
+    /// How often a cluster with an upgrade in flight is looked at again.
+    pub poll_interval: Duration,
+    /// How often an idle cluster is refreshed (versions) without any change to it.
+    pub idle_interval: Duration,
+    /// Credentials Secret name; `{clusterId}` and `{name}` are replaced by the cluster's values.
+    pub secret_name_template: String,
+    pub talos: ConnectOptions,
+    /// Known releases, for `talos-available` and `kubernetes-available`.
+    pub catalog: CatalogHandle,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            node_deadline: Duration::from_secs(15 * 60),
+            drain_timeout: Duration::from_secs(5 * 60),
+            unanswered_grace: Duration::from_secs(60),
+            step_deadline: Duration::from_secs(10 * 60),
+            poll_interval: Duration::from_secs(2),
+            idle_interval: Duration::from_secs(10 * 60),
+            secret_name_template: "{clusterId}".to_string(),
+            talos: ConnectOptions::default(),
+            catalog: CatalogHandle::fixed(Catalog::builtin()),
+        }
+    }
+}
+
+/// One cluster's connections, built from its credentials Secret: the Talos fleet and the workload API
+/// client. Kept across reconciles (connections and TLS sessions are reused) until the Secret changes.
+#[derive(Clone)]
+pub struct ClusterLink {
+    pub fleet: Arc<TalosFleet>,
+    pub workload: Client,
+}
+
+/// (namespace, cluster name) → (resourceVersion of the credentials Secret, its connections).
+type LinkCache = HashMap<(String, String), (String, ClusterLink)>;
+
+/// The controller's clients of the management cluster.
+#[derive(Clone)]
+pub struct ApiClients {
+    /// Reads, records, events, reports: everything but what `intake` carries.
+    pub main: Client,
+    /// The way a user's annotation travels to `in-progress`: the watch of the KubernetesClusters and
+    /// the acknowledgement of a new target (`in-progress` before the first look). Over HTTP/2 all of a
+    /// client's requests share one connection, which the API server serves in one loop and on which it
+    /// allows 100 streams (its default); with a fleet annotated at once `main` is that busy for
+    /// seconds, and both the watch's events and an acknowledgement would wait behind the other clusters'
+    /// reads and records. On a connection of their own they do not: one watch, and one small patch
+    /// per run start.
+    pub intake: Client,
+}
+
+impl ApiClients {
+    /// Both clients for the API server `config` describes, each with its own connection.
+    pub fn connect(config: &kube::Config) -> Result<Self, crate::api_client::ApiClientError> {
+        Ok(ApiClients {
+            main: crate::api_client::client(config.clone())?,
+            intake: crate::api_client::client(config.clone())?,
+        })
+    }
+}
+
+/// One client for everything (one connection over HTTP/2; tests, and callers that do not mind).
+impl From<Client> for ApiClients {
+    fn from(client: Client) -> Self {
+        ApiClients {
+            main: client.clone(),
+            intake: client,
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    /// See [`ApiClients::intake`].
+    intake: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    /// Connections per cluster, rebuilt when the credentials Secret changes.
+    links: Mutex<LinkCache>,
+    /// Followers of the nodes in flight, which wake a cluster's reconcile when a node changes.
+    wakeups: wakeups::Wakeups,
+    /// Progress records and Machine inventories reused between reconciles while unchanged (kept
+    /// current by the metadata watches [`run`] starts; without them every reconcile reads).
+    progress_reads: Arc<crate::progress_store::ProgressCache>,
+    machines: crate::inventory::MachineInventories,
+    /// What the last reconcile of each cluster saw of its versions, for acknowledging a new target
+    /// before looking again (see [`acknowledge`]).
+    last_looks: acknowledge::LastLooks,
+}
+
+/// A cluster's key in the controller's own per-cluster memory: (namespace, name).
+fn cluster_key(cluster: &KubernetesCluster) -> (String, String) {
+    (cluster.namespace().unwrap_or_default(), cluster.name_any())
+}
+
+impl Context {
+    pub fn new(
+        clients: ApiClients,
+        metrics: Metrics,
+        mut settings: Settings,
+        instance: String,
+    ) -> Self {
+        let ApiClients {
+            main: client,
+            intake,
+        } = clients;
+        // Every Talos API call of every cluster is counted by operation and result code.
+        if settings.talos.observer.is_none() {
+            let metrics = metrics.clone();
+            settings.talos.observer = Some(talos_api::CallObserver::new(move |op, code| {
+                metrics.record_talos_call(op, code)
+            }));
+        }
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "talos-upgrade-controller".into(),
+                instance: Some(instance),
+            },
+        );
+        Context {
+            client,
+            intake,
+            recorder,
+            metrics,
+            settings,
+            links: Mutex::new(HashMap::new()),
+            wakeups: wakeups::Wakeups::default(),
+            progress_reads: Arc::default(),
+            machines: Default::default(),
+            last_looks: Default::default(),
+        }
+    }
+
+    /// Follows the progress ConfigMaps and the Machines (metadata only) until dropped, so that
+    /// reconciles reuse what they read while it is unchanged.
+    fn watch_reads(self: &Arc<Self>, namespace: Option<String>) -> AbortOnDrop {
+        let progress = {
+            let ctx = self.clone();
+            let namespace = namespace.clone();
+            tokio::spawn(async move {
+                crate::progress_store::follow_progress(
+                    &ctx.progress_reads,
+                    ctx.client.clone(),
+                    namespace.as_deref(),
+                )
+                .await;
+            })
+        };
+        let machines = {
+            let ctx = self.clone();
+            tokio::spawn(async move {
+                ctx.machines
+                    .follow(ctx.client.clone(), namespace.as_deref())
+                    .await;
+            })
+        };
+        AbortOnDrop(vec![progress.abort_handle(), machines.abort_handle()])
+    }
+
+    /// The connections last built for a cluster, with the resourceVersion of the Secret they were built
+    /// from (usable once the Secret is read at that version).
+    fn known_link(&self, key: &(String, String)) -> Option<(String, ClusterLink)> {
+        let links = self
+            .links
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        links.get(key).cloned()
+    }
+
+    /// Keeps `link` as the cluster's connections for the Secret at `version`.
+    fn keep_link(&self, key: (String, String), version: &str, link: ClusterLink) {
+        let mut links = self
+            .links
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        links.insert(key, (version.to_string(), link));
+    }
+}
+
+/// Stops background tasks when the controller stops.
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Why a reconcile could not finish; retried with backoff. Problems of the cluster itself (bad target,
+/// missing Secret, unreachable nodes) are not errors: they are reported on the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] crate::progress_store::StoreError),
+    #[error("writing the cluster's annotations or status: {0}")]
+    Report(#[source] kube::Error),
+}
+
+impl Error {
+    /// Low-cardinality label for the reconcile-errors metric.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Store(crate::progress_store::StoreError::Conflict { .. }) => "progress_conflict",
+            Error::Store(_) => "progress_store",
+            Error::Report(_) => "report",
+        }
+    }
+}
+
+/// One reconcile of one cluster.
+pub async fn reconcile(
+    cluster: Arc<KubernetesCluster>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_timer();
+    let namespace = cluster.namespace().unwrap_or_default();
+    let intent = UpgradeIntent::from_annotations(cluster.annotations());
+    let store =
+        ProgressStore::new(ctx.client.clone(), &namespace).with_cache(ctx.progress_reads.clone());
+    let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let now = jiff::Timestamp::now();
+
+    let name = cluster.name_any();
+    // One progress record and one access per reconcile, shared by both kinds: the Kubernetes flow
+    // works on the record as the Talos flow left it (saved or not).
+    let access = access::SharedAccess::new(&cluster, &ctx);
+    let acknowledgement = acknowledge::acknowledgement(
+        cluster.annotations(),
+        &intent,
+        ctx.last_looks.get(&cluster_key(&cluster)).as_ref(),
+        now,
+        ctx.settings.idle_interval * 2,
+    );
+    let acknowledge = |acknowledgement: acknowledge::Acknowledgement| {
+        let api: Api<KubernetesCluster> = Api::namespaced(ctx.intake.clone(), &namespace);
+        let cluster = &cluster;
+        async move {
+            report::write_annotations(&api, cluster, &acknowledgement.report)
+                .await
+                // Not fatal: the reconcile's own report says it again.
+                .inspect_err(|error| tracing::warn!(%error, "acknowledging the Talos target"))
+                .ok()
+                .flatten()
+        }
+    };
+    // A new Talos target is acknowledged (`in-progress`) before the cluster is read and looked at, not
+    // beside it: with a fleet annotated at once, the acknowledgements then reach the API server ahead
+    // of every cluster's reads and Talos looks instead of queueing behind them.
+    let (mut progress, acknowledged) = match acknowledgement {
+        // The record says whether this value was decided already; it is nearly always kept in memory
+        // (a run was recorded), and the access is read on first use.
+        Some(acknowledgement) if acknowledgement.needs_progress() => {
+            let progress = store.load(&name).await?;
+            let written = if acknowledgement.still_undecided(&progress) {
+                acknowledge(acknowledgement).await
+            } else {
+                None
+            };
+            (progress, written)
+        }
+        // Nearly every reconcile needs the cluster's access; it is read while the record loads (after
+        // the acknowledgement, when the annotations alone allow one).
+        acknowledgement => {
+            let written = match acknowledgement {
+                Some(acknowledgement) => acknowledge(acknowledgement).await,
+                None => None,
+            };
+            let (progress, _) = tokio::join!(store.load(&name), access.get());
+            (progress?, written)
+        }
+    };
+    // The acknowledged object is what later writes compare against, unless the user changed something
+    // in between (then this reconcile goes on with what it was woken for, and the change wakes another).
+    let acknowledged = acknowledged.filter(|object| user_inputs(object) == user_inputs(&cluster));
+    let seen: &KubernetesCluster = acknowledged.as_ref().unwrap_or(&cluster);
+    let mut talos =
+        talos_flow::reconcile(seen, &ctx, &intent, &store, &mut progress, &access, now).await?;
+    // A flag annotation that is neither "true" nor "false" was given its safe reading (paused holds;
+    // resume and the resets do nothing). The user is told; the Recorder folds the repeats into one
+    // Event with a count.
+    for invalid in &intent.invalid_flags {
+        let reading = if invalid.key == talos_upgrade_core::annotations::PAUSED {
+            "treated as paused until it is fixed"
+        } else {
+            "ignored until it is fixed"
+        };
+        talos.notes.push(talos_upgrade_core::run::Note {
+            type_: talos_upgrade_core::run::NoteType::Warning,
+            reason: "InvalidFlag",
+            message: format!("{invalid}; {reading}"),
+        });
+    }
+    let gate = kubernetes_flow::TalosGate {
+        upgrading: talos.report.status
+            == talos_upgrade_core::annotations::UpgradeStatus::InProgress,
+    };
+    let kubernetes = kubernetes_flow::reconcile(
+        seen,
+        &ctx,
+        &intent,
+        &store,
+        &mut progress,
+        &access,
+        gate,
+        now,
+    )
+    .await?;
+    // What the object says now: as the Talos flow's report before its calls left it, if it wrote one.
+    let baseline: &KubernetesCluster = talos.reported.as_ref().unwrap_or(seen);
+    report::write(
+        &api,
+        &ctx.recorder,
+        baseline,
+        &[
+            (&talos.report, &talos.notes),
+            (&kubernetes.report, &kubernetes.notes),
+        ],
+        now,
+    )
+    .await
+    .map_err(Error::Report)?;
+    let phase = report::combined_phase(
+        &[&talos.report, &kubernetes.report],
+        baseline.status.as_ref().and_then(|s| s.phase.as_deref()),
+    )
+    .map(|p| p.as_str().to_string())
+    .or_else(|| baseline.status.as_ref().and_then(|s| s.phase.clone()));
+    let key = crate::metrics::ClusterKey::new(&namespace, cluster.name_any());
+    if let Some(phase) = phase {
+        ctx.metrics.set_cluster_phase(&key, &phase);
+    }
+    for outcome in [&talos, &kubernetes] {
+        export_metrics(&ctx.metrics, &cluster, &key, outcome, now);
+    }
+    // Nodes in flight are followed, so the reconcile runs again as soon as one of them changes.
+    ctx.wakeups.follow(
+        &kube::runtime::reflector::ObjectRef::from_obj(&*cluster),
+        talos.follow.clone(),
+    );
+    let requeue = [talos.requeue, kubernetes.requeue]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(ctx.settings.idle_interval);
+    Ok(Action::requeue(requeue))
+}
+
+/// Mirrors what the reconcile reported for one upgrade kind into the per-cluster metrics.
+fn export_metrics(
+    metrics: &Metrics,
+    cluster: &KubernetesCluster,
+    key: &crate::metrics::ClusterKey,
+    outcome: &talos_flow::FlowOutcome,
+    now: jiff::Timestamp,
+) {
+    use crate::metrics::{ClusterUpgradeGauges, RunResult};
+    let report = &outcome.report;
+    let kind = report.kind;
+    let (done, total) = report.progress.unwrap_or((0, 0));
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    metrics.set_cluster_state(
+        key,
+        kind,
+        &ClusterUpgradeGauges {
+            status: report.status,
+            nodes_total: count(total),
+            nodes_completed: count(done),
+            nodes_failed: count(report.failed_nodes.len()),
+            nodes_in_flight: count(report.in_flight.len()),
+            upgrading_nodes: report.in_flight.clone(),
+            current_version: report.current.clone(),
+            target_version: cluster
+                .annotations()
+                .get(kind.target_key())
+                .map(|t| t.trim().trim_start_matches('v').to_string()),
+            available_version: report.available.clone().flatten(),
+            run_started_at: outcome.run_started_at,
+        },
+    );
+    for (role, seconds) in &outcome.nodes_finished {
+        metrics.observe_node_upgrade(key, kind, *role, *seconds);
+    }
+    if let Some(check) = outcome.preflight_failure {
+        metrics.record_preflight_failure(key, kind, check);
+    }
+    // A run ends in exactly one reconcile: the one that announces it.
+    let reasons = outcome.notes.iter().map(|note| note.reason);
+    for reason in reasons.chain(outcome.announced.iter().copied()) {
+        match reason {
+            "UpgradeCompleted" => {
+                metrics.record_run_result(key, kind, RunResult::Completed);
+                metrics.record_last_success(key, kind, now.as_millisecond() as f64 / 1000.0);
+            }
+            "UpgradeFailed" | "InvalidTarget" => {
+                metrics.record_run_result(key, kind, RunResult::Failed);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A digest of what users and other controllers change on a cluster: its spec (the generation), its
+/// labels and every annotation but the ones this controller writes. An event that leaves it unchanged (one
+/// of the controller's own report writes, a status written by the provisioning operator) is not a
+/// reason to reconcile.
+pub fn user_inputs(cluster: &KubernetesCluster) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    kube::Resource::meta(cluster).generation.hash(&mut hasher);
+    cluster.labels().hash(&mut hasher);
+    for (key, value) in cluster.annotations() {
+        if !talos_upgrade_core::annotations::CONTROLLER_KEYS.contains(&key.as_str()) {
+            (key, value).hash(&mut hasher);
+        }
+    }
+    Some(hasher.finish())
+}
+
+/// Retries failed reconciles: a progress conflict at once (someone else wrote; decide again), anything
+/// else after a pause.
+pub fn error_policy(_cluster: Arc<KubernetesCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.record_reconcile_error(error.category());
+    tracing::warn!(%error, "reconcile failed");
+    match error {
+        Error::Store(crate::progress_store::StoreError::Conflict { .. }) => {
+            Action::requeue(Duration::from_millis(100))
+        }
+        _ => Action::requeue(Duration::from_secs(5)),
+    }
+}
+
+/// Runs the controller until `shutdown` resolves, over every namespace or only `namespace`; marks
+/// `health` ready once the initial list of clusters is in.
+pub async fn run(
+    clients: impl Into<ApiClients>,
+    namespace: Option<String>,
+    metrics: Metrics,
+    settings: Settings,
+    health: HealthState,
+    instance: String,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let clients = clients.into();
+    let clusters: Api<KubernetesCluster> = match &namespace {
+        Some(namespace) => Api::namespaced(clients.intake.clone(), namespace),
+        None => Api::all(clients.intake.clone()),
+    };
+    let ctx = Arc::new(Context::new(clients, metrics, settings, instance));
+    let _watching_reads = ctx.watch_reads(namespace.clone());
+    // Readiness comes from the watch stream itself: the reflector store's readiness future wakes only
+    // one waiter, which the controller's own runner already is.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let stream = kube::runtime::WatchStreamExt::default_backoff(watcher(
+        clusters,
+        watcher::Config::default(),
+    ))
+    .inspect(move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            health.set_ready();
+        }
+    });
+    // The controller's own writes (report annotations, status) change the object too; only what
+    // someone else changes (see `user_inputs`) starts a reconcile. The poll and the node followers wake
+    // a run in flight; the store still sees every change.
+    let stream = kube::runtime::WatchStreamExt::predicate_filter(
+        kube::runtime::WatchStreamExt::touched_objects(kube::runtime::WatchStreamExt::reflect(
+            stream, writer,
+        )),
+        user_inputs,
+        Default::default(),
+    );
+    let controller = Controller::for_stream(stream, reader).reconcile_on(ctx.wakeups.triggers());
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile loop");
+            }
+        })
+        .await;
+}

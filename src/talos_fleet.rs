@@ -1,0 +1,427 @@
+//! Observing a Talos cluster through its nodes' Talos APIs: what the rollout decision needs to know
+//! about each node (version, boot id, readiness, installer image) and about etcd.
+//!
+//! Everything here is IO at the edge; it turns answers and errors into [`rollout::talos`] observations
+//! and never decides anything. A node that does not answer is an observation ("unreachable"), not an
+//! error: during an upgrade that is the expected state of the node being rebooted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use semver::Version;
+use serde::Deserialize as _;
+
+use talos_api::{
+    ConnectOptions, TalosClient, TalosCredentials, TalosError, TalosTls, Target, resources,
+};
+use talos_upgrade_core::run::NodeRole;
+use talos_upgrade_core::talos::{EtcdObservation, TalosState};
+
+/// A node of the cluster as the inventory (vitistack Machines or the workload Nodes) lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryNode {
+    /// Kubernetes node name.
+    pub name: String,
+    pub role: NodeRole,
+    /// Address of its Talos API.
+    pub address: IpAddr,
+}
+
+/// The inventory's control planes: the nodes whose etcd members are observed and that relay calls.
+pub fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
+    inventory
+        .iter()
+        .filter(|n| n.role == NodeRole::ControlPlane)
+        .cloned()
+        .collect()
+}
+
+/// Talos API access to every node of one cluster, all sharing one TLS configuration.
+///
+/// Calls go the way talosctl sends them: over one connection to a control plane (the *relay*), whose
+/// apid forwards each call to the node named in the `node` header. A cluster then costs one connection,
+/// not one per node: at 1,000 nodes that is the largest part of the controller's memory. A node is
+/// dialled directly only when the relay is the node itself, when there is no relay (no control plane
+/// known, or every one failing), and to check an answer the relay gave for a read that failed (see
+/// [`TalosFleet::ask`]). Direct connections are dropped once unused for [`DIRECT_KEPT_IDLE`].
+pub struct TalosFleet {
+    credentials: TalosCredentials,
+    options: ConnectOptions,
+    /// Built from the credentials on first use; until it builds, each client asks again (and fails
+    /// naming its node).
+    tls: OnceLock<TalosTls>,
+    connections: Mutex<Connections>,
+}
+
+/// How long a direct connection to a node is kept after its last use. The relay's own connection is
+/// kept for as long as it relays.
+pub const DIRECT_KEPT_IDLE: Duration = Duration::from_secs(30);
+
+/// How long a control plane that failed to relay is passed over when choosing the next relay.
+pub const RELAY_COOL_DOWN: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Connections {
+    /// Direct connections by node address, the relay's included, with when each was last handed out.
+    direct: HashMap<IpAddr, (TalosClient, Instant)>,
+    /// The cluster's control planes in inventory order: the machines that may relay.
+    control_planes: Vec<IpAddr>,
+    /// The control plane relaying now.
+    relay: Option<IpAddr>,
+    /// Control planes that failed to relay, and when.
+    failed_relays: HashMap<IpAddr, Instant>,
+}
+
+impl Connections {
+    /// The first control plane, starting after `after` (inventory order, wrapping around), that has
+    /// not failed to relay within the cool-down.
+    fn choose_relay(&self, after: Option<IpAddr>, now: Instant) -> Option<IpAddr> {
+        let start = after
+            .and_then(|after| self.control_planes.iter().position(|cp| *cp == after))
+            .map_or(0, |index| index + 1);
+        let count = self.control_planes.len();
+        (0..count)
+            .map(|offset| self.control_planes[(start + offset) % count])
+            .find(|cp| {
+                self.failed_relays
+                    .get(cp)
+                    .is_none_or(|failed| now.duration_since(*failed) >= RELAY_COOL_DOWN)
+            })
+    }
+}
+
+/// How a call reaches a node: the client to use, and the relay it goes through (if any).
+struct Route {
+    client: TalosClient,
+    relay: Option<IpAddr>,
+}
+
+impl TalosFleet {
+    pub fn new(credentials: TalosCredentials, options: ConnectOptions) -> Self {
+        TalosFleet {
+            credentials,
+            options,
+            tls: OnceLock::new(),
+            connections: Mutex::new(Connections::default()),
+        }
+    }
+
+    /// Tell the fleet the cluster's control planes (from this reconcile's inventory), the machines
+    /// whose apid may relay calls to the others. Until told, every node is dialled directly. A relay
+    /// that is no longer a control plane stops relaying.
+    pub fn relay_through(&self, control_planes: impl IntoIterator<Item = IpAddr>) {
+        let mut connections = self.lock();
+        connections.control_planes = control_planes.into_iter().collect();
+        if let Some(relay) = connections.relay
+            && !connections.control_planes.contains(&relay)
+        {
+            connections.relay = None;
+        }
+    }
+
+    /// The control plane relaying calls now, if any.
+    pub fn relay(&self) -> Option<IpAddr> {
+        self.lock().relay
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connections> {
+        self.connections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A client for the node at `address`: through the relay when there is one, else direct.
+    /// Connections are lazy and survive reboots.
+    pub fn client(&self, address: IpAddr) -> Result<TalosClient, TalosError> {
+        Ok(self.route(address)?.client)
+    }
+
+    /// A client dialling the node at `address` itself, never through a relay: for questions about the
+    /// node's own TLS and credentials.
+    pub fn direct_client(&self, address: IpAddr) -> Result<TalosClient, TalosError> {
+        let mut connections = self.lock();
+        self.direct_locked(&mut connections, address, Instant::now())
+    }
+
+    fn route(&self, address: IpAddr) -> Result<Route, TalosError> {
+        let now = Instant::now();
+        let mut connections = self.lock();
+        if connections.relay.is_none() {
+            connections.relay = connections.choose_relay(None, now);
+        }
+        match connections.relay {
+            Some(relay) if relay != address => {
+                let client = self
+                    .direct_locked(&mut connections, relay, now)?
+                    .relayed_to(address)?;
+                Ok(Route {
+                    client,
+                    relay: Some(relay),
+                })
+            }
+            _ => Ok(Route {
+                client: self.direct_locked(&mut connections, address, now)?,
+                relay: None,
+            }),
+        }
+    }
+
+    /// The kept direct client for `address` (made on first use), after letting go of the direct
+    /// clients unused for [`DIRECT_KEPT_IDLE`] (except the relay's). Dropping the fleet's clone closes
+    /// the connection once no call or follower holds another.
+    fn direct_locked(
+        &self,
+        connections: &mut Connections,
+        address: IpAddr,
+        now: Instant,
+    ) -> Result<TalosClient, TalosError> {
+        let relay = connections.relay;
+        connections.direct.retain(|kept, (_, used)| {
+            *kept == address || Some(*kept) == relay || now.duration_since(*used) < DIRECT_KEPT_IDLE
+        });
+        if let Some((client, used)) = connections.direct.get_mut(&address) {
+            *used = now;
+            return Ok(client.clone());
+        }
+        let tls = match self.tls.get() {
+            Some(tls) => tls.clone(),
+            None => {
+                let label = std::net::SocketAddr::new(address, self.options.port).to_string();
+                let tls = TalosTls::new(&self.credentials, &label)?;
+                self.tls.get_or_init(|| tls).clone()
+            }
+        };
+        let client = TalosClient::lazy_with(&tls, Target::Node(address), &self.options)?;
+        connections.direct.insert(address, (client.clone(), now));
+        Ok(client)
+    }
+
+    /// Stop relaying through `relay` after it failed where the node itself answered; the next call
+    /// chooses the next control plane.
+    fn relay_failed(&self, relay: IpAddr) {
+        let now = Instant::now();
+        let mut connections = self.lock();
+        connections.failed_relays.insert(relay, now);
+        if connections.relay == Some(relay) {
+            connections.relay = connections.choose_relay(Some(relay), now);
+            tracing::debug!(
+                failed = %relay,
+                next = ?connections.relay,
+                "a Talos relay failed where the node answered directly; relaying through the next control plane"
+            );
+        }
+    }
+
+    /// Ask the node at `address` a question that changes nothing (a read), through the relay. When the
+    /// relayed read fails, the node is asked directly, and that answer counts: a relay that is down or
+    /// cannot reach the node never makes a node look unreachable. If the node answers directly, the
+    /// relay is passed over for the next control plane.
+    pub async fn ask<T, F, Fut>(&self, address: IpAddr, read: F) -> Result<T, TalosError>
+    where
+        F: Fn(TalosClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, TalosError>>,
+    {
+        let Route { client, relay } = self.route(address)?;
+        let relayed = read(client).await;
+        let Some(relay) = relay else {
+            return relayed;
+        };
+        let Err(relayed_error) = relayed else {
+            return relayed;
+        };
+        let direct = read(self.direct_client(address)?).await;
+        if direct.is_ok() {
+            tracing::debug!(%relay, node = %address, error = %relayed_error, "relayed read failed, direct read answered");
+            self.relay_failed(relay);
+        }
+        direct
+    }
+
+    /// What the node's Talos API says now. Any failure to ask makes the node unreachable, with the reason.
+    pub async fn observe_node(&self, node: &InventoryNode) -> TalosState {
+        match self.try_observe_node(node).await {
+            Ok(state) => state,
+            Err(error) => TalosState::Unreachable {
+                reason: error.to_string(),
+            },
+        }
+    }
+
+    async fn try_observe_node(&self, node: &InventoryNode) -> Result<TalosState, TalosError> {
+        let (version, boot_id, status) = self
+            .ask(node.address, |client| async move {
+                let (version, boot_id, status) = futures::try_join!(
+                    client.version(),
+                    client.boot_id(),
+                    client.machine_status()
+                )?;
+                let version =
+                    parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
+                        endpoint: client.endpoint().to_string(),
+                        message: reason,
+                    })?;
+                Ok((version, boot_id, status))
+            })
+            .await?;
+        let ready = resources::machine_status::is_running_and_ready(&status);
+        Ok(TalosState::Up {
+            version,
+            boot_id,
+            ready,
+            // Read separately, only for the nodes a run may start next (`read_installer_image`).
+            installer_image: None,
+        })
+    }
+
+    /// `machine.install.image` of the node's running config (empty when the config has none, which
+    /// the version rules then refuse with their own message).
+    pub async fn read_installer_image(&self, node: &InventoryNode) -> Result<String, TalosError> {
+        let config = self
+            .ask(node.address, |client| async move {
+                client.machine_config().await
+            })
+            .await?;
+        Ok(installer_image_from_config(config.as_bytes()).unwrap_or_default())
+    }
+
+    /// etcd's health as the control planes report it: every member answers without errors, the control
+    /// planes agree on the member list, and quorum survives one more member going down.
+    pub async fn observe_etcd(&self, control_planes: &[InventoryNode]) -> EtcdObservation {
+        let answers = join_all(control_planes.iter().map(|node| async move {
+            self.ask(node.address, |client| async move {
+                futures::try_join!(client.etcd_member_list(), client.etcd_status())
+            })
+            .await
+        }))
+        .await;
+
+        let mut problems = Vec::new();
+        let mut member_lists: Vec<BTreeSet<u64>> = Vec::new();
+        let mut leader = None;
+        let mut healthy = 0usize;
+        let mut members_total = 0usize;
+        for (node, answer) in control_planes.iter().zip(answers) {
+            match answer {
+                Err(error) => problems.push(format!(
+                    "control plane {} does not answer for etcd: {error}",
+                    node.name
+                )),
+                Ok((members, status)) => {
+                    members_total = members_total.max(members.len());
+                    member_lists.push(members.iter().map(|m| m.id).collect());
+                    if status.errors.is_empty() {
+                        healthy += 1;
+                    } else {
+                        problems.push(format!(
+                            "member {} reports {}",
+                            node.name,
+                            status.errors.join("; ")
+                        ));
+                    }
+                    if status.leader != 0 && status.leader == status.member_id {
+                        leader = Some(node.name.clone());
+                    }
+                }
+            }
+        }
+        if member_lists.windows(2).any(|pair| pair[0] != pair[1]) {
+            problems.push("the control planes disagree on the etcd member list".to_string());
+        }
+        if let Some(problem) = quorum_problem(members_total, healthy) {
+            problems.push(problem);
+        }
+        EtcdObservation {
+            problem: (!problems.is_empty()).then(|| problems.join("; ")),
+            // A single member leads by necessity and has no one to hand leadership to (Talos refuses:
+            // "cannot forfeit leadership, only one member"), so there is no leader to move.
+            leader: leader.filter(|_| members_total > 1),
+        }
+    }
+}
+
+/// Why taking one more member down would lose quorum, if it would.
+///
+/// A single member cannot keep quorum through its own reboot whatever we do, and Talos upgrades it
+/// (with its data preserved), so one member is allowed. Two members never survive one going down, and
+/// Talos itself refuses that upgrade.
+pub fn quorum_problem(members: usize, healthy: usize) -> Option<String> {
+    if members <= 1 {
+        return None;
+    }
+    let quorum = members / 2 + 1;
+    if healthy.saturating_sub(1) < quorum {
+        Some(format!(
+            "{healthy} of {members} etcd members are healthy; taking one down would lose quorum \
+             (needs {quorum})"
+        ))
+    } else {
+        None
+    }
+}
+
+/// `v1.11.6` → 1.11.6.
+pub fn parse_talos_tag(tag: &str) -> Result<Version, String> {
+    Version::parse(tag.trim().trim_start_matches('v'))
+        .map_err(|e| format!("Talos reported version {tag:?}, which is not a version: {e}"))
+}
+
+/// `machine.install.image` from a (multi-document) machine config.
+pub fn installer_image_from_config(config: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(config).ok()?;
+    serde_yaml::Deserializer::from_str(text).find_map(|document| {
+        let value = serde_yaml::Value::deserialize(document).ok()?;
+        value
+            .get("machine")?
+            .get("install")?
+            .get("image")?
+            .as_str()
+            .map(str::to_string)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_with_one_more_member_down() {
+        // (members, healthy, problem?)
+        let cases = [
+            (1, 1, false),
+            (2, 2, true),
+            (3, 3, false),
+            (3, 2, true),
+            (5, 5, false),
+            (5, 4, false),
+            (5, 3, true),
+        ];
+        for (members, healthy, problem) in cases {
+            assert_eq!(
+                quorum_problem(members, healthy).is_some(),
+                problem,
+                "{healthy}/{members}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_installer_image_is_read_from_the_machine_document() {
+        let config = b"version: v1alpha1\nmachine:\n  type: worker\n  install:\n    disk: /dev/sda\n    image: factory.talos.dev/installer/abc:v1.11.6\n---\napiVersion: v1alpha1\nkind: HostnameConfig\nhostname: w1\n";
+        assert_eq!(
+            installer_image_from_config(config).as_deref(),
+            Some("factory.talos.dev/installer/abc:v1.11.6")
+        );
+        assert_eq!(installer_image_from_config(b"kind: Other\n"), None);
+        assert_eq!(installer_image_from_config(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn talos_tags_parse_with_or_without_v() {
+        assert_eq!(parse_talos_tag("v1.11.6"), Ok(Version::new(1, 11, 6)));
+        assert_eq!(parse_talos_tag("1.12.0"), Ok(Version::new(1, 12, 0)));
+        assert!(parse_talos_tag("latest").is_err());
+    }
+}

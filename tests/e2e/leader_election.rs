@@ -1,0 +1,193 @@
+//! Two controller processes (the real binary) against one API server, with leader election: only the
+//! Lease holder acts; killed mid-upgrade (SIGKILL, no chance to release the Lease), the other takes over
+//! once the Lease expires and finishes the upgrade, every node upgraded exactly once.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::world::{World, WorldSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use talos_sim::{Role, max_concurrently_down};
+use tokio::process::{Child, Command};
+
+const LEASE: &str = "talos-upgrade-controller";
+const UPGRADE: &str = "/machine.MachineService/Upgrade";
+
+/// Starts `talos-upgrade-controller run` as its own process, watching only the test's namespace and
+/// electing a leader through a Lease there. `HOSTNAME` makes its Lease identity `<host>-<pid>`.
+fn start_replica(world: &World, host: &str) -> Child {
+    let catalog = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/release-catalog.yaml");
+    Command::new(env!("CARGO_BIN_EXE_talos-upgrade-controller"))
+        .args([
+            "run",
+            "--namespace",
+            &world.ns.name,
+            "--leader-elect",
+            "--leader-election-namespace",
+            &world.ns.name,
+            "--lease-duration",
+            "3s",
+            "--lease-grace",
+            "1s",
+            "--poll-interval",
+            "100ms",
+            "--node-deadline",
+            "60s",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--release-catalog",
+            catalog,
+        ])
+        .env("KUBECONFIG", world.ns.kubeconfig())
+        .env("HOSTNAME", host)
+        .env_remove("POD_NAME")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting the controller binary")
+}
+
+fn identity(host: &str, child: &Child) -> String {
+    format!("{host}-{}", child.id().expect("a running replica"))
+}
+
+async fn holder(world: &World) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(world.ns.client.clone(), &world.ns.name);
+    leases
+        .get_opt(LEASE)
+        .await
+        .expect("get lease")
+        .and_then(|lease| lease.spec)
+        .and_then(|spec| spec.holder_identity)
+        .filter(|holder| !holder.is_empty())
+}
+
+/// The field managers that own the Lease's `holderIdentity`. A free Lease is taken with a server-side
+/// apply without force, so only per-replica managers make the API server refuse the second of two
+/// replicas racing for it.
+async fn holder_identity_managers(world: &World) -> Vec<String> {
+    let leases: Api<Lease> = Api::namespaced(world.ns.client.clone(), &world.ns.name);
+    let lease = leases.get(LEASE).await.expect("get lease");
+    lease
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|fields| fields.0.to_string().contains("f:holderIdentity"))
+        })
+        .filter_map(|entry| entry.manager)
+        .collect()
+}
+
+/// `reportingInstance` of every Event the controller published on the cluster.
+async fn reporting_instances(world: &World) -> Vec<String> {
+    let json = world
+        .ns
+        .kubectl_ok(&[
+            "get",
+            "events.events.k8s.io",
+            "--field-selector",
+            &format!("regarding.name={}", world.cluster),
+            "-o",
+            "jsonpath={range .items[*]}{.reportingInstance}{\"\\n\"}{end}",
+        ])
+        .await;
+    json.lines()
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+#[tokio::test]
+async fn only_the_leader_acts_and_a_standby_finishes_after_the_leader_is_killed() {
+    let world = World::start(
+        "leader",
+        WorldSpec {
+            start_controller: false,
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    let mut a = start_replica(&world, "replica-a");
+    let mut b = start_replica(&world, "replica-b");
+    let (id_a, id_b) = (identity("replica-a", &a), identity("replica-b", &b));
+
+    // One of them takes the Lease and reports on the cluster.
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    let leader = holder(&world).await.expect("a Lease holder");
+    assert!(leader == id_a || leader == id_b, "{leader}");
+    assert_eq!(
+        holder_identity_managers(&world).await,
+        [format!("talos-upgrade-controller-{leader}")],
+        "the holder is written under the leader's own field manager"
+    );
+    let standby = if leader == id_a {
+        id_b.clone()
+    } else {
+        id_a.clone()
+    };
+
+    world.annotate("talos-target", "1.12.0").await;
+    // The first upgrade call went out: kill the leader there, without letting it release the Lease.
+    world
+        .poll(
+            Duration::from_secs(120),
+            "the first upgrade call to be answered",
+            || {
+                let answered = world
+                    .sim
+                    .record()
+                    .iter()
+                    .any(|c| c.method == UPGRADE && c.result != "pending");
+                async move { answered }
+            },
+        )
+        .await;
+    let before_kill = reporting_instances(&world).await;
+    assert!(!before_kill.is_empty());
+    assert!(
+        before_kill.iter().all(|instance| *instance == leader),
+        "only the leader ({leader}) acted: {before_kill:?}"
+    );
+    let killed = if leader == id_a { &mut a } else { &mut b };
+    killed.kill().await.expect("kill the leader");
+
+    // The standby takes over once the Lease expires, and finishes.
+    world
+        .wait_for_annotation("talos-status", "completed", "240s")
+        .await;
+    assert_eq!(holder(&world).await.as_deref(), Some(standby.as_str()));
+    assert_eq!(world.annotation("talos-current").await, "1.12.0");
+    let calls = world.upgrade_calls();
+    let mut unique = calls.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        (calls.len(), unique.len()),
+        (5, 5),
+        "each node upgraded exactly once: {calls:?}"
+    );
+    assert_eq!(
+        max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),
+        1
+    );
+    let after = reporting_instances(&world).await;
+    assert!(
+        after.contains(&standby),
+        "the standby reported after taking over: {after:?}"
+    );
+    assert!(
+        after
+            .iter()
+            .all(|instance| *instance == leader || *instance == standby),
+        "{after:?}"
+    );
+}

@@ -1,0 +1,23 @@
+//! End-to-end: simulated Talos clusters upgraded by the controller, against a real kube-apiserver + etcd
+//! (`world`), plus the deploy/ manifests and a real Prometheus scraping the controller. One test binary,
+//! so the suites link once.
+//!
+//! The upgrade suites also run under vitistack's own KubernetesCluster CRD (`TUC_E2E_CRD=vitistack`, see
+//! `world` and scripts/test.sh); `deploy` and `prometheus` install the project's CRD.
+
+// Each suite uses a part of the world's helpers.
+#![allow(dead_code)]
+
+mod world;
+
+mod chaos;
+mod chaos_apiserver;
+mod deploy;
+mod kubernetes_upgrade;
+mod leader_election;
+mod prometheus;
+mod talos_bad_input;
+mod talos_drain;
+mod talos_failures;
+mod talos_ordering;
+mod talos_upgrade;
