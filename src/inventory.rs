@@ -9,8 +9,17 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::core::PartialObjectMeta;
 
 use crate::read_cache::{CachedReads, Fingerprint};
-use crate::talos_fleet::InventoryNode;
 use talos_upgrade_core::run::NodeRole;
+
+/// A node of the cluster as the inventory (vitistack Machines or the workload Nodes) lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryNode {
+    /// Kubernetes node name.
+    pub name: String,
+    pub role: NodeRole,
+    /// Address of its Talos API.
+    pub address: IpAddr,
+}
 
 /// Label vitistack puts on a cluster's Machines.
 pub const MACHINE_CLUSTER_LABEL: &str = "vitistack.io/clusterid";

@@ -6,7 +6,7 @@
 //!
 //! * the reconcile: [`reconcile`] (access, acknowledgement, the flow both upgrade kinds share, report
 //!   writing, wake-ups);
-//! * the IO of each upgrade kind: [`kubernetes_upgrade`] (and the Talos one in [`reconcile`]);
+//! * the IO of each upgrade kind: [`talos_upgrade`] and [`kubernetes_upgrade`];
 //! * the edges: [`api_client`], [`progress_store`], [`read_cache`], [`inventory`], [`credentials`],
 //!   [`drain`], [`talos_fleet`], [`catalog_sources`];
 //! * operations: [`metrics`], [`admin`], [`leader`].
@@ -24,3 +24,4 @@ pub mod progress_store;
 pub mod read_cache;
 pub mod reconcile;
 pub mod talos_fleet;
+pub mod talos_upgrade;

@@ -164,9 +164,12 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let health = admin::HealthState::default();
     let settings = controller::Settings {
-        node_deadline: args.node_deadline,
-        drain_timeout: args.drain_timeout,
-        step_deadline: args.step_deadline,
+        limits: talos_upgrade_core::lifecycle::Limits {
+            node_deadline: args.node_deadline,
+            drain_timeout: args.drain_timeout,
+            step_deadline: args.step_deadline,
+            ..Default::default()
+        },
         catalog: release_catalog(&args)?,
         poll_interval: args.poll_interval,
         idle_interval: args.idle_interval,

@@ -92,23 +92,8 @@ impl fmt::Display for ClusterKey {
 /// annotation types themselves, so a metric and an annotation can never disagree on a value.
 pub use talos_upgrade_core::annotations::{UpgradeKind, UpgradeStatus};
 
-/// How an upgrade run ended (label `result`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RunResult {
-    Completed,
-    Failed,
-}
-
-impl RunResult {
-    pub const ALL: [RunResult; 2] = [RunResult::Completed, RunResult::Failed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunResult::Completed => "completed",
-            RunResult::Failed => "failed",
-        }
-    }
-}
+/// How an upgrade run ended (label `result`): the core's own type.
+pub use talos_upgrade_core::run::RunResult;
 
 /// A node's role (label `role`): the rollout's own type, so the two never drift apart.
 pub use talos_upgrade_core::run::NodeRole;

@@ -16,8 +16,9 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::core::PartialObjectMeta;
 
 use crate::read_cache::{CachedReads, Fingerprint};
-use talos_upgrade_core::kubernetes::KubeRun;
-use talos_upgrade_core::talos::Run;
+use talos_upgrade_core::kubernetes::{KubeRun, Kubernetes};
+use talos_upgrade_core::lifecycle::{Act, Kind};
+use talos_upgrade_core::talos::{Run, Talos};
 
 const TALOS_KEY: &str = "talos.json";
 const KUBERNETES_KEY: &str = "kubernetes.json";
@@ -54,6 +55,102 @@ pub struct Progress {
     /// Keys written by other versions of the controller are kept as they are.
     other: BTreeMap<String, String>,
     resource_version: Option<String>,
+}
+
+impl Progress {
+    /// The run of kind `K`.
+    pub fn run<K: Stored>(&self) -> Option<&K::Run> {
+        K::slot(self).as_ref()
+    }
+}
+
+/// A kind of upgrade whose run the progress record holds (one JSON document per kind).
+pub trait Stored: Kind {
+    fn slot(progress: &Progress) -> &Option<Self::Run>;
+    fn slot_mut(progress: &mut Progress) -> &mut Option<Self::Run>;
+}
+
+impl Stored for Talos {
+    fn slot(progress: &Progress) -> &Option<Run> {
+        &progress.talos
+    }
+
+    fn slot_mut(progress: &mut Progress) -> &mut Option<Run> {
+        &mut progress.talos
+    }
+}
+
+impl Stored for Kubernetes {
+    fn slot(progress: &Progress) -> &Option<KubeRun> {
+        &progress.kubernetes
+    }
+
+    fn slot_mut(progress: &mut Progress) -> &mut Option<KubeRun> {
+        &mut progress.kubernetes
+    }
+}
+
+/// Something the progress record holds as written: the only form in which the calls of a decision
+/// are made (see [`Records::write_ahead`]), so no call can be sent before the run that records it is
+/// saved. Only this module makes one.
+#[derive(Debug)]
+pub struct Saved<T>(T);
+
+impl<T> Saved<T> {
+    pub fn get(&self) -> &T {
+        &self.0
+    }
+}
+
+/// One cluster's progress record in a reconcile, and where it is saved: shared by both kinds, so each
+/// kind's run is written over the other's latest version.
+pub struct Records<'a> {
+    store: &'a ProgressStore,
+    cluster: String,
+    owner: Option<OwnerReference>,
+    progress: Progress,
+}
+
+impl<'a> Records<'a> {
+    pub fn new(
+        store: &'a ProgressStore,
+        cluster: &str,
+        owner: Option<OwnerReference>,
+        progress: Progress,
+    ) -> Self {
+        Records {
+            store,
+            cluster: cluster.to_string(),
+            owner,
+            progress,
+        }
+    }
+
+    pub fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// Keeps `run` as the run of kind `K`, saving the record when that changes it.
+    pub async fn keep<K: Stored>(&mut self, run: Option<K::Run>) -> Result<(), StoreError> {
+        if *K::slot(&self.progress) == run {
+            return Ok(());
+        }
+        *K::slot_mut(&mut self.progress) = run;
+        self.store
+            .save(&self.cluster, self.owner.clone(), &mut self.progress)
+            .await
+    }
+
+    /// The write-ahead: saves the run with every call about to be made recorded, and only then hands
+    /// the calls back, as [`Saved`]. Should the save fail, no call is made; the next reconcile decides
+    /// again from a fresh read.
+    pub async fn write_ahead<K: Stored>(
+        &mut self,
+        act: Act<K>,
+    ) -> Result<Saved<Act<K>>, StoreError> {
+        self.keep::<K>(Some(act.run.clone())).await?;
+        Ok(Saved(act))
+    }
 }
 
 /// Progress records kept between reconciles, keyed by (namespace, ConfigMap name): a reconcile reuses

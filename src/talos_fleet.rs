@@ -1,7 +1,7 @@
 //! Observing a Talos cluster through its nodes' Talos APIs: what the rollout decision needs to know
 //! about each node (version, boot id, readiness, installer image) and about etcd.
 //!
-//! Everything here is IO at the edge; it turns answers and errors into [`rollout::talos`] observations
+//! Everything here is IO at the edge; it turns answers and errors into [`talos_upgrade_core::talos`] observations
 //! and never decides anything. A node that does not answer is an observation ("unreachable"), not an
 //! error: during an upgrade that is the expected state of the node being rebooted.
 
@@ -14,21 +14,12 @@ use futures::future::join_all;
 use semver::Version;
 use serde::Deserialize as _;
 
+use crate::inventory::InventoryNode;
 use talos_api::{
     ConnectOptions, TalosClient, TalosCredentials, TalosError, TalosTls, Target, resources,
 };
 use talos_upgrade_core::run::NodeRole;
 use talos_upgrade_core::talos::{EtcdObservation, TalosState};
-
-/// A node of the cluster as the inventory (vitistack Machines or the workload Nodes) lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InventoryNode {
-    /// Kubernetes node name.
-    pub name: String,
-    pub role: NodeRole,
-    /// Address of its Talos API.
-    pub address: IpAddr,
-}
 
 /// The inventory's control planes: the nodes whose etcd members are observed and that relay calls.
 pub fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {

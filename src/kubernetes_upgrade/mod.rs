@@ -15,13 +15,16 @@
 //! The machine config holds the cluster's secrets; it is never logged or put in an error.
 
 mod execute;
+mod io;
 pub mod machine_config;
 pub mod manifests;
 mod observe;
 
-use crate::talos_fleet::{InventoryNode, TalosFleet};
+use crate::inventory::InventoryNode;
+use crate::talos_fleet::TalosFleet;
 use talos_upgrade_core::kubernetes::{Action, Observation};
 
+pub use self::io::KubernetesIo;
 pub use self::manifests::SyncSummary;
 
 /// How the bootstrap manifests are written to the workload cluster.

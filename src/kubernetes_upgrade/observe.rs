@@ -10,8 +10,9 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use super::machine_config;
+use crate::inventory::InventoryNode;
 use crate::inventory::WorkloadNodeInfo;
-use crate::talos_fleet::{InventoryNode, TalosFleet, parse_talos_tag};
+use crate::talos_fleet::{TalosFleet, parse_talos_tag};
 use talos_api::proto::talos::resource::definitions::k8s as k8s_pb;
 use talos_api::{TalosClient, TalosError, resources};
 use talos_upgrade_core::kubernetes::{

@@ -12,10 +12,44 @@ use kube::api::Api;
 
 use super::{ClusterLink, Context};
 use crate::credentials::{self, ClusterCredentials};
-use crate::inventory::{self, WorkloadNodeInfo};
-use crate::talos_fleet::{InventoryNode, TalosFleet, control_planes};
+use crate::inventory::{self, InventoryNode, WorkloadNodeInfo};
+use crate::talos_fleet::{TalosFleet, control_planes};
 use talos_upgrade_core::crd::KubernetesCluster;
-use talos_upgrade_core::intent::UpgradeIntent;
+use talos_upgrade_core::intent::{InvalidOption, UpgradeIntent};
+
+/// Why a cluster cannot be reached: its credentials or its node inventory. `Display` is one sentence
+/// for the user, naming the Secret or what could not be read, never a credential.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// The `credentials-secret` annotation names no valid Secret.
+    #[error("{0}")]
+    SecretName(InvalidOption),
+    #[error("reading credentials Secret {namespace}/{name}: {reason}")]
+    ReadSecret {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
+    #[error("credentials Secret {namespace}/{name} not found")]
+    NoSecret { namespace: String, name: String },
+    /// The Secret's talosconfig or kubeconfig cannot be used (the credentials module's sentence).
+    #[error("{0}")]
+    Credentials(String),
+    #[error(
+        "credentials Secret {namespace}/{name} has no {key:?} key (needed to check Node readiness)"
+    )]
+    NoKubeconfig {
+        namespace: String,
+        name: String,
+        key: &'static str,
+    },
+    /// The workload cluster's client cannot be built from the kubeconfig.
+    #[error("{0}")]
+    WorkloadClient(String),
+    /// The Machines or the workload Nodes cannot be listed.
+    #[error("{0}")]
+    Inventory(String),
+}
 
 /// Everything needed to look at and act on one cluster's nodes.
 pub struct Access {
@@ -65,7 +99,7 @@ impl Access {
 pub struct SharedAccess<'a> {
     cluster: &'a KubernetesCluster,
     ctx: &'a Context,
-    access: OnceCell<Result<Access, String>>,
+    access: OnceCell<Result<Access, AccessError>>,
 }
 
 impl<'a> SharedAccess<'a> {
@@ -77,7 +111,12 @@ impl<'a> SharedAccess<'a> {
         }
     }
 
-    pub async fn get(&self) -> Result<&Access, String> {
+    /// The access as made earlier in this reconcile, if it was.
+    pub fn peek(&self) -> Option<Result<&Access, &AccessError>> {
+        self.access.get().map(Result::as_ref)
+    }
+
+    pub async fn get(&self) -> Result<&Access, AccessError> {
         self.access
             .get_or_init(|| connect(self.cluster, self.ctx))
             .await
@@ -95,8 +134,8 @@ fn address_need(machines: &Option<Vec<InventoryNode>>) -> inventory::AddressNeed
     }
 }
 
-/// Reads the credentials and the inventory; a problem is one sentence for the user.
-async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, String> {
+/// Reads the credentials and the inventory.
+async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, AccessError> {
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let cluster_id = cluster
@@ -112,7 +151,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
                 .secret_name_template
                 .replace("{clusterId}", &cluster_id)
                 .replace("{name}", &name),
-            Err(invalid) => return Err(invalid.to_string()),
+            Err(invalid) => return Err(AccessError::SecretName(invalid)),
         };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let key = (namespace.clone(), name.clone());
@@ -135,8 +174,15 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         (machines, listed)
     },);
     let secret = secret
-        .map_err(|e| format!("reading credentials Secret {namespace}/{secret_name}: {e}"))?
-        .ok_or_else(|| format!("credentials Secret {namespace}/{secret_name} not found"))?;
+        .map_err(|e| AccessError::ReadSecret {
+            namespace: namespace.clone(),
+            name: secret_name.clone(),
+            reason: e.to_string(),
+        })?
+        .ok_or_else(|| AccessError::NoSecret {
+            namespace: namespace.clone(),
+            name: secret_name.clone(),
+        })?;
     let secret_version = secret.resource_version().unwrap_or_default();
     let ClusterLink { fleet, workload } = match known_link
         .as_ref()
@@ -146,16 +192,18 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
         None => {
             let ClusterCredentials {
                 talos, workload, ..
-            } = credentials::parse(&secret, &namespace, &secret_name).map_err(|e| e.to_string())?;
-            let workload = workload.ok_or_else(|| {
-                format!(
-                    "credentials Secret {namespace}/{secret_name} has no {:?} key (needed to check Node readiness)",
-                    credentials::KUBECONFIG_KEY
-                )
+            } = credentials::parse(&secret, &namespace, &secret_name)
+                .map_err(|e| AccessError::Credentials(e.to_string()))?;
+            let workload = workload.ok_or_else(|| AccessError::NoKubeconfig {
+                namespace: namespace.clone(),
+                name: secret_name.clone(),
+                key: credentials::KUBECONFIG_KEY,
             })?;
             let link = ClusterLink {
                 fleet: Arc::new(TalosFleet::new(talos, ctx.settings.talos.clone())),
-                workload: credentials::workload_client(workload).await?,
+                workload: credentials::workload_client(workload)
+                    .await
+                    .map_err(AccessError::WorkloadClient)?,
             };
             ctx.keep_link(key, &secret_version, link.clone());
             link
@@ -163,7 +211,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
     };
     let workload_client = workload;
 
-    let machines = machines.map_err(|e| e.to_string())?;
+    let machines = machines.map_err(|e| AccessError::Inventory(e.to_string()))?;
     // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
     let workload_nodes = match listed_early.filter(|(version, _)| *version == secret_version) {
         Some((_, listed)) => listed,
@@ -171,7 +219,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, S
             inventory::from_workload_nodes(workload_client.clone(), address_need(&machines)).await
         }
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| AccessError::Inventory(e.to_string()))?;
     let inventory = match machines {
         Some(machines) => machines,
         None => workload_nodes.iter().map(|n| n.node.clone()).collect(),

@@ -1,18 +1,23 @@
-//! The reconciler: for each `KubernetesCluster`, read the user's intent from its annotations, observe the
-//! cluster, decide (pure, in [`crate::rollout`]), persist the decision, act, and report.
+//! The reconciler: for each `KubernetesCluster`, read the user's intent from its annotations, then run
+//! the lifecycle of each kind of upgrade (Talos, then Kubernetes) through the one flow they share, and
+//! write one report.
 //!
 //! ```text
-//! annotations ──► intent ─┐
-//! Secret, Machines/Nodes ─┼─► observe (Talos API, workload API) ─► decide ─► persist ─► act ─► report
-//! progress ConfigMap ─────┘
+//! annotations ──► intent ──────────┐
+//! progress ConfigMap ──► records ──┼─► flow::drive(Talos) ──► flow::drive(Kubernetes) ──► report
+//! Secret, Machines/Nodes ─► access ┘      (core lifecycle: look → decide → save → publish → call)
 //! ```
+//!
+//! Every decision is the core's ([`talos_upgrade_core::lifecycle`]); this module and its submodules
+//! only carry them out: [`access`] reaches the cluster, [`acknowledge`] keeps the last looks for the
+//! early `in-progress`, [`flow`] drives a kind's lifecycle, [`report`] writes, [`wakeups`] follows
+//! the nodes in flight.
 
-mod access;
+pub(crate) mod access;
 mod acknowledge;
-mod kubernetes_flow;
+pub(crate) mod flow;
 pub mod report;
-mod talos_flow;
-mod wakeups;
+pub(crate) mod wakeups;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,30 +28,39 @@ use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
+use tracing::Instrument;
 
 use crate::admin::HealthState;
 use crate::catalog_sources::CatalogHandle;
-use crate::metrics::Metrics;
-use crate::progress_store::ProgressStore;
+use crate::kubernetes_upgrade::KubernetesIo;
+use crate::metrics::{ClusterKey, ClusterUpgradeGauges, Metrics};
+use crate::progress_store::{ProgressStore, Records, Stored};
 use crate::talos_fleet::TalosFleet;
+use crate::talos_upgrade::TalosIo;
 use talos_api::ConnectOptions;
+use talos_upgrade_core::acknowledgement;
+use talos_upgrade_core::annotations::UpgradeKind;
 use talos_upgrade_core::catalog::Catalog;
 use talos_upgrade_core::crd::KubernetesCluster;
+use talos_upgrade_core::gates::Gates;
 use talos_upgrade_core::intent::UpgradeIntent;
+use talos_upgrade_core::kubernetes::Kubernetes;
+use talos_upgrade_core::lifecycle::{self, Inputs, Lifecycle, Limits, Revisit};
+use talos_upgrade_core::report::combined_phase;
+use talos_upgrade_core::talos::Talos;
+
+/// How often a run whose nodes in flight are all rebooting, and all followed, is looked at anyway. The
+/// followers wake the reconcile when a node is back; this poll only bounds what a lost stream costs
+/// and notices a node deadline. Never shorter than `--poll-interval`.
+const FOLLOWED_POLL_INTERVAL: Duration = Duration::from_secs(15);
 
 /// The controller's tunables (flags of the `run` command).
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// How long one node may take from its upgrade call (Talos ≥ 1.13: its reboot) to being done.
-    pub node_deadline: Duration,
-    /// How long a node whose upgrade call got no answer must be seen running its old boot, ready, before
-    /// the call is made again (it never reached the node).
-    pub unanswered_grace: Duration,
-    /// How long one step of a Kubernetes upgrade (a component on one node, a kubelet) may take.
-    pub step_deadline: Duration,
-    /// How long draining a node before its reboot may take (Talos ≥ 1.13, where the controller drains).
-    pub drain_timeout: Duration,
+    /// The deadlines of a run: per node, per drain, per Kubernetes step, and the grace before an
+    /// unanswered call is made again.
+    pub limits: Limits,
     /// How often a cluster with an upgrade in flight is looked at again.
     pub poll_interval: Duration,
     /// How often an idle cluster is refreshed (versions) without any change to it.
@@ -61,10 +75,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            node_deadline: Duration::from_secs(15 * 60),
-            drain_timeout: Duration::from_secs(5 * 60),
-            unanswered_grace: Duration::from_secs(60),
-            step_deadline: Duration::from_secs(10 * 60),
+            limits: Limits::default(),
             poll_interval: Duration::from_secs(2),
             idle_interval: Duration::from_secs(10 * 60),
             secret_name_template: "{clusterId}".to_string(),
@@ -263,35 +274,59 @@ impl Error {
     }
 }
 
-/// One reconcile of one cluster.
+/// One reconcile of one cluster, in a span naming it: every log line of the reconcile (its flows, its
+/// calls) can be found by the cluster's namespace and name.
 pub async fn reconcile(
+    cluster: Arc<KubernetesCluster>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = %cluster.namespace().unwrap_or_default(),
+        cluster = %cluster.name_any(),
+    );
+    reconcile_cluster(cluster, ctx).instrument(span).await
+}
+
+async fn reconcile_cluster(
     cluster: Arc<KubernetesCluster>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer();
     let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
     let intent = UpgradeIntent::from_annotations(cluster.annotations());
     let store =
         ProgressStore::new(ctx.client.clone(), &namespace).with_cache(ctx.progress_reads.clone());
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let intake: Api<KubernetesCluster> = Api::namespaced(ctx.intake.clone(), &namespace);
     let now = jiff::Timestamp::now();
+    let key = cluster_key(&cluster);
+    let reporter = report::Reporter {
+        api: &api,
+        recorder: &ctx.recorder,
+        now,
+    };
 
-    let name = cluster.name_any();
-    // One progress record and one access per reconcile, shared by both kinds: the Kubernetes flow
-    // works on the record as the Talos flow left it (saved or not).
+    // One progress record and one access per reconcile, shared by both kinds: the Kubernetes part
+    // works on the record as the Talos part left it (saved or not).
     let access = access::SharedAccess::new(&cluster, &ctx);
-    let acknowledgement = acknowledge::acknowledgement(
+    let acknowledgement = acknowledgement::acknowledgement(
         cluster.annotations(),
         &intent,
-        ctx.last_looks.get(&cluster_key(&cluster)).as_ref(),
+        ctx.last_looks.get(&key).as_ref(),
         now,
         ctx.settings.idle_interval * 2,
     );
-    let acknowledge = |acknowledgement: acknowledge::Acknowledgement| {
-        let api: Api<KubernetesCluster> = Api::namespaced(ctx.intake.clone(), &namespace);
+    let acknowledge = |acknowledgement: acknowledgement::Acknowledgement| {
+        let intake = report::Reporter {
+            api: &intake,
+            ..reporter
+        };
         let cluster = &cluster;
         async move {
-            report::write_annotations(&api, cluster, &acknowledgement.report)
+            intake
+                .write_annotations(cluster, &acknowledgement.report)
                 .await
                 // Not fatal: the reconcile's own report says it again.
                 .inspect_err(|error| tracing::warn!(%error, "acknowledging the Talos target"))
@@ -302,12 +337,14 @@ pub async fn reconcile(
     // A new Talos target is acknowledged (`in-progress`) before the cluster is read and looked at, not
     // beside it: with a fleet annotated at once, the acknowledgements then reach the API server ahead
     // of every cluster's reads and Talos looks instead of queueing behind them.
-    let (mut progress, acknowledged) = match acknowledgement {
+    let (progress, acknowledged) = match acknowledgement {
         // The record says whether this value was decided already; it is nearly always kept in memory
         // (a run was recorded), and the access is read on first use.
         Some(acknowledgement) if acknowledgement.needs_progress() => {
             let progress = store.load(&name).await?;
-            let written = if acknowledgement.still_undecided(&progress) {
+            let written = if acknowledgement
+                .still_undecided(progress.run::<Talos>(), progress.run::<Kubernetes>())
+            {
                 acknowledge(acknowledgement).await
             } else {
                 None
@@ -329,88 +366,163 @@ pub async fn reconcile(
     // in between (then this reconcile goes on with what it was woken for, and the change wakes another).
     let acknowledged = acknowledged.filter(|object| user_inputs(object) == user_inputs(&cluster));
     let seen: &KubernetesCluster = acknowledged.as_ref().unwrap_or(&cluster);
-    let mut talos =
-        talos_flow::reconcile(seen, &ctx, &intent, &store, &mut progress, &access, now).await?;
-    // A flag annotation that is neither "true" nor "false" was given its safe reading (paused holds;
-    // resume and the resets do nothing). The user is told; the Recorder folds the repeats into one
-    // Event with a count.
-    for invalid in &intent.invalid_flags {
-        let reading = if invalid.key == talos_upgrade_core::annotations::PAUSED {
-            "treated as paused until it is fixed"
-        } else {
-            "ignored until it is fixed"
-        };
-        talos.notes.push(talos_upgrade_core::run::Note {
-            type_: talos_upgrade_core::run::NoteType::Warning,
-            reason: "InvalidFlag",
-            message: format!("{invalid}; {reading}"),
-        });
-    }
-    let gate = kubernetes_flow::TalosGate {
-        upgrading: talos.report.status
-            == talos_upgrade_core::annotations::UpgradeStatus::InProgress,
+    let mut records = Records::new(&store, &name, cluster.controller_owner_ref(&()), progress);
+    let catalog = ctx.settings.catalog.snapshot();
+    let pass = PassInputs {
+        intent: &intent,
+        annotations: seen.annotations(),
+        limits: ctx.settings.limits,
+        catalog: &catalog,
+        now,
     };
-    let kubernetes = kubernetes_flow::reconcile(
+
+    let note_look = |look| ctx.last_looks.note(key.clone(), look);
+    let mut talos_io = TalosIo::new(&access, &note_look, now);
+    let talos_gates = Gates::for_talos(records.progress().run::<Kubernetes>());
+    let talos = flow::drive(
+        Lifecycle::new(pass.inputs::<Talos>(&records, talos_gates)),
+        &mut talos_io,
+        &mut records,
+        &reporter,
         seen,
-        &ctx,
-        &intent,
-        &store,
-        &mut progress,
-        &access,
-        gate,
-        now,
     )
+    .instrument(kind_span(UpgradeKind::Talos, seen))
     .await?;
-    // What the object says now: as the Talos flow's report before its calls left it, if it wrote one.
-    let baseline: &KubernetesCluster = talos.reported.as_ref().unwrap_or(seen);
-    report::write(
-        &api,
-        &ctx.recorder,
-        baseline,
-        &[
-            (&talos.report, &talos.notes),
-            (&kubernetes.report, &kubernetes.notes),
-        ],
-        now,
+    let kubernetes_gates = Gates::for_kubernetes(
+        records.progress().run::<Talos>(),
+        talos.conclusion.report.status,
+    );
+    let mut kubernetes_io = KubernetesIo::new(&access);
+    let kubernetes = flow::drive(
+        Lifecycle::new(pass.inputs::<Kubernetes>(&records, kubernetes_gates)),
+        &mut kubernetes_io,
+        &mut records,
+        &reporter,
+        seen,
     )
-    .await
-    .map_err(Error::Report)?;
-    let phase = report::combined_phase(
-        &[&talos.report, &kubernetes.report],
+    .instrument(kind_span(UpgradeKind::Kubernetes, seen))
+    .await?;
+
+    // What the object says now: as a report made before the calls left it, if one was written.
+    let baseline: &KubernetesCluster = kubernetes
+        .reported
+        .as_ref()
+        .or(talos.reported.as_ref())
+        .unwrap_or(seen);
+    let reports = [&talos.conclusion.report, &kubernetes.conclusion.report];
+    reporter
+        .write(baseline, &reports)
+        .await
+        .map_err(Error::Report)?;
+    let invalid_flags = lifecycle::invalid_flag_notes(&intent);
+    let talos_notes = [talos.conclusion.notes.as_slice(), &invalid_flags].concat();
+    reporter
+        .publish(baseline, UpgradeKind::Talos, &talos_notes)
+        .await;
+    reporter
+        .publish(
+            baseline,
+            UpgradeKind::Kubernetes,
+            &kubernetes.conclusion.notes,
+        )
+        .await;
+
+    let metrics_key = ClusterKey::new(&namespace, &name);
+    let phase = combined_phase(
+        &reports,
         baseline.status.as_ref().and_then(|s| s.phase.as_deref()),
     )
     .map(|p| p.as_str().to_string())
     .or_else(|| baseline.status.as_ref().and_then(|s| s.phase.clone()));
-    let key = crate::metrics::ClusterKey::new(&namespace, cluster.name_any());
     if let Some(phase) = phase {
-        ctx.metrics.set_cluster_phase(&key, &phase);
+        ctx.metrics.set_cluster_phase(&metrics_key, &phase);
     }
-    for outcome in [&talos, &kubernetes] {
-        export_metrics(&ctx.metrics, &cluster, &key, outcome, now);
-    }
+    export_metrics(&ctx.metrics, &cluster, &metrics_key, &talos, now);
+    export_metrics(&ctx.metrics, &cluster, &metrics_key, &kubernetes, now);
     // Nodes in flight are followed, so the reconcile runs again as soon as one of them changes.
     ctx.wakeups.follow(
         &kube::runtime::reflector::ObjectRef::from_obj(&*cluster),
         talos.follow.clone(),
     );
-    let requeue = [talos.requeue, kubernetes.requeue]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(ctx.settings.idle_interval);
+    let requeue = [
+        requeue_after(&ctx.settings, &talos),
+        requeue_after(&ctx.settings, &kubernetes),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(ctx.settings.idle_interval);
     Ok(Action::requeue(requeue))
 }
 
+/// What both kinds' lifecycles start from in one reconcile.
+struct PassInputs<'a> {
+    intent: &'a UpgradeIntent,
+    annotations: &'a std::collections::BTreeMap<String, String>,
+    limits: Limits,
+    catalog: &'a Catalog,
+    now: jiff::Timestamp,
+}
+
+impl<'a> PassInputs<'a> {
+    /// The inputs of kind `K`'s lifecycle: its run as the record holds it now, and its gates.
+    fn inputs<K: Stored>(&self, records: &Records<'_>, gates: Gates) -> Inputs<'a, K> {
+        Inputs {
+            intent: self.intent,
+            annotations: self.annotations,
+            record: records.progress().run::<K>().cloned(),
+            gates,
+            limits: self.limits,
+            catalog: self.catalog,
+            now: self.now,
+        }
+    }
+}
+
+/// The span of one kind's part of a reconcile, with its target where there is one.
+fn kind_span(kind: UpgradeKind, cluster: &KubernetesCluster) -> tracing::Span {
+    let target = cluster
+        .annotations()
+        .get(kind.target_key())
+        .map(|target| target.trim())
+        .filter(|target| !target.is_empty())
+        .unwrap_or("none");
+    tracing::info_span!("upgrade", kind = kind.as_str(), target)
+}
+
+/// When a kind wants its cluster looked at again (`None`: at the idle refresh).
+fn requeue_after<K: Stored>(
+    settings: &Settings,
+    outcome: &flow::KindOutcome<K>,
+) -> Option<Duration> {
+    let poll = settings.poll_interval;
+    match outcome.conclusion.revisit {
+        Revisit::Idle => None,
+        Revisit::Poll => Some(poll),
+        Revisit::AfterProblem => Some(poll.max(Duration::from_secs(5))),
+        Revisit::Blocked => Some(poll.max(Duration::from_secs(1))),
+        Revisit::Now => Some(Duration::ZERO),
+        // Every node in flight is rebooting: when each is followed, its follower wakes the reconcile
+        // when it is back, and the poll is only the safety net (a lost stream, the node deadline).
+        Revisit::AwaitingReboots
+            if outcome.follow.len() == outcome.conclusion.report.in_flight.len() =>
+        {
+            Some(poll.max(FOLLOWED_POLL_INTERVAL))
+        }
+        Revisit::AwaitingReboots => Some(poll),
+    }
+}
+
 /// Mirrors what the reconcile reported for one upgrade kind into the per-cluster metrics.
-fn export_metrics(
+fn export_metrics<K: Stored>(
     metrics: &Metrics,
     cluster: &KubernetesCluster,
-    key: &crate::metrics::ClusterKey,
-    outcome: &talos_flow::FlowOutcome,
+    key: &ClusterKey,
+    outcome: &flow::KindOutcome<K>,
     now: jiff::Timestamp,
 ) {
-    use crate::metrics::{ClusterUpgradeGauges, RunResult};
-    let report = &outcome.report;
+    let conclusion = &outcome.conclusion;
+    let report = &conclusion.report;
     let kind = report.kind;
     let (done, total) = report.progress.unwrap_or((0, 0));
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -430,27 +542,26 @@ fn export_metrics(
                 .get(kind.target_key())
                 .map(|t| t.trim().trim_start_matches('v').to_string()),
             available_version: report.available.clone().flatten(),
-            run_started_at: outcome.run_started_at,
+            run_started_at: conclusion
+                .run_started_at
+                .map(|at| at.as_millisecond() as f64 / 1000.0),
         },
     );
-    for (role, seconds) in &outcome.nodes_finished {
+    for (role, seconds) in &conclusion.nodes_finished {
         metrics.observe_node_upgrade(key, kind, *role, *seconds);
     }
-    if let Some(check) = outcome.preflight_failure {
-        metrics.record_preflight_failure(key, kind, check);
+    if let Some(check) = conclusion.preflight_failure {
+        metrics.record_preflight_failure(key, kind, check.as_str());
     }
     // A run ends in exactly one reconcile: the one that announces it.
-    let reasons = outcome.notes.iter().map(|note| note.reason);
-    for reason in reasons.chain(outcome.announced.iter().copied()) {
-        match reason {
-            "UpgradeCompleted" => {
-                metrics.record_run_result(key, kind, RunResult::Completed);
-                metrics.record_last_success(key, kind, now.as_millisecond() as f64 / 1000.0);
-            }
-            "UpgradeFailed" | "InvalidTarget" => {
-                metrics.record_run_result(key, kind, RunResult::Failed);
-            }
-            _ => {}
+    let reasons = conclusion.notes.iter().map(|note| note.reason);
+    for result in reasons
+        .chain(conclusion.announced.iter().copied())
+        .filter_map(|reason| reason.run_result())
+    {
+        metrics.record_run_result(key, kind, result);
+        if result == talos_upgrade_core::run::RunResult::Completed {
+            metrics.record_last_success(key, kind, now.as_millisecond() as f64 / 1000.0);
         }
     }
 }

@@ -1,401 +1,109 @@
-//! Telling the user: the controller-owned annotations (metadata-only merge patch), `status.phase` and
-//! the upgrade condition (a minimal status merge patch), Events, and metrics.
-//!
-//! Writes happen only when something changed, so the controller's own writes (which wake it up again)
-//! settle after one round.
-
-use std::collections::BTreeMap;
+//! Telling the user: the report the core computed ([`talos_upgrade_core::report`]) written to the
+//! cluster (a metadata-only merge patch of the controller's annotation keys, then a minimal status
+//! merge patch of the phase and the upgrade conditions) and the Events, through kube's recorder.
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
-use serde_json::{Map, Value, json};
 
-use talos_upgrade_core::annotations::{self, UpgradeKind, UpgradeStatus};
-use talos_upgrade_core::crd::{KubernetesCluster, KubernetesClusterStatus, Phase, set_condition};
+use talos_upgrade_core::annotations::UpgradeKind;
+use talos_upgrade_core::crd::KubernetesCluster;
+use talos_upgrade_core::report::{self, KindReport};
 use talos_upgrade_core::run::{Note, NoteType};
 
-/// What one upgrade kind shows after a reconcile.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KindReport {
-    pub kind: UpgradeKind,
-    pub status: UpgradeStatus,
-    pub message: String,
-    /// `done/total`, absent when there is no run.
-    pub progress: Option<(usize, usize)>,
-    pub current: Option<String>,
-    /// `*-available`: `None` leaves the annotation as it is (nothing was learnt this time), `Some(None)`
-    /// removes it, `Some(Some(v))` sets it.
-    pub available: Option<Option<String>>,
-    pub failed_nodes: Vec<String>,
-    /// Nodes upgrading right now (for metrics).
-    pub in_flight: Vec<String>,
-    /// Condition reason (`InProgress`, `Completed`, `Failed`, `Paused`, `Reset`, `Blocked`); `None`
-    /// leaves the condition as it is.
-    pub condition_reason: Option<&'static str>,
-    /// One-shot user annotations to remove (`resume`, the reset key).
-    pub consumed: Vec<&'static str>,
+/// Where a reconcile's reports and Events go.
+pub struct Reporter<'a> {
+    pub api: &'a Api<KubernetesCluster>,
+    pub recorder: &'a Recorder,
+    pub now: jiff::Timestamp,
 }
 
-impl KindReport {
-    /// A report of `status` and `message` alone: no progress, versions, nodes or condition change.
-    pub fn new(kind: UpgradeKind, status: UpgradeStatus, message: String) -> KindReport {
-        KindReport {
-            kind,
-            status,
-            message,
-            progress: None,
-            current: None,
-            available: None,
-            failed_nodes: Vec::new(),
-            in_flight: Vec::new(),
-            condition_reason: None,
-            consumed: Vec::new(),
-        }
-    }
-}
-
-/// The annotation changes `report` asks for, against the object's current annotations: `Some(value)`
-/// sets, `None` removes. Empty when nothing changes.
-pub fn annotation_changes(
-    current: &BTreeMap<String, String>,
-    report: &KindReport,
-) -> BTreeMap<&'static str, Option<String>> {
-    let kind = report.kind;
-    let mut wanted: Vec<(&'static str, Option<String>)> = vec![
-        (kind.status_key(), Some(report.status.as_str().to_string())),
-        (kind.message_key(), Some(report.message.clone())),
-        (
-            kind.progress_key(),
-            report
-                .progress
-                .map(|(done, total)| format!("{done}/{total}")),
-        ),
-    ];
-    if let Some(current_version) = &report.current {
-        wanted.push((kind.current_key(), Some(current_version.clone())));
-    }
-    if let Some(available) = &report.available {
-        wanted.push((kind.available_key(), available.clone()));
-    }
-    if kind == UpgradeKind::Talos {
-        wanted.push((
-            annotations::FAILED_NODES,
-            (!report.failed_nodes.is_empty()).then(|| report.failed_nodes.join(",")),
-        ));
-    }
-    for key in &report.consumed {
-        wanted.push((key, None));
-    }
-    wanted
-        .into_iter()
-        .filter(|(key, value)| current.get(*key) != value.as_ref())
-        .collect()
-}
-
-/// The condition type of an upgrade kind.
-pub fn condition_type(kind: UpgradeKind) -> &'static str {
-    match kind {
-        UpgradeKind::Talos => "TalosUpgrade",
-        UpgradeKind::Kubernetes => "KubernetesUpgrade",
-    }
-}
-
-/// The phase an upgrade status puts the cluster in; `None` leaves the phase alone.
-pub fn phase_for(kind: UpgradeKind, status: UpgradeStatus, current: Option<&str>) -> Option<Phase> {
-    let ours = current.is_none_or(|p| p.is_empty() || Phase::parse(p).is_some());
-    match status {
-        UpgradeStatus::InProgress => Some(match kind {
-            UpgradeKind::Talos => Phase::UpgradingTalos,
-            UpgradeKind::Kubernetes => Phase::UpgradingKubernetes,
-        }),
-        UpgradeStatus::Failed => Some(Phase::UpgradeFailed),
-        // Back to Ready only from a phase this controller set: a provisioning operator's phase stays.
-        UpgradeStatus::Completed | UpgradeStatus::Idle if ours => {
-            let upgrading = current
-                .and_then(Phase::parse)
-                .is_some_and(|p| p != Phase::Ready);
-            upgrading.then_some(Phase::Ready)
-        }
-        UpgradeStatus::Completed | UpgradeStatus::Idle | UpgradeStatus::Blocked => None,
-    }
-}
-
-/// The phase both upgrade kinds put the cluster in together; `None` leaves the phase alone. A kind in
-/// progress shows first (Kubernetes, which starts only after Talos, before Talos), then a failure, then
-/// `Ready` when the controller's own phase is no longer true.
-pub fn combined_phase(reports: &[&KindReport], current: Option<&str>) -> Option<Phase> {
-    let phases: Vec<Phase> = reports
-        .iter()
-        .filter_map(|r| phase_for(r.kind, r.status, current))
-        .collect();
-    [
-        Phase::UpgradingKubernetes,
-        Phase::UpgradingTalos,
-        Phase::UpgradeFailed,
-    ]
-    .into_iter()
-    .find(|p| phases.contains(p))
-    .or_else(|| {
-        // `Ready` only when no kind still holds the phase where it is (a failure stays until cleared).
-        let held = reports
-            .iter()
-            .any(|r| matches!(r.status, UpgradeStatus::Failed | UpgradeStatus::InProgress));
-        (!held && phases.contains(&Phase::Ready)).then_some(Phase::Ready)
-    })
-}
-
-/// The metadata-only merge patch that sets the annotations `reports` ask for; `None` when they are all
-/// as asked already.
-fn annotations_patch(cluster: &KubernetesCluster, reports: &[&KindReport]) -> Option<Value> {
-    let mut changes = BTreeMap::new();
-    for report in reports {
-        changes.extend(annotation_changes(cluster.annotations(), report));
-    }
-    (!changes.is_empty()).then(|| {
-        let mut patch = Map::new();
-        for (key, value) in changes {
-            patch.insert(key.to_string(), value.map_or(Value::Null, Value::String));
-        }
-        // Metadata only: the user's keys and everything else on the object are left exactly as they are.
-        json!({"metadata": {"annotations": patch}})
-    })
-}
-
-/// Writes only the annotations of `report` (no status, no events): the acknowledgement of a new
-/// target, which the reconcile's full report follows. Returns the object as the API server returned
-/// it (`None`: nothing changed).
-pub async fn write_annotations(
-    api: &Api<KubernetesCluster>,
-    cluster: &KubernetesCluster,
-    report: &KindReport,
-) -> Result<Option<KubernetesCluster>, kube::Error> {
-    let Some(patch) = annotations_patch(cluster, &[report]) else {
-        return Ok(None);
-    };
-    api.patch(
-        &cluster.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
-    .await
-    .map(Some)
-}
-
-/// Writes the reports of both upgrade kinds to the cluster: annotations, then status (two patches,
-/// each touching only its own part of the object), then events. Returns the object as the
-/// API server returned it after the patches (`None`: nothing changed), so a later write in the same
-/// reconcile compares against what is really there.
-pub async fn write(
-    api: &Api<KubernetesCluster>,
-    recorder: &Recorder,
-    cluster: &KubernetesCluster,
-    reports: &[(&KindReport, &[Note])],
-    now: jiff::Timestamp,
-) -> Result<Option<KubernetesCluster>, kube::Error> {
-    let name = cluster.name_any();
-    let kinds: Vec<&KindReport> = reports.iter().map(|(report, _)| *report).collect();
-    let annotations_patch = annotations_patch(cluster, &kinds);
-
-    let current = cluster.status.as_ref();
-    let mut desired = KubernetesClusterStatus {
-        phase: current.and_then(|s| s.phase.clone()),
-        conditions: current.map(|s| s.conditions.clone()).unwrap_or_default(),
-        ..KubernetesClusterStatus::default()
-    };
-    if let Some(phase) = combined_phase(&kinds, current.and_then(|s| s.phase.as_deref())) {
-        desired.phase = Some(phase.as_str().to_string());
-    }
-    for report in &kinds {
-        if let Some(reason) = report.condition_reason {
-            let active = matches!(report.status, UpgradeStatus::InProgress);
-            set_condition(
-                &mut desired.conditions,
-                condition_type(report.kind),
-                active,
-                reason,
-                &report.message,
-                now,
-            );
-        }
-    }
-    let status_patch = KubernetesClusterStatus::merge_patch(current, &desired, now);
-
-    // The annotations first, then the status: `kubectl wait` and the user's tools read the annotations,
-    // so they go out at once. Sent together, the two patches of one object collide in the API server
-    // (its optimistic concurrency makes one of them read the object again and redo its work), which
-    // under load delayed the annotations by seconds.
-    let (name, params) = (&name, &PatchParams::default());
-    let with_annotations = match annotations_patch {
-        Some(patch) => Some(api.patch(name, params, &Patch::Merge(patch)).await),
-        None => None,
-    };
-    let with_status = match status_patch {
-        Some(patch) => Some(api.patch_status(name, params, &Patch::Merge(patch)).await),
-        None => None,
-    };
-    // Each answer is sure of its own part only (the other patch may have landed before or after it).
-    let written = match (with_annotations.transpose()?, with_status.transpose()?) {
-        (Some(mut object), Some(with_status)) => {
-            object.status = with_status.status;
-            Some(object)
-        }
-        (object, None) | (None, object) => object,
-    };
-
-    for (report, notes) in reports {
-        publish(recorder, cluster, report.kind, notes).await;
-    }
-    Ok(written)
-}
-
-/// Publishes Events on the cluster. An event that cannot be published is logged, not fatal: the
-/// annotations already say it all.
-pub async fn publish(
-    recorder: &Recorder,
-    cluster: &KubernetesCluster,
-    kind: UpgradeKind,
-    notes: &[Note],
-) {
-    let reference = cluster.object_ref(&());
-    // Sent together, each one round trip: the events are independent objects, and each takes its time
-    // when it is first polled, in order, so they still read in order.
-    futures::future::join_all(notes.iter().map(|note| {
-        let event = Event {
-            type_: match note.type_ {
-                NoteType::Normal => EventType::Normal,
-                NoteType::Warning => EventType::Warning,
-            },
-            reason: note.reason.to_string(),
-            note: Some(note.message.clone()),
-            action: event_action(kind, &note.message),
-            secondary: None,
+impl Reporter<'_> {
+    /// Writes `reports` to `cluster` (as last seen): annotations, then status, each touching only its
+    /// own part of the object and only when something changes. Returns the object as the API server
+    /// returned it (`None`: nothing changed), so a later write in the same reconcile compares against
+    /// what is really there.
+    pub async fn write(
+        &self,
+        cluster: &KubernetesCluster,
+        reports: &[&KindReport],
+    ) -> Result<Option<KubernetesCluster>, kube::Error> {
+        let name = cluster.name_any();
+        let annotations_patch = report::annotations_patch(cluster, reports);
+        let status_patch = report::status_patch(cluster, reports, self.now);
+        // The annotations first, then the status: `kubectl wait` and the user's tools read the
+        // annotations, so they go out at once. Sent together, the two patches of one object collide
+        // in the API server (its optimistic concurrency makes one of them read the object again and
+        // redo its work), which under load delayed the annotations by seconds.
+        let (name, params) = (&name, &PatchParams::default());
+        let with_annotations = match annotations_patch {
+            Some(patch) => Some(self.api.patch(name, params, &Patch::Merge(patch)).await),
+            None => None,
         };
-        let reference = &reference;
-        async move {
-            if let Err(error) = recorder.publish(&event, reference).await {
-                tracing::warn!(%error, reason = note.reason, "publishing event");
-            }
-        }
-    }))
-    .await;
-}
-
-/// The event's `action`. kube's recorder folds events with the same type, reason and action into one
-/// series that keeps the first message, so "Upgrading node worker-1" and "Upgrading node worker-2" would
-/// show as one event for worker-1. A digest of the message in the action keeps different messages apart
-/// while an identical repeat still counts up one series. (`kubectl describe` does not show the action.)
-pub fn event_action(kind: UpgradeKind, message: &str) -> String {
-    // FNV-1a: stable across processes and releases, unlike the standard library's hasher.
-    let digest = message
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        });
-    format!("{}Upgrade-{:016x}", kind.name(), digest)
-}
-
-/// An Event for `message`, unless the kind's message annotation already says it: a problem or hold that
-/// lasts many passes is told once, not once per pass.
-pub(super) fn note_once(
-    cluster: &KubernetesCluster,
-    kind: UpgradeKind,
-    type_: NoteType,
-    reason: &'static str,
-    message: &str,
-) -> Vec<Note> {
-    if cluster
-        .annotations()
-        .get(kind.message_key())
-        .map(String::as_str)
-        == Some(message)
-    {
-        return Vec::new();
-    }
-    vec![Note {
-        type_,
-        reason,
-        message: message.to_string(),
-    }]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report(status: UpgradeStatus) -> KindReport {
-        KindReport {
-            kind: UpgradeKind::Talos,
-            status,
-            message: "Upgrading node cp-1 (3/5)".into(),
-            progress: Some((2, 5)),
-            current: Some("1.11.6".into()),
-            available: None,
-            failed_nodes: Vec::new(),
-            in_flight: Vec::new(),
-            condition_reason: Some("InProgress"),
-            consumed: vec![annotations::RESUME],
-        }
-    }
-
-    #[test]
-    fn only_changed_controller_keys_are_written_and_user_keys_kept() {
-        let current = BTreeMap::from([
-            (annotations::TALOS_TARGET.to_string(), "1.12.0".to_string()),
-            ("team".to_string(), "blue".to_string()),
-            (
-                annotations::TALOS_STATUS.to_string(),
-                "in-progress".to_string(),
+        let with_status = match status_patch {
+            Some(patch) => Some(
+                self.api
+                    .patch_status(name, params, &Patch::Merge(patch))
+                    .await,
             ),
-            (annotations::RESUME.to_string(), "true".to_string()),
-            (annotations::FAILED_NODES.to_string(), "cp-2".to_string()),
-        ]);
-        let changes = annotation_changes(&current, &report(UpgradeStatus::InProgress));
-        assert_eq!(
-            changes,
-            BTreeMap::from([
-                (
-                    annotations::TALOS_MESSAGE,
-                    Some("Upgrading node cp-1 (3/5)".to_string())
-                ),
-                (annotations::TALOS_PROGRESS, Some("2/5".to_string())),
-                (annotations::TALOS_CURRENT, Some("1.11.6".to_string())),
-                (annotations::FAILED_NODES, None),
-                (annotations::RESUME, None),
-            ])
-        );
+            None => None,
+        };
+        // Each answer is sure of its own part only (the other patch may have landed before or after).
+        Ok(
+            match (with_annotations.transpose()?, with_status.transpose()?) {
+                (Some(mut object), Some(with_status)) => {
+                    object.status = with_status.status;
+                    Some(object)
+                }
+                (object, None) | (None, object) => object,
+            },
+        )
     }
 
-    #[test]
-    fn event_actions_differ_by_message_and_repeat_for_the_same_one() {
-        let a = event_action(UpgradeKind::Talos, "Upgrading node worker-1");
-        let b = event_action(UpgradeKind::Talos, "Upgrading node worker-2");
-        assert_ne!(a, b);
-        assert_eq!(
-            a,
-            event_action(UpgradeKind::Talos, "Upgrading node worker-1")
-        );
-        assert!(a.starts_with("TalosUpgrade-") && a.len() <= 128, "{a}");
+    /// Writes only the annotations of `report` (no status, no Events): the acknowledgement of a new
+    /// target, which the reconcile's full report follows.
+    pub async fn write_annotations(
+        &self,
+        cluster: &KubernetesCluster,
+        report: &KindReport,
+    ) -> Result<Option<KubernetesCluster>, kube::Error> {
+        let Some(patch) = report::annotations_patch(cluster, &[report]) else {
+            return Ok(None);
+        };
+        self.api
+            .patch(
+                &cluster.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .map(Some)
     }
 
-    #[test]
-    fn phases_follow_the_status_and_leave_foreign_phases_alone() {
-        use UpgradeStatus::*;
-        let cases = [
-            (InProgress, Some("Ready"), Some(Phase::UpgradingTalos)),
-            (Failed, Some("UpgradingTalos"), Some(Phase::UpgradeFailed)),
-            (Completed, Some("UpgradingTalos"), Some(Phase::Ready)),
-            (Idle, Some("UpgradeFailed"), Some(Phase::Ready)),
-            (Completed, Some("Ready"), None),
-            (Completed, Some("Provisioning"), None),
-            (Idle, None, None),
-        ];
-        for (status, current, expected) in cases {
-            assert_eq!(
-                phase_for(UpgradeKind::Talos, status, current),
-                expected,
-                "{status:?} from {current:?}"
-            );
-        }
+    /// Publishes Events on the cluster. An Event that cannot be published is logged, not fatal: the
+    /// annotations already say it all.
+    pub async fn publish(&self, cluster: &KubernetesCluster, kind: UpgradeKind, notes: &[Note]) {
+        let reference = cluster.object_ref(&());
+        // Sent together, each one round trip: the events are independent objects, and each takes its
+        // time when it is first polled, in order, so they still read in order.
+        futures::future::join_all(notes.iter().map(|note| {
+            let event = Event {
+                type_: match note.type_ {
+                    NoteType::Normal => EventType::Normal,
+                    NoteType::Warning => EventType::Warning,
+                },
+                reason: note.reason.as_str().to_string(),
+                note: Some(note.message.clone()),
+                action: report::event_action(kind, &note.message),
+                secondary: None,
+            };
+            let reference = &reference;
+            async move {
+                if let Err(error) = self.recorder.publish(&event, reference).await {
+                    tracing::warn!(%error, reason = %note.reason, "publishing event");
+                }
+            }
+        }))
+        .await;
     }
 }

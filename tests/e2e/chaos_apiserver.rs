@@ -1,7 +1,7 @@
 //! The API server goes away and comes back (restarted on the same port, etcd kept) in the middle of a
 //! Talos upgrade and of a Kubernetes upgrade: the controller's watches and requests fail for a while, then
-//! it carries on from what it persisted. Its own test binary, because the restart disturbs every test
-//! that shares the API server.
+//! it carries on from what it persisted. On a control plane of its own, because the restart would
+//! disturb every test that shares the API server.
 
 use std::time::Duration;
 
@@ -40,7 +40,14 @@ async fn restart_apiserver(world: &World) {
 
 #[tokio::test]
 async fn upgrades_finish_across_api_server_restarts() {
-    let world = World::start("chaos-apiserver", WorldSpec::default()).await;
+    let world = World::start(
+        "chaos-apiserver",
+        WorldSpec {
+            own_control_plane: true,
+            ..WorldSpec::default()
+        },
+    )
+    .await;
     world
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;

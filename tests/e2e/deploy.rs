@@ -540,8 +540,11 @@ async fn the_service_account_may_do_what_the_controller_does_and_nothing_else() 
 /// The settings `World` gives its own controller (tests/e2e/world.rs), for a controller started here.
 fn world_settings(world: &World) -> Settings {
     Settings {
-        node_deadline: Duration::from_secs(60),
-        drain_timeout: Duration::from_secs(60),
+        limits: talos_upgrade_core::lifecycle::Limits {
+            node_deadline: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(60),
+            ..Default::default()
+        },
         poll_interval: Duration::from_millis(100),
         talos: ConnectOptions {
             port: world.sim.config().port,

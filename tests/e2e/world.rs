@@ -20,6 +20,7 @@ use talos_upgrade_controller::metrics::Metrics;
 use talos_upgrade_controller::reconcile::{self, Settings};
 use talos_upgrade_core::catalog::{Catalog, CatalogOverride};
 use talos_upgrade_core::crd::KubernetesCluster;
+use talos_upgrade_core::lifecycle::Limits;
 use testenv::{ControlPlane, TestNamespace};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -143,6 +144,9 @@ pub struct WorldSpec {
     /// How often the controller looks again at a cluster with an upgrade in flight (100 ms by default,
     /// so tests do not wait on it).
     pub poll_interval: Duration,
+    /// Run on a control plane of its own instead of the one the test binary shares: for a test that
+    /// restarts the API server, which would disturb every other test running beside it.
+    pub own_control_plane: bool,
 }
 
 impl Default for WorldSpec {
@@ -159,6 +163,7 @@ impl Default for WorldSpec {
             image_registry: None,
             timings: Timings::fast(),
             poll_interval: Duration::from_millis(100),
+            own_control_plane: false,
         }
     }
 }
@@ -182,7 +187,17 @@ pub fn guide_releases() -> Catalog {
 impl World {
     pub async fn start(prefix: &str, spec: WorldSpec) -> World {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let ns = ControlPlane::shared().test_namespace(prefix).await;
+        let control_plane: &'static ControlPlane = if spec.own_control_plane {
+            // Kept until the test binary ends (its processes die with it).
+            Box::leak(Box::new(
+                ControlPlane::start()
+                    .await
+                    .expect("a control plane of the test's own"),
+            ))
+        } else {
+            ControlPlane::shared()
+        };
+        let ns = control_plane.test_namespace(prefix).await;
         install_crd(&ns, cluster_crd(), "kubernetesclusters.vitistack.io").await;
         install_crd(&ns, MACHINE_CRD, "machines.vitistack.io").await;
 
@@ -324,11 +339,13 @@ spec:
 
         let metrics = Metrics::new();
         let settings = Settings {
-            node_deadline: spec.node_deadline,
-            drain_timeout: spec.drain_timeout,
-            // Fast simulated nodes start an upgrade sequence within milliseconds of the call.
-            unanswered_grace: Duration::from_secs(3),
-            step_deadline: Duration::from_secs(60),
+            limits: Limits {
+                node_deadline: spec.node_deadline,
+                drain_timeout: spec.drain_timeout,
+                // Fast simulated nodes start an upgrade sequence within milliseconds of the call.
+                unanswered_grace: Duration::from_secs(3),
+                step_deadline: Duration::from_secs(60),
+            },
             catalog: spec.catalog.unwrap_or_else(guide_catalog),
             poll_interval: spec.poll_interval,
             talos: ConnectOptions {

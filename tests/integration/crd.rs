@@ -135,7 +135,7 @@ async fn vitistack_object_round_trips_without_losing_fields() {
         &mut desired.conditions,
         condition::TALOS_UPGRADE,
         false,
-        condition::COMPLETED,
+        condition::Reason::Completed.as_str(),
         "Talos upgrade completed: now running 1.13.7",
         now,
     ));
@@ -194,7 +194,7 @@ async fn cluster_without_status_reads_and_gets_a_complete_status() {
         &mut desired.conditions,
         condition::TALOS_UPGRADE,
         true,
-        condition::IN_PROGRESS,
+        condition::Reason::InProgress.as_str(),
         "Upgrading node cp-1 (1/3)",
         now,
     );
@@ -295,7 +295,7 @@ async fn status_created_from_nothing_satisfies_vitistacks_schema() {
         &mut desired.conditions,
         condition::KUBERNETES_UPGRADE,
         false,
-        condition::BLOCKED,
+        condition::Reason::Blocked.as_str(),
         "Waiting for Talos upgrade to complete",
         now,
     );

@@ -249,7 +249,7 @@ async fn a_kept_machine_inventory_is_reused_until_a_machine_changes() {
         tokio::spawn(async move { inventories.follow(client, Some(&namespace)).await })
     };
     let key = (ns.name.clone(), "kept".to_string());
-    let addresses = |nodes: Option<Vec<talos_upgrade_controller::talos_fleet::InventoryNode>>| {
+    let addresses = |nodes: Option<Vec<talos_upgrade_controller::inventory::InventoryNode>>| {
         nodes
             .expect("machines")
             .into_iter()

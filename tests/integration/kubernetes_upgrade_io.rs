@@ -13,10 +13,11 @@ use serde_json::json;
 use talos_api::{ConnectOptions, RebootMode, Talosconfig};
 use talos_sim::workload::WorkloadMirror;
 use talos_sim::{ClientRole, Fault, NodeConfig, SimConfig, Simulator, Timings};
+use talos_upgrade_controller::inventory::InventoryNode;
 use talos_upgrade_controller::kubernetes_upgrade::{
     self, ExecuteError, ManifestMode, manifests::apply_objects,
 };
-use talos_upgrade_controller::talos_fleet::{InventoryNode, TalosFleet};
+use talos_upgrade_controller::talos_fleet::TalosFleet;
 use talos_upgrade_core::kubernetes::{
     Action, Component, ImageField, ImagePull, NodeObservation, Observation, TalosApi,
 };

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use talos_api::{ConnectOptions, RebootMode, Talosconfig};
 use talos_sim::{ClientRole, Fault, SimConfig, Simulator, Timings};
-use talos_upgrade_controller::talos_fleet::{InventoryNode, TalosFleet, control_planes};
+use talos_upgrade_controller::inventory::InventoryNode;
+use talos_upgrade_controller::talos_fleet::{TalosFleet, control_planes};
 use talos_upgrade_core::run::NodeRole;
 use talos_upgrade_core::talos::TalosState;
 

@@ -408,12 +408,46 @@ pub mod condition {
     /// Kubernetes upgrade; reasons InProgress, Completed, Failed, Blocked, Paused, Reset.
     pub const KUBERNETES_UPGRADE: &str = "KubernetesUpgrade";
 
-    pub const IN_PROGRESS: &str = "InProgress";
-    pub const COMPLETED: &str = "Completed";
-    pub const FAILED: &str = "Failed";
-    pub const BLOCKED: &str = "Blocked";
-    pub const PAUSED: &str = "Paused";
-    pub const RESET: &str = "Reset";
+    /// The reason of an upgrade condition.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Reason {
+        InProgress,
+        Completed,
+        Failed,
+        /// Kubernetes only: waiting for Talos, or a node's Talos does not support the target.
+        Blocked,
+        Paused,
+        /// The state was reset, or the target removed (a run stopped, a failure cleared).
+        Reset,
+    }
+
+    impl Reason {
+        pub const ALL: [Reason; 6] = [
+            Reason::InProgress,
+            Reason::Completed,
+            Reason::Failed,
+            Reason::Blocked,
+            Reason::Paused,
+            Reason::Reset,
+        ];
+
+        pub fn as_str(self) -> &'static str {
+            match self {
+                Reason::InProgress => "InProgress",
+                Reason::Completed => "Completed",
+                Reason::Failed => "Failed",
+                Reason::Blocked => "Blocked",
+                Reason::Paused => "Paused",
+                Reason::Reset => "Reset",
+            }
+        }
+    }
+
+    impl std::fmt::Display for Reason {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.as_str())
+        }
+    }
 }
 
 impl ClusterCondition {
@@ -655,7 +689,7 @@ mod tests {
         assert_eq!(status.conditions.len(), 2);
         let talos = find_condition(&status.conditions, condition::TALOS_UPGRADE).unwrap();
         assert!(talos.is_true());
-        assert_eq!(talos.reason, condition::IN_PROGRESS);
+        assert_eq!(talos.reason, condition::Reason::InProgress.as_str());
         assert_eq!(
             status.state.as_ref().unwrap()["lastUpdatedBy"],
             "talos-operator"

@@ -32,6 +32,7 @@
 //! 4. publish `decision.report` (annotations, conditions, metrics, `notes` as Events).
 
 mod image;
+mod kind;
 mod record;
 
 use std::time::Duration;
@@ -39,8 +40,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 pub use self::image::{ImageError, ImageField, desired_image, image_tag};
+pub use self::kind::{Kubernetes, KubernetesVersions, WAITING_FOR_TALOS};
 pub use self::record::{Component, KubeRun, Step, StepProgress, StepState};
-use crate::run::{NodeRole, Note, NoteType, Outcome, Report, RunState, human_duration};
+use crate::run::{NodeRole, Note, NoteType, Outcome, Reason, Report, RunState, human_duration};
 
 use crate::versions::{KubernetesVersion, TalosVersion};
 
@@ -198,16 +200,9 @@ pub enum Action {
     SyncManifests { node: String },
 }
 
-/// The outcome of one decision: the run to persist, then the actions to take, then what to report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    pub run: KubeRun,
-    /// The index of the step in flight after this decision, which `actions` belong to: the index to
-    /// pass to [`complete_step`] / [`fail_step`].
-    pub step: Option<usize>,
-    pub actions: Vec<Action>,
-    pub report: Report,
-}
+/// The decision of one pass (see [`crate::lifecycle::Decision`]); the step in flight, whose
+/// [`complete_step`] / [`fail_step`] the calls' results go to, is [`KubeRun::step_in_flight`].
+pub type Decision = crate::lifecycle::Decision<Kubernetes>;
 
 /// The lowest and highest Kubernetes version running: every kubelet (the Node's kubeletVersion) and every
 /// control-plane component (the tag of its static pod's image). Versions that do not parse are left out.
@@ -497,7 +492,7 @@ pub fn advance(
                         {
                             notes.push(Note {
                                 type_: NoteType::Normal,
-                                reason: "NodeUpgradeStarted",
+                                reason: Reason::NodeUpgradeStarted,
                                 message: format!(
                                     "Upgrading Kubernetes on node {node} from {} to {target}",
                                     run.from
@@ -506,7 +501,7 @@ pub fn advance(
                         }
                         notes.push(Note {
                             type_: NoteType::Normal,
-                            reason: "StepStarted",
+                            reason: Reason::StepStarted,
                             message: step_started(&step, image.as_deref(), &calls, &target),
                         });
                         run.steps[index].state = StepState::Issued { at: now, image };
@@ -549,7 +544,7 @@ fn announce_node_done(
     if mine().all(|s| s.state.is_done()) && mine().any(|s| s.state.was_started()) {
         notes.push(Note {
             type_: NoteType::Normal,
-            reason: "NodeUpgraded",
+            reason: Reason::NodeUpgraded,
             message: format!("Node {node} runs Kubernetes {target}"),
         });
     }
@@ -973,7 +968,7 @@ fn finish(
     let (done, total) = run.counts();
     let steps = run.steps.len();
     let in_flight_step = if run.outcome.is_none() {
-        run.in_flight()
+        run.step_in_flight()
     } else {
         None
     };
@@ -988,7 +983,7 @@ fn finish(
             if announce {
                 notes.push(Note {
                     type_: NoteType::Normal,
-                    reason: "UpgradeCompleted",
+                    reason: Reason::UpgradeCompleted,
                     message: format!(
                         "Kubernetes upgrade completed: all {total} nodes run {}",
                         run.target
@@ -1005,7 +1000,7 @@ fn finish(
             if announce {
                 notes.push(Note {
                     type_: NoteType::Warning,
-                    reason: "UpgradeFailed",
+                    reason: Reason::UpgradeFailed,
                     message: message.clone(),
                 });
             }
@@ -1049,7 +1044,6 @@ fn finish(
         .then_some(crate::run::PreflightCheck::NodesReady);
     Decision {
         run,
-        step: in_flight_step,
         actions,
         report: Report {
             state,

@@ -9,14 +9,20 @@
 //!   `KubernetesCluster` type, its conditions and the status patch);
 //! * the user's intent, parsed once: [`intent`];
 //! * the version rules and the release catalog: [`versions`], [`catalog`];
-//! * the rollouts: [`talos`] and [`kubernetes`] (each a run record and a pure `advance`), with the
-//!   vocabulary they share in [`run`].
+//! * the rollouts: [`talos`] and [`kubernetes`] (each a run record, a pure `advance`, and what makes it
+//!   a [`lifecycle::Kind`]), with the vocabulary they share in [`run`];
+//! * the one [`lifecycle`] both kinds share (a state machine the shell drives), the [`gates`] between
+//!   them, the early [`acknowledgement`] of a new Talos target, and the [`report`] a reconcile writes.
 
+pub mod acknowledgement;
 pub mod annotations;
 pub mod catalog;
 pub mod crd;
+pub mod gates;
 pub mod intent;
 pub mod kubernetes;
+pub mod lifecycle;
+pub mod report;
 pub mod run;
 pub mod talos;
 pub mod versions;

@@ -1,6 +1,7 @@
 //! The vocabulary both kinds of upgrade share: a node's role, how a run ends, where it stands, what it
 //! tells the user (the decision's [`Report`] and its Events as [`Note`]s), and the checks that hold it.
 
+use std::fmt;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -53,16 +54,135 @@ pub enum NoteType {
     Warning,
 }
 
+/// The reason of an Event on the KubernetesCluster: what `kubectl describe` shows in its Reason column.
+/// The names are part of the contract (users filter on them, the alerts count them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A run started: the versions and how many nodes.
+    UpgradeStarted,
+    /// A failed run continues (`resume`).
+    UpgradeResumed,
+    /// The user reset the state of an upgrade kind.
+    UpgradeReset,
+    UpgradeCompleted,
+    UpgradeFailed,
+    /// A run (or its start) holds, and says on what.
+    UpgradeWaiting,
+    /// A run cannot go on or start: the cluster cannot be looked at, or (Kubernetes) Talos blocks it.
+    UpgradeBlocked,
+    /// A target that is refused before any node is touched.
+    InvalidTarget,
+    /// An option annotation with a value the controller cannot use.
+    InvalidOption,
+    /// A flag annotation (`paused`, `resume`, the resets) that is neither "true" nor "false".
+    InvalidFlag,
+    /// A node's upgrade started.
+    NodeUpgradeStarted,
+    /// A node is on the target, verified.
+    NodeUpgraded,
+    /// A node was drained before its reboot (Talos ≥ 1.13).
+    NodeDrained,
+    /// A reboot that got no answer was sent again (Talos ≥ 1.13).
+    NodeRebootResent,
+    /// One step of a Kubernetes upgrade started.
+    StepStarted,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 15] = [
+        Reason::UpgradeStarted,
+        Reason::UpgradeResumed,
+        Reason::UpgradeReset,
+        Reason::UpgradeCompleted,
+        Reason::UpgradeFailed,
+        Reason::UpgradeWaiting,
+        Reason::UpgradeBlocked,
+        Reason::InvalidTarget,
+        Reason::InvalidOption,
+        Reason::InvalidFlag,
+        Reason::NodeUpgradeStarted,
+        Reason::NodeUpgraded,
+        Reason::NodeDrained,
+        Reason::NodeRebootResent,
+        Reason::StepStarted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::UpgradeStarted => "UpgradeStarted",
+            Reason::UpgradeResumed => "UpgradeResumed",
+            Reason::UpgradeReset => "UpgradeReset",
+            Reason::UpgradeCompleted => "UpgradeCompleted",
+            Reason::UpgradeFailed => "UpgradeFailed",
+            Reason::UpgradeWaiting => "UpgradeWaiting",
+            Reason::UpgradeBlocked => "UpgradeBlocked",
+            Reason::InvalidTarget => "InvalidTarget",
+            Reason::InvalidOption => "InvalidOption",
+            Reason::InvalidFlag => "InvalidFlag",
+            Reason::NodeUpgradeStarted => "NodeUpgradeStarted",
+            Reason::NodeUpgraded => "NodeUpgraded",
+            Reason::NodeDrained => "NodeDrained",
+            Reason::NodeRebootResent => "NodeRebootResent",
+            Reason::StepStarted => "StepStarted",
+        }
+    }
+
+    /// How a run ended, for the runs-by-result metric: an Event with this reason is published exactly
+    /// once per run end.
+    pub fn run_result(self) -> Option<RunResult> {
+        match self {
+            Reason::UpgradeCompleted => Some(RunResult::Completed),
+            Reason::UpgradeFailed | Reason::InvalidTarget => Some(RunResult::Failed),
+            Reason::UpgradeStarted
+            | Reason::UpgradeResumed
+            | Reason::UpgradeReset
+            | Reason::UpgradeWaiting
+            | Reason::UpgradeBlocked
+            | Reason::InvalidOption
+            | Reason::InvalidFlag
+            | Reason::NodeUpgradeStarted
+            | Reason::NodeUpgraded
+            | Reason::NodeDrained
+            | Reason::NodeRebootResent
+            | Reason::StepStarted => None,
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a run ended, as the runs-by-result metric counts it (label `result`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunResult {
+    Completed,
+    Failed,
+}
+
+impl RunResult {
+    pub const ALL: [RunResult; 2] = [RunResult::Completed, RunResult::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunResult::Completed => "completed",
+            RunResult::Failed => "failed",
+        }
+    }
+}
+
 /// A Kubernetes Event to publish on the KubernetesCluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
     pub type_: NoteType,
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
 }
 
 impl Note {
-    pub(crate) fn normal(reason: &'static str, message: String) -> Self {
+    pub fn normal(reason: Reason, message: String) -> Self {
         Note {
             type_: NoteType::Normal,
             reason,
@@ -70,7 +190,7 @@ impl Note {
         }
     }
 
-    pub(crate) fn warning(reason: &'static str, message: String) -> Self {
+    pub fn warning(reason: Reason, message: String) -> Self {
         Note {
             type_: NoteType::Warning,
             reason,

@@ -15,6 +15,7 @@
 //! - on Talos ≥ 1.13 the controller sequences install, cordon and drain (bounded by a timeout), reboot and
 //!   uncordon itself; a node it cordoned stays in flight until it is uncordoned again.
 
+mod kind;
 mod record;
 
 use std::fmt;
@@ -23,8 +24,15 @@ use std::time::Duration;
 use jiff::Timestamp;
 use semver::Version;
 
+pub use self::kind::{
+    Further, FurtherLooked, StartingNodes, Talos, TalosVersions, check_new_run,
+    with_installer_image,
+};
 pub use self::record::{LifecycleStage, NodeProgress, NodeStep, Run};
-use crate::run::{NodeRole, Note, Outcome, PreflightCheck, Report, RunState, human_duration};
+use crate::run::{
+    NodeRole, Note, Outcome, PreflightCheck, Reason, Report, RunState, human_duration,
+};
+use crate::versions::KubernetesVersion;
 
 /// Node order of the Talos OS upgrade (`upgrade-order`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -87,6 +95,8 @@ pub struct NodeObservation {
     pub cordoned: bool,
     /// For a node the run is draining: what this pass's evictions left on it.
     pub drain: Option<DrainStatus>,
+    /// The Kubernetes Node's `status.nodeInfo.kubeletVersion`, when it reports one.
+    pub kubelet_version: Option<KubernetesVersion>,
 }
 
 /// The pods left on a node being drained, after this pass's evictions.
@@ -186,13 +196,8 @@ impl Action {
     }
 }
 
-/// The outcome of one decision: the run to persist, then the actions to take, then what to report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    pub run: Run,
-    pub actions: Vec<Action>,
-    pub report: Report,
-}
+/// The decision of one pass (see [`crate::lifecycle::Decision`]).
+pub type Decision = crate::lifecycle::Decision<Talos>;
 
 /// Starts a run: fixes the node order and counts nodes already on the target as done.
 pub fn start_run(
@@ -398,7 +403,7 @@ pub fn advance(
                 match status {
                     Some(status) if status.remaining == 0 => {
                         notes.push(Note::normal(
-                            "NodeDrained",
+                            Reason::NodeDrained,
                             format!("Node {name} is drained; rebooting it into Talos {target}"),
                         ));
                         *lifecycle = Some(LifecycleStage::Rebooting {
@@ -453,7 +458,7 @@ pub fn advance(
                     && untouched_since(observed, boot_id)
                 {
                     notes.push(Note::normal(
-                        "NodeRebootResent",
+                        Reason::NodeRebootResent,
                         format!(
                             "Node {name} is still running its old system, ready, after its reboot \
                              got no answer; sending the reboot again"
@@ -475,7 +480,7 @@ pub fn advance(
             InFlight::Done => {
                 let started = *at;
                 notes.push(Note::normal(
-                    "NodeUpgraded",
+                    Reason::NodeUpgraded,
                     format!("Node {name} is running Talos {target}"),
                 ));
                 progress.step = NodeStep::Done {
@@ -781,7 +786,7 @@ fn start_next(
             unanswered: api == UpgradeApi::Legacy,
         };
         notes.push(Note::normal(
-            "NodeUpgradeStarted",
+            Reason::NodeUpgradeStarted,
             format!("Upgrading node {name} from Talos {version} to {target} with {image}"),
         ));
         actions.push(Action::Upgrade {
@@ -814,7 +819,7 @@ fn finish(
         Some(Outcome::Completed { .. }) => {
             if announce {
                 notes.push(Note::normal(
-                    "UpgradeCompleted",
+                    Reason::UpgradeCompleted,
                     format!(
                         "Talos upgrade completed: all {total} nodes run {}",
                         run.target
@@ -829,7 +834,7 @@ fn finish(
         Some(Outcome::Failed { reason, .. }) => {
             let message = format!("Talos upgrade failed: {reason}");
             if announce {
-                notes.push(Note::warning("UpgradeFailed", message.clone()));
+                notes.push(Note::warning(Reason::UpgradeFailed, message.clone()));
             }
             (RunState::Failed, message)
         }

@@ -237,7 +237,7 @@ impl KubeRun {
     }
 
     /// The step being worked on: the first one not done, if it is issued.
-    pub fn in_flight(&self) -> Option<usize> {
+    pub fn step_in_flight(&self) -> Option<usize> {
         self.steps
             .iter()
             .position(|s| !s.state.is_done())
@@ -316,7 +316,7 @@ mod tests {
         assert_eq!(run.nodes(), vec!["cp-1", "w-1"]);
         assert_eq!(run.failed_nodes(), vec!["w-1"]);
         assert_eq!(run.counts(), (0, 2));
-        assert_eq!(run.in_flight(), Some(1));
+        assert_eq!(run.step_in_flight(), Some(1));
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::time::Duration;
 use jiff::{Timestamp, ToSpan};
 
 use super::*;
-use crate::run::NoteType;
+use crate::run::{NoteType, Reason};
 
 const DEADLINE: Duration = Duration::from_secs(5 * 60);
 
@@ -165,7 +165,7 @@ fn pending_at(obs: &Observation, wanted: &str) -> KubeRun {
 }
 
 fn reasons(notes: &[Note]) -> Vec<&str> {
-    notes.iter().map(|n| n.reason).collect()
+    notes.iter().map(|n| n.reason.as_str()).collect()
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ fn the_first_decision_pre_pulls_on_the_first_control_plane() {
         ],
     }];
     assert_eq!(decision.actions, expected);
-    assert_eq!(decision.step, Some(0));
+    assert_eq!(decision.run.step_in_flight(), Some(0));
     assert!(matches!(
         decision.run.steps[0].state,
         StepState::Issued { .. }
@@ -328,7 +328,7 @@ fn calls_with_nothing_to_observe_wait_for_the_executor_and_are_repeated_if_lost(
     let again = advance(&first.run, &settings(), &obs, t0() + 1.minutes());
     assert_eq!(labels(&again.actions), vec!["pull cp-1"]);
     assert!(again.report.notes.is_empty());
-    assert_eq!(again.step, Some(0));
+    assert_eq!(again.run.step_in_flight(), Some(0));
 
     // Recorded as done: the next node's pull starts.
     let mut run = first.run.clone();
@@ -451,7 +451,7 @@ fn a_resent_patch_carries_the_image_recorded_when_the_step_started() {
             image: "mirror.local:5000/kube-apiserver:v1.35.0".into(),
         }]
     );
-    assert_eq!(decision.step, Some(index));
+    assert_eq!(decision.run.step_in_flight(), Some(index));
 }
 
 #[test]
@@ -573,7 +573,7 @@ fn a_pending_step_already_satisfied_is_done_without_a_call() {
         }
     );
     assert_eq!(labels(&decision.actions), vec!["patch kube-apiserver cp-3"]);
-    assert_eq!(decision.step, Some(cp2 + 1));
+    assert_eq!(decision.run.step_in_flight(), Some(cp2 + 1));
 }
 
 #[test]
@@ -601,7 +601,7 @@ fn an_image_already_configured_is_never_patched_again() {
         .report
         .notes
         .iter()
-        .find(|n| n.reason == "StepStarted")
+        .find(|n| n.reason == Reason::StepStarted)
         .expect("StepStarted");
     assert_eq!(
         step_started.message,
@@ -844,7 +844,7 @@ fn a_step_past_its_deadline_fails_the_run_saying_what_was_not_seen() {
         assert_eq!(decision.report.state, RunState::Failed, "{step}");
         assert_eq!(decision.report.message, message, "{step}");
         assert!(decision.actions.is_empty(), "{step}: no further calls");
-        assert_eq!(decision.step, None);
+        assert_eq!(decision.run.step_in_flight(), None);
         assert_eq!(
             decision.report.failed_nodes,
             failed.into_iter().map(String::from).collect::<Vec<_>>(),
@@ -852,7 +852,7 @@ fn a_step_past_its_deadline_fails_the_run_saying_what_was_not_seen() {
         );
         let warnings: Vec<&Note> = decision.report.notes.iter().collect();
         assert_eq!(warnings.len(), 1, "{step}");
-        assert_eq!(warnings[0].reason, "UpgradeFailed");
+        assert_eq!(warnings[0].reason, Reason::UpgradeFailed);
         assert_eq!(warnings[0].type_, NoteType::Warning);
         assert_eq!(warnings[0].message, message);
         assert!(matches!(
@@ -878,8 +878,8 @@ fn a_step_past_its_deadline_fails_the_run_saying_what_was_not_seen() {
 fn a_failed_call_fails_the_run_once_naming_the_step() {
     let obs = cluster("1.34.1");
     let first = advance(&start(&obs), &settings(), &obs, t0());
+    let index = first.run.step_in_flight().expect("a step in flight");
     let mut run = first.run;
-    let index = first.step.expect("a step in flight");
     assert!(fail_step(
         &mut run,
         index,
@@ -1168,7 +1168,7 @@ fn drive_from(
                 cluster.apply(action);
                 match action {
                     Action::PullImages { .. } | Action::SyncManifests { .. } => {
-                        let index = decision.step.expect("the step the call belongs to");
+                        let index = run.step_in_flight().expect("the step the call belongs to");
                         assert!(complete_step(&mut run, index, now));
                     }
                     Action::PatchImage { .. } => {}
@@ -1211,16 +1211,16 @@ fn a_whole_run_patches_everything_once_in_order() {
         assert_eq!(calls, expected_calls(), "warmup {warmup}");
         assert_eq!(kubernetes_current(&cluster.obs), Some(k("1.35.0")));
 
-        let count = |reason: &str| notes.iter().filter(|n| n.reason == reason).count();
-        assert_eq!(count("NodeUpgradeStarted"), 5);
-        assert_eq!(count("NodeUpgraded"), 5);
-        assert_eq!(count("StepStarted"), 23);
-        assert_eq!(count("UpgradeCompleted"), 1);
-        assert_eq!(count("UpgradeFailed"), 0);
+        let count = |reason: Reason| notes.iter().filter(|n| n.reason == reason).count();
+        assert_eq!(count(Reason::NodeUpgradeStarted), 5);
+        assert_eq!(count(Reason::NodeUpgraded), 5);
+        assert_eq!(count(Reason::StepStarted), 23);
+        assert_eq!(count(Reason::UpgradeCompleted), 1);
+        assert_eq!(count(Reason::UpgradeFailed), 0);
         // A node is announced done after its kubelet, the last of its steps.
         let order: Vec<String> = notes
             .iter()
-            .filter(|n| n.reason == "NodeUpgraded")
+            .filter(|n| n.reason == Reason::NodeUpgraded)
             .map(|n| n.message.clone())
             .collect();
         assert_eq!(
@@ -1232,7 +1232,7 @@ fn a_whole_run_patches_everything_once_in_order() {
         );
         assert_eq!(
             notes.last().map(|n| n.reason),
-            Some("UpgradeCompleted"),
+            Some(Reason::UpgradeCompleted),
             "completion comes last"
         );
     }
@@ -1247,7 +1247,10 @@ fn a_whole_run_survives_calls_lost_between_write_ahead_and_execution() {
     // Every lost call was made again; none was made twice after it took effect.
     assert_eq!(calls, expected_calls());
     assert_eq!(
-        notes.iter().filter(|n| n.reason == "StepStarted").count(),
+        notes
+            .iter()
+            .filter(|n| n.reason == Reason::StepStarted)
+            .count(),
         23,
         "each step announced once"
     );
@@ -1335,7 +1338,8 @@ fn a_run_restarted_from_its_record_at_any_point_makes_the_same_calls() {
             calls.push(action_label(action));
             cluster.apply(action);
             if let Action::PullImages { .. } | Action::SyncManifests { .. } = action {
-                assert!(complete_step(&mut run, decision.step.expect("step"), now));
+                let index = run.step_in_flight().expect("step");
+                assert!(complete_step(&mut run, index, now));
             }
         }
         now += 30.seconds();

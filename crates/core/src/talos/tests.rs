@@ -4,7 +4,7 @@ use jiff::{Timestamp, ToSpan};
 use semver::Version;
 
 use super::*;
-use crate::run::NoteType;
+use crate::run::{NoteType, Reason};
 
 const DEADLINE: Duration = Duration::from_secs(15 * 60);
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5 * 60);
@@ -51,6 +51,7 @@ fn node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
         kubernetes_ready: true,
         cordoned: false,
         drain: None,
+        kubelet_version: None,
     }
 }
 
@@ -298,7 +299,7 @@ fn a_node_is_done_only_after_a_reboot_into_the_target_and_ready() {
                     .report
                     .notes
                     .iter()
-                    .any(|n| n.reason == "NodeUpgraded"),
+                    .any(|n| n.reason == Reason::NodeUpgraded),
                 "{what}"
             );
         } else {
@@ -368,7 +369,7 @@ fn deadlines_and_fallbacks_fail_the_run_naming_the_node() {
                 .report
                 .notes
                 .iter()
-                .filter(|n| n.reason == "UpgradeFailed" && n.type_ == NoteType::Warning)
+                .filter(|n| n.reason == Reason::UpgradeFailed && n.type_ == NoteType::Warning)
                 .count(),
             1,
             "{what}"
@@ -804,7 +805,7 @@ fn a_reboot_without_an_answer_is_sent_again_only_if_the_node_never_got_it() {
                 .report
                 .notes
                 .iter()
-                .any(|n| n.reason == "NodeRebootResent"
+                .any(|n| n.reason == Reason::NodeRebootResent
                     && n.message
                         .starts_with("Node worker-1 is still running its old system")),
             sent_again,
@@ -906,7 +907,7 @@ fn a_drain_past_its_timeout_fails_the_run_and_uncordons_the_node() {
             .report
             .notes
             .iter()
-            .any(|n| n.reason == "UpgradeFailed"),
+            .any(|n| n.reason == Reason::UpgradeFailed),
         "{:?}",
         decision.report.notes
     );

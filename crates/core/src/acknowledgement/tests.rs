@@ -2,15 +2,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use semver::Version;
 
-use super::{LastLook, LastLooks, acknowledgement};
-use crate::progress_store::Progress;
-use talos_upgrade_core::annotations::UpgradeStatus;
-use talos_upgrade_core::intent::UpgradeIntent;
-use talos_upgrade_core::kubernetes::{KubeRun, Step, StepProgress, StepState};
-use talos_upgrade_core::run::Outcome;
-use talos_upgrade_core::talos::Run;
+use super::{LastLook, acknowledgement};
+use crate::annotations::UpgradeStatus;
+use crate::intent::UpgradeIntent;
+use crate::kubernetes::{KubeRun, Step, StepProgress, StepState};
+use crate::run::Outcome;
+use crate::talos::{Run, TalosVersions};
+use crate::versions::{KubernetesVersion, TalosVersion};
 
 const MAX_AGE: Duration = Duration::from_secs(20 * 60);
 
@@ -20,11 +19,13 @@ fn now() -> Timestamp {
 
 fn look(lowest: &str, highest: &str, kubernetes: Option<&str>, minutes_ago: i64) -> LastLook {
     LastLook {
-        talos: (
-            Version::parse(lowest).expect("lowest"),
-            Version::parse(highest).expect("highest"),
-        ),
-        kubernetes: kubernetes.map(str::to_string),
+        versions: TalosVersions {
+            range: Some((
+                TalosVersion::parse(lowest).expect("lowest"),
+                TalosVersion::parse(highest).expect("highest"),
+            )),
+            kubernetes: kubernetes.map(|v| KubernetesVersion::parse(v).expect("kubelet")),
+        },
         at: now() - jiff::SignedDuration::from_mins(minutes_ago),
     }
 }
@@ -63,7 +64,8 @@ fn kubernetes_run_under_way() -> KubeRun {
 struct Case {
     what: &'static str,
     annotations: BTreeMap<String, String>,
-    progress: Progress,
+    talos: Option<Run>,
+    kubernetes: Option<KubeRun>,
     last: Option<LastLook>,
     /// The acknowledgement's message, or `None` for no acknowledgement.
     expected: Option<&'static str>,
@@ -73,7 +75,8 @@ fn case(what: &'static str, pairs: &[(&str, &str)], last: Option<LastLook>) -> C
     Case {
         what,
         annotations: annotations(pairs),
-        progress: Progress::default(),
+        talos: None,
+        kubernetes: None,
         last,
         expected: None,
     }
@@ -226,7 +229,8 @@ fn a_new_target_the_last_look_accepts_is_acknowledged_and_nothing_else_is() {
             MAX_AGE,
         )
         .filter(|acknowledgement| {
-            !acknowledgement.needs_progress() || acknowledgement.still_undecided(&case.progress)
+            !acknowledgement.needs_progress()
+                || acknowledgement.still_undecided(case.talos.as_ref(), case.kubernetes.as_ref())
         })
         .map(|acknowledgement| acknowledgement.report);
         assert_eq!(
@@ -248,12 +252,12 @@ fn a_new_target_the_last_look_accepts_is_acknowledged_and_nothing_else_is() {
 
 impl Case {
     fn with_talos_run(mut self, run: Run) -> Case {
-        self.progress.talos = Some(run);
+        self.talos = Some(run);
         self
     }
 
     fn with_kubernetes_run(mut self, run: KubeRun) -> Case {
-        self.progress.kubernetes = Some(run);
+        self.kubernetes = Some(run);
         self
     }
 
@@ -261,14 +265,4 @@ impl Case {
         self.expected = Some(message);
         self
     }
-}
-
-#[test]
-fn a_look_that_learnt_nothing_forgets_the_one_before() {
-    let looks = LastLooks::default();
-    let key = ("ns".to_string(), "c".to_string());
-    looks.note(key.clone(), Some(look("1.11.6", "1.11.6", None, 0)));
-    assert_eq!(looks.get(&key), Some(look("1.11.6", "1.11.6", None, 0)));
-    looks.note(key.clone(), None);
-    assert_eq!(looks.get(&key), None);
 }

@@ -1,0 +1,292 @@
+//! The Kubernetes upgrade as a kind of the shared lifecycle ([`crate::lifecycle`]).
+
+use jiff::Timestamp;
+
+use super::{Action, Decision, KubeRun, Observation, Settings, TalosApi};
+use crate::annotations::{UpgradeKind, UpgradeStatus};
+use crate::catalog::{self, Catalog};
+use crate::crd::condition::Reason as ConditionReason;
+use crate::gates::Gates;
+use crate::intent::{InvalidOption, Target, UpgradeIntent};
+use crate::lifecycle::{Answered, Hold, Kind, Limits, NoFurther, Record, Revisit, StartCheck};
+use crate::run::{NodeRole, Outcome, Reason};
+use crate::versions::{self, KubernetesVersion, TalosVersion};
+
+/// The Kubernetes upgrade (the steps of `talosctl upgrade-k8s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kubernetes {}
+
+/// The protocol's sentence while a Talos upgrade is pending or running.
+pub const WAITING_FOR_TALOS: &str = "Waiting for Talos upgrade to complete";
+
+/// What the versions of a cluster say, for `kubernetes-current`, `kubernetes-available` and the rules
+/// of a run's start.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KubernetesVersions {
+    /// Lowest and highest Kubernetes version running: every kubelet and control-plane component.
+    pub range: Option<(KubernetesVersion, KubernetesVersion)>,
+    /// Every node's Talos version; `None` when a node's Talos cannot be read (it could be one that
+    /// does not support the next release).
+    pub talos: Option<Vec<TalosVersion>>,
+}
+
+impl KubernetesVersions {
+    pub fn of(observation: &Observation) -> KubernetesVersions {
+        let talos = observation
+            .nodes
+            .iter()
+            .map(|node| match &node.talos {
+                TalosApi::Up { version, .. } => Some(version.clone()),
+                TalosApi::Unreachable { .. } => None,
+            })
+            .collect();
+        KubernetesVersions {
+            range: super::kubernetes_range(observation),
+            talos,
+        }
+    }
+}
+
+/// Why the upgrade cannot start yet although the target is valid: a Talos upgrade to finish first, or
+/// a node whose Talos does not support the target (the protocol's sentence, naming the lowest such
+/// Talos).
+fn blocked(observation: &Observation, target: &KubernetesVersion, gates: &Gates) -> Option<String> {
+    if gates.talos_upgrading {
+        return Some(WAITING_FOR_TALOS.to_string());
+    }
+    let mut talos: Vec<&TalosVersion> = Vec::new();
+    for node in &observation.nodes {
+        match &node.talos {
+            TalosApi::Up { version, .. } => talos.push(version),
+            TalosApi::Unreachable { reason } => {
+                return Some(format!(
+                    "Waiting: node {}'s Talos API is unreachable ({reason}), so its support for K8s \
+                     {target} cannot be checked",
+                    node.name
+                ));
+            }
+        }
+    }
+    talos.sort();
+    talos
+        .into_iter()
+        .find_map(|version| versions::check_kubernetes_target_supported(version, target).err())
+        .map(|refusal| refusal.to_string())
+}
+
+impl Record for KubeRun {
+    fn requested(&self) -> &str {
+        &self.requested
+    }
+
+    fn target(&self) -> &str {
+        &self.target
+    }
+
+    fn started_at(&self) -> Timestamp {
+        self.started_at
+    }
+
+    fn outcome(&self) -> Option<&Outcome> {
+        self.outcome.as_ref()
+    }
+
+    fn touched(&self) -> bool {
+        !self.steps.is_empty()
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        KubeRun::counts(self)
+    }
+
+    fn in_flight(&self) -> Vec<String> {
+        self.step_in_flight()
+            .and_then(|index| self.steps[index].step.node())
+            .map(String::from)
+            .into_iter()
+            .collect()
+    }
+
+    fn refused(requested: &str, reason: &str, now: Timestamp) -> Self {
+        KubeRun {
+            requested: requested.to_string(),
+            target: String::new(),
+            from: String::new(),
+            started_at: now,
+            outcome: Some(Outcome::Failed {
+                at: now,
+                node: None,
+                reason: reason.to_string(),
+            }),
+            steps: Vec::new(),
+        }
+    }
+}
+
+impl Kind for Kubernetes {
+    const KIND: UpgradeKind = UpgradeKind::Kubernetes;
+    type Version = KubernetesVersion;
+    type Run = KubeRun;
+    type Settings = Settings;
+    type Observation = Observation;
+    type Versions = KubernetesVersions;
+    type Action = Action;
+    type Request = ();
+    type Further = NoFurther;
+    type FurtherLooked = NoFurther;
+
+    fn target(intent: &UpgradeIntent) -> &Target<KubernetesVersion> {
+        &intent.kubernetes_target
+    }
+
+    fn settings(intent: &UpgradeIntent, limits: &Limits) -> Result<Settings, InvalidOption> {
+        Ok(Settings {
+            paused: intent.paused,
+            step_deadline: limits.step_deadline,
+        })
+    }
+
+    fn stopping(limits: &Limits) -> Settings {
+        Settings {
+            paused: true,
+            step_deadline: limits.step_deadline,
+        }
+    }
+
+    fn request(_: Option<&KubeRun>, _: &Settings) {}
+
+    fn versions_of(observation: &Observation) -> KubernetesVersions {
+        KubernetesVersions::of(observation)
+    }
+
+    fn current(versions: &KubernetesVersions) -> Option<KubernetesVersion> {
+        versions.range.as_ref().map(|(lowest, _)| lowest.clone())
+    }
+
+    fn available(
+        versions: &KubernetesVersions,
+        catalog: &Catalog,
+    ) -> Option<Option<KubernetesVersion>> {
+        let (current, _) = versions.range.as_ref()?;
+        let talos = versions.talos.as_ref()?;
+        Some(catalog::kubernetes_available(catalog, current, talos))
+    }
+
+    fn check_start(versions: &KubernetesVersions, target: &KubernetesVersion) -> StartCheck {
+        let Some((lowest, highest)) = &versions.range else {
+            return StartCheck::NoVersions;
+        };
+        // Invalid targets first: they are refused whatever Talos does.
+        match versions::check_kubernetes_upgrade_across(lowest, highest, target) {
+            Ok(_) => StartCheck::Go,
+            Err(refusal) => StartCheck::Refused(refusal.to_string()),
+        }
+    }
+
+    fn hold_start(
+        observation: &Observation,
+        target: &KubernetesVersion,
+        gates: &Gates,
+    ) -> Option<Hold> {
+        Some(Hold {
+            status: UpgradeStatus::Blocked,
+            condition: ConditionReason::Blocked,
+            message: blocked(observation, target, gates)?,
+            reason: Reason::UpgradeBlocked,
+            revisit: Revisit::Blocked,
+        })
+    }
+
+    fn start(
+        requested: &str,
+        target: &KubernetesVersion,
+        _: &Settings,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> KubeRun {
+        let from = super::kubernetes_current(observation)
+            .expect("a run starts only once the nodes tell their Kubernetes version");
+        super::start_run(requested, target, &from, observation, now)
+    }
+
+    fn started(run: &KubeRun, versions: &KubernetesVersions, target: &KubernetesVersion) -> String {
+        let lowest = versions
+            .range
+            .as_ref()
+            .map(|(lowest, _)| lowest.to_string())
+            .unwrap_or_default();
+        format!(
+            "Upgrading Kubernetes from {lowest} to {target} on {} nodes",
+            run.nodes().len()
+        )
+    }
+
+    fn no_versions() -> &'static str {
+        "Waiting: no node reports its Kubernetes version yet"
+    }
+
+    fn resume(run: &mut KubeRun) {
+        super::resume(run);
+    }
+
+    fn before_deciding(_: &KubeRun, _: &Settings, _: &Observation) -> Vec<NoFurther> {
+        Vec::new()
+    }
+
+    fn merge(_: &mut Observation, looked: NoFurther) {
+        match looked {}
+    }
+
+    fn advance(
+        run: &KubeRun,
+        settings: &Settings,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Decision {
+        super::advance(run, settings, observation, now)
+    }
+
+    fn answered(
+        run: &mut KubeRun,
+        action: &Action,
+        _: &Observation,
+        now: Timestamp,
+    ) -> Answered<NoFurther> {
+        match action {
+            // Nothing to observe for these: the call's success is the step's end, and the next step
+            // is decided in the same pass, so no time is lost between steps.
+            Action::PullImages { .. } | Action::SyncManifests { .. } => {
+                let completed = run
+                    .step_in_flight()
+                    .is_some_and(|index| super::complete_step(run, index, now));
+                if completed {
+                    Answered::DecideAgain
+                } else {
+                    Answered::Nothing
+                }
+            }
+            // A patch is done only when its effect is observed, in a later pass.
+            Action::PatchImage { .. } => Answered::Nothing,
+        }
+    }
+
+    fn refused(run: &mut KubeRun, _: &Action, reason: &str, now: Timestamp) -> Vec<Action> {
+        if let Some(index) = run.step_in_flight() {
+            super::fail_step(run, index, reason, now);
+        }
+        Vec::new()
+    }
+
+    fn reports_before(_: &[Action]) -> bool {
+        false
+    }
+
+    fn looks_further(_: &Action) -> bool {
+        false
+    }
+
+    fn finished_nodes(_: &KubeRun, _: &KubeRun) -> Vec<(NodeRole, f64)> {
+        // The node-upgrade-duration histogram is the Talos upgrade's.
+        Vec::new()
+    }
+}

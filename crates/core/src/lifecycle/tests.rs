@@ -1,0 +1,1186 @@
+//! The lifecycle's rules, table by table: each case is the annotations, the record, what the looks
+//! see and how the calls go, and the test drives the machine as the shell would (with canned answers)
+//! and checks what the user would see and what the shell was asked to do.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use semver::Version;
+
+use super::*;
+use crate::annotations::UpgradeStatus;
+use crate::gates::Gates;
+use crate::kubernetes::{
+    self, ConfigVersions, ConfiguredImages, KubeRun, Kubernetes, KubernetesVersions, StaticPod,
+    TalosApi,
+};
+use crate::run::{NodeRole, NoteType, Outcome, Reason};
+use crate::talos::{
+    self, EtcdObservation, LifecycleStage, NodeObservation, NodeProgress, NodeStep, Observation,
+    Run, Talos, TalosState, TalosVersions,
+};
+use crate::versions::{KubernetesVersion, TalosVersion};
+
+fn now() -> Timestamp {
+    "2026-11-27T10:00:00Z".parse().expect("timestamp")
+}
+
+fn earlier(minutes: i64) -> Timestamp {
+    now() - jiff::SignedDuration::from_mins(minutes)
+}
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(key, value)| (format!("upgrade.vitistack.io/{key}"), value.to_string()))
+        .collect()
+}
+
+// ----- Talos fixtures -----
+
+fn talos_node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
+    NodeObservation {
+        name: name.into(),
+        role,
+        talos: TalosState::Up {
+            version: Version::parse(version).expect("version"),
+            boot_id: format!("{name}-boot-1"),
+            ready: true,
+            installer_image: Some(format!("ghcr.io/siderolabs/installer:v{version}")),
+        },
+        kubernetes_ready: true,
+        cordoned: false,
+        drain: None,
+        kubelet_version: Some(KubernetesVersion::new(1, 34, 1)),
+    }
+}
+
+/// One control plane and one worker on `version`, etcd healthy with the control plane leading.
+fn talos_cluster(version: &str) -> Observation {
+    Observation {
+        nodes: vec![
+            talos_node("cp-1", NodeRole::ControlPlane, version),
+            talos_node("worker-1", NodeRole::Worker, version),
+        ],
+        etcd: EtcdObservation {
+            problem: None,
+            leader: Some("cp-1".into()),
+        },
+    }
+}
+
+fn talos_versions(version: &str) -> TalosVersions {
+    Talos::versions_of(&talos_cluster(version))
+}
+
+/// A run to 1.12.0 with the worker issued (a legacy call, answered) and the control plane pending.
+fn talos_run_in_flight() -> Run {
+    Run {
+        requested: "1.12.0".into(),
+        target: "1.12.0".into(),
+        started_at: earlier(5),
+        outcome: None,
+        nodes: vec![
+            NodeProgress {
+                name: "worker-1".into(),
+                role: NodeRole::Worker,
+                step: NodeStep::Issued {
+                    at: earlier(1),
+                    boot_id: "worker-1-boot-1".into(),
+                    from_version: "1.11.6".into(),
+                    installer_image: "ghcr.io/siderolabs/installer:v1.12.0".into(),
+                    lifecycle: None,
+                    unanswered: false,
+                },
+            },
+            NodeProgress {
+                name: "cp-1".into(),
+                role: NodeRole::ControlPlane,
+                step: NodeStep::Pending,
+            },
+        ],
+    }
+}
+
+fn talos_run_with(outcome: Option<Outcome>, touched: bool) -> Run {
+    let mut run = talos_run_in_flight();
+    run.outcome = outcome;
+    if !touched {
+        run.nodes.clear();
+        run.target = String::new();
+    }
+    run
+}
+
+fn failed(reason: &str) -> Option<Outcome> {
+    Some(Outcome::Failed {
+        at: earlier(2),
+        node: None,
+        reason: reason.into(),
+    })
+}
+
+fn completed() -> Option<Outcome> {
+    Some(Outcome::Completed { at: earlier(2) })
+}
+
+// ----- Kubernetes fixtures -----
+
+fn kube_node(
+    name: &str,
+    role: NodeRole,
+    talos: &str,
+    kubernetes: &str,
+) -> kubernetes::NodeObservation {
+    let image = |field: kubernetes::ImageField| {
+        Some(format!("{}:v{kubernetes}", field.default_repository()))
+    };
+    let control_plane = role == NodeRole::ControlPlane;
+    kubernetes::NodeObservation {
+        name: name.into(),
+        role,
+        talos: TalosApi::Up {
+            version: TalosVersion::parse(talos).expect("talos"),
+            ready: true,
+        },
+        images: ConfiguredImages {
+            api_server: control_plane
+                .then(|| image(kubernetes::ImageField::ApiServer))
+                .flatten(),
+            controller_manager: control_plane
+                .then(|| image(kubernetes::ImageField::ControllerManager))
+                .flatten(),
+            scheduler: control_plane
+                .then(|| image(kubernetes::ImageField::Scheduler))
+                .flatten(),
+            proxy: control_plane
+                .then(|| image(kubernetes::ImageField::Proxy))
+                .flatten(),
+            kubelet: image(kubernetes::ImageField::Kubelet),
+        },
+        config_versions: ConfigVersions::default(),
+        static_pods: if control_plane {
+            kubernetes::Component::ALL
+                .iter()
+                .map(|component| StaticPod {
+                    component: *component,
+                    image: format!(
+                        "{}:v{kubernetes}",
+                        component.image_field().default_repository()
+                    ),
+                    config_version: None,
+                    ready: true,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        kubelet_version: Some(KubernetesVersion::parse(kubernetes).expect("kubelet")),
+        kubernetes_ready: true,
+    }
+}
+
+fn kube_cluster(talos: &str, kubernetes: &str) -> kubernetes::Observation {
+    kubernetes::Observation {
+        nodes: vec![
+            kube_node("cp-1", NodeRole::ControlPlane, talos, kubernetes),
+            kube_node("worker-1", NodeRole::Worker, talos, kubernetes),
+        ],
+    }
+}
+
+// ----- driving the machine as the shell does -----
+
+/// What the shell was asked to do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Asked {
+    Versions,
+    Cluster,
+    Further(String),
+    Act(Vec<String>),
+}
+
+/// Canned answers: what every look sees, and how the calls of each act go (by default, answered).
+struct Answers<K: Kind> {
+    versions: Looked<K::Versions>,
+    cluster: Looked<K::Observation>,
+    further: fn(&K::Further) -> K::FurtherLooked,
+    calls: Vec<Vec<Called>>,
+}
+
+fn talos_answers(version: &str) -> Answers<Talos> {
+    Answers {
+        versions: Ok(talos_versions(version)),
+        cluster: Ok(talos_cluster(version)),
+        further: |further| match further {
+            talos::Further::Etcd => talos::FurtherLooked::Etcd(EtcdObservation {
+                problem: None,
+                leader: Some("cp-1".into()),
+            }),
+            talos::Further::Drain(nodes) => talos::FurtherLooked::Drained(
+                nodes
+                    .iter()
+                    .map(|n| (n.clone(), Some(talos::DrainStatus::default())))
+                    .collect(),
+            ),
+            talos::Further::InstallerImages(nodes) => talos::FurtherLooked::InstallerImages(
+                nodes
+                    .iter()
+                    .map(|n| (n.clone(), Ok("ghcr.io/siderolabs/installer:v1.11.6".into())))
+                    .collect(),
+            ),
+        },
+        calls: Vec::new(),
+    }
+}
+
+fn kube_answers(talos: &str, kubernetes: &str) -> Answers<Kubernetes> {
+    let cluster = kube_cluster(talos, kubernetes);
+    Answers {
+        versions: Ok(KubernetesVersions::of(&cluster)),
+        cluster: Ok(cluster),
+        further: |nothing| match *nothing {},
+        calls: Vec::new(),
+    }
+}
+
+fn inputs<'a, K: Kind>(
+    intent: &'a UpgradeIntent,
+    annotations: &'a BTreeMap<String, String>,
+    record: Option<K::Run>,
+    gates: Gates,
+    catalog: &'a Catalog,
+) -> Inputs<'a, K> {
+    Inputs {
+        intent,
+        annotations,
+        record,
+        gates,
+        limits: Limits {
+            drain_timeout: Duration::from_secs(300),
+            ..Limits::default()
+        },
+        catalog,
+        now: now(),
+    }
+}
+
+/// Drives the lifecycle to its end with `answers`, as the shell would.
+fn drive<K: Kind>(
+    annotations: &BTreeMap<String, String>,
+    record: Option<K::Run>,
+    gates: Gates,
+    mut answers: Answers<K>,
+) -> (Vec<Asked>, Conclusion<K>) {
+    let intent = UpgradeIntent::from_annotations(annotations);
+    let catalog = guide_catalog();
+    let mut lifecycle = Lifecycle::new(inputs::<K>(&intent, annotations, record, gates, &catalog));
+    let mut asked = Vec::new();
+    let mut step = lifecycle.start();
+    answers.calls.reverse();
+    loop {
+        step = match step {
+            Step::Look(Look::Versions) => {
+                asked.push(Asked::Versions);
+                lifecycle.looked_at_versions(answers.versions.clone())
+            }
+            Step::Look(Look::Cluster(_)) => {
+                asked.push(Asked::Cluster);
+                lifecycle.looked_at_cluster(answers.cluster.clone())
+            }
+            Step::Further(work) => {
+                asked.extend(work.iter().map(|w| Asked::Further(format!("{w:?}"))));
+                lifecycle.further(work.iter().map(answers.further).collect())
+            }
+            Step::Act(act) => {
+                asked.push(Asked::Act(
+                    act.actions.iter().map(|a| format!("{a:?}")).collect(),
+                ));
+                let results = answers
+                    .calls
+                    .pop()
+                    .unwrap_or_else(|| act.actions.iter().map(|_| Called::Done).collect());
+                lifecycle.called(results)
+            }
+            Step::Done(conclusion) => return (asked, conclusion),
+        }
+    }
+}
+
+/// The user guide's releases: Talos 1.11.6 → 1.12.0, Kubernetes 1.34.1 → 1.35.0.
+fn guide_catalog() -> Catalog {
+    Catalog::new(
+        [TalosVersion::new(1, 11, 6), TalosVersion::new(1, 12, 0)],
+        [
+            KubernetesVersion::new(1, 34, 1),
+            KubernetesVersion::new(1, 35, 0),
+        ],
+    )
+}
+
+/// The node rebooted into `version` (a new boot), ready.
+fn rebooted(name: &str, role: NodeRole, version: &str) -> NodeObservation {
+    let mut node = talos_node(name, role, version);
+    if let TalosState::Up { boot_id, .. } = &mut node.talos {
+        *boot_id = format!("{name}-boot-2");
+    }
+    node
+}
+
+fn reasons(notes: &[Note]) -> Vec<Reason> {
+    notes.iter().map(|note| note.reason).collect()
+}
+
+// ----- the tables -----
+
+/// A case: what it is, the annotations, the record, what the shell is asked, what the user sees, and
+/// the requested value of the record kept.
+type Case = (
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    Option<Run>,
+    Vec<Asked>,
+    Shows,
+    Option<&'static str>,
+);
+
+/// What a case expects the user to see.
+struct Shows {
+    status: UpgradeStatus,
+    message: &'static str,
+    condition: Option<ConditionReason>,
+    notes: &'static [Reason],
+    consumed: &'static [&'static str],
+    revisit: Revisit,
+}
+
+#[test]
+fn talos_without_a_run_in_flight() {
+    use UpgradeStatus::*;
+    let cases: Vec<Case> = vec![
+        (
+            "no target, no run: the versions and what is available",
+            vec![],
+            None,
+            vec![Asked::Versions],
+            Shows {
+                status: Idle,
+                message: "Upgrade available: 1.11.6 → 1.12.0",
+                condition: None,
+                notes: &[],
+                consumed: &[],
+                revisit: Revisit::Idle,
+            },
+            None,
+        ),
+        (
+            "the target of a completed run removed: forgotten, the condition stays",
+            vec![],
+            Some(talos_run_with(completed(), true)),
+            vec![Asked::Versions],
+            Shows {
+                status: Idle,
+                message: "Upgrade available: 1.11.6 → 1.12.0",
+                condition: None,
+                notes: &[],
+                consumed: &[],
+                revisit: Revisit::Idle,
+            },
+            None,
+        ),
+        (
+            "the target of a failed run removed: the failure is cleared",
+            vec![],
+            Some(talos_run_with(failed("node cp-1 did not come back"), true)),
+            vec![Asked::Versions],
+            Shows {
+                status: Idle,
+                message: "Upgrade available: 1.11.6 → 1.12.0",
+                condition: Some(ConditionReason::Reset),
+                notes: &[],
+                consumed: &[],
+                revisit: Revisit::Idle,
+            },
+            None,
+        ),
+        (
+            "reset: everything forgotten, no look, both keys consumed",
+            vec![
+                ("talos-target", "1.12.0"),
+                ("talos-reset-upgrade-state", "true"),
+            ],
+            Some(talos_run_in_flight()),
+            vec![],
+            Shows {
+                status: Idle,
+                message: "Talos upgrade state was reset; no node was touched",
+                condition: Some(ConditionReason::Reset),
+                notes: &[Reason::UpgradeReset],
+                consumed: &[
+                    annotations::TALOS_RESET_UPGRADE_STATE,
+                    annotations::TALOS_TARGET,
+                ],
+                revisit: Revisit::Idle,
+            },
+            None,
+        ),
+        (
+            "not a version: refused once, no look, resume consumed",
+            vec![("talos-target", "1.12"), ("resume", "true")],
+            None,
+            vec![],
+            Shows {
+                status: Failed,
+                message: "Invalid talos-target: \"1.12\" is not a version: use MAJOR.MINOR.PATCH, e.g. 1.12.0. No node was touched.",
+                condition: Some(ConditionReason::Failed),
+                notes: &[Reason::InvalidTarget],
+                consumed: &[annotations::RESUME],
+                revisit: Revisit::Idle,
+            },
+            Some("1.12"),
+        ),
+        (
+            "the same refused value again: decided once, not announced again",
+            vec![("talos-target", "1.12")],
+            Some(Run::refused(
+                "1.12",
+                "Invalid talos-target: recorded.",
+                earlier(3),
+            )),
+            vec![],
+            Shows {
+                status: Failed,
+                message: "Invalid talos-target: recorded.",
+                condition: Some(ConditionReason::Failed),
+                notes: &[],
+                consumed: &[],
+                revisit: Revisit::Idle,
+            },
+            Some("1.12"),
+        ),
+        (
+            "a bad option: not started, told once",
+            vec![("talos-target", "1.12.0"), ("upgrade-order", "sideways")],
+            None,
+            vec![],
+            Shows {
+                status: Failed,
+                message: "Talos upgrade not started: Annotation upgrade.vitistack.io/upgrade-order has the invalid value \"sideways\": use workers-first (the default) or control-planes-first",
+                condition: Some(ConditionReason::Failed),
+                notes: &[Reason::InvalidOption],
+                consumed: &[],
+                revisit: Revisit::Idle,
+            },
+            None,
+        ),
+        (
+            "a completed run for this value stands, with fresh versions",
+            vec![("talos-target", "1.12.0"), ("resume", "true")],
+            Some(talos_run_with(completed(), true)),
+            vec![Asked::Versions],
+            Shows {
+                status: Completed,
+                message: "Talos upgrade completed: now running 1.12.0",
+                condition: Some(ConditionReason::Completed),
+                notes: &[],
+                consumed: &[annotations::RESUME],
+                revisit: Revisit::Idle,
+            },
+            Some("1.12.0"),
+        ),
+        (
+            "a refusal stands with its own sentence",
+            vec![("talos-target", "1.12.0")],
+            Some(talos_run_with(failed("Talos upgrade refused: no."), false)),
+            vec![Asked::Versions],
+            Shows {
+                status: Failed,
+                message: "Talos upgrade refused: no.",
+                condition: Some(ConditionReason::Failed),
+                notes: &[],
+                consumed: &[],
+                revisit: Revisit::Idle,
+            },
+            Some("1.12.0"),
+        ),
+        (
+            "resume on a refusal decides it again: a downgrade is refused anew and told again",
+            vec![("talos-target", "1.11.0"), ("resume", "true")],
+            Some(Run::refused(
+                "1.11.0",
+                "Talos upgrade refused: old.",
+                earlier(3),
+            )),
+            vec![Asked::Cluster],
+            Shows {
+                status: Failed,
+                message: "Talos upgrade refused: Downgrade from 1.11.6 to 1.11.0 is not supported: choose a target of 1.11.6 or newer. No node was touched.",
+                condition: Some(ConditionReason::Failed),
+                notes: &[Reason::InvalidTarget],
+                consumed: &[annotations::RESUME],
+                revisit: Revisit::Idle,
+            },
+            Some("1.11.0"),
+        ),
+        (
+            "a target more than one step away: refused before any node is touched",
+            vec![("talos-target", "1.14.0")],
+            None,
+            vec![Asked::Cluster],
+            Shows {
+                status: Failed,
+                message: "",
+                condition: Some(ConditionReason::Failed),
+                notes: &[Reason::InvalidTarget],
+                consumed: &[],
+                revisit: Revisit::Idle,
+            },
+            Some("1.14.0"),
+        ),
+    ];
+    for (what, pairs, record, expected_asks, shows, recorded) in cases {
+        let (asked, conclusion) = drive::<Talos>(
+            &annotations(&pairs),
+            record,
+            Gates::default(),
+            talos_answers("1.11.6"),
+        );
+        assert_eq!(asked, expected_asks, "{what}: asked");
+        let report = &conclusion.report;
+        assert_eq!(report.status, shows.status, "{what}: status");
+        if !shows.message.is_empty() {
+            assert_eq!(report.message, shows.message, "{what}: message");
+        } else {
+            assert!(
+                report.message.starts_with("Talos upgrade refused: ")
+                    && report.message.ends_with(". No node was touched."),
+                "{what}: {}",
+                report.message
+            );
+        }
+        assert_eq!(
+            report.condition_reason, shows.condition,
+            "{what}: condition"
+        );
+        assert_eq!(reasons(&conclusion.notes), shows.notes, "{what}: notes");
+        assert_eq!(report.consumed, shows.consumed, "{what}: consumed");
+        assert_eq!(conclusion.revisit, shows.revisit, "{what}: revisit");
+        assert_eq!(
+            conclusion.record.as_ref().map(|run| run.requested.as_str()),
+            recorded,
+            "{what}: record"
+        );
+        // No case here makes a call.
+        assert!(!asked.iter().any(|a| matches!(a, Asked::Act(_))), "{what}");
+    }
+}
+
+#[test]
+fn a_new_talos_run_starts_announced_and_records_its_call_before_making_it() {
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.0")]),
+        None,
+        Gates::default(),
+        talos_answers("1.11.6"),
+    );
+    assert_eq!(asked[0], Asked::Cluster);
+    let Asked::Act(calls) = &asked[1] else {
+        panic!("a call follows the look: {asked:?}");
+    };
+    assert!(calls[0].contains("worker-1"), "workers first: {calls:?}");
+    let run = conclusion.record.expect("a run recorded");
+    assert!(matches!(
+        run.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Issued {
+            unanswered: false,
+            ..
+        })
+    ));
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert_eq!(conclusion.report.message, "Upgrading node worker-1 (1/2)");
+    assert_eq!(conclusion.report.current.as_deref(), Some("1.11.6"));
+    assert_eq!(conclusion.report.progress, Some((0, 2)));
+    // Announced with the calls, not again with the report.
+    assert_eq!(
+        conclusion.announced,
+        [Reason::UpgradeStarted, Reason::NodeUpgradeStarted]
+    );
+    assert!(conclusion.notes.is_empty());
+    // The pass decided before the call was answered: the next pass sees only the reboot to wait for.
+    assert_eq!(conclusion.revisit, Revisit::Poll);
+}
+
+#[test]
+fn the_act_carries_the_run_to_save_and_the_report_to_write_beside_the_calls() {
+    let annotations = annotations(&[("talos-target", "1.12.0")]);
+    let intent = UpgradeIntent::from_annotations(&annotations);
+    let catalog = Catalog::builtin();
+    let mut lifecycle = Lifecycle::<Talos>::new(inputs(
+        &intent,
+        &annotations,
+        None,
+        Gates::default(),
+        &catalog,
+    ));
+    assert!(matches!(lifecycle.start(), Step::Look(Look::Cluster(_))));
+    let Step::Act(act) = lifecycle.looked_at_cluster(Ok(talos_cluster("1.11.6"))) else {
+        panic!("the first node starts");
+    };
+    // The run to save already records the call as issued and unanswered: a controller that dies
+    // between the save and the call never sends a second one blindly.
+    assert!(matches!(
+        act.run.node("worker-1").map(|n| &n.step),
+        Some(NodeStep::Issued {
+            unanswered: true,
+            ..
+        })
+    ));
+    assert_eq!(
+        reasons(&act.notes),
+        [Reason::UpgradeStarted, Reason::NodeUpgradeStarted]
+    );
+    let report = act.report.expect("an upgrade is reported before its call");
+    assert_eq!(report.message, "Upgrading node worker-1 (1/2)");
+}
+
+#[test]
+fn talos_calls_and_what_their_answers_mean() {
+    struct Case {
+        what: &'static str,
+        record: Run,
+        cluster: Observation,
+        calls: Vec<Vec<Called>>,
+        asked: Vec<&'static str>,
+        status: UpgradeStatus,
+        message: &'static str,
+        notes: Vec<Reason>,
+        revisit: Revisit,
+    }
+    let workers_done = || {
+        let mut run = talos_run_in_flight();
+        run.nodes[0].step = NodeStep::Done {
+            at: earlier(1),
+            started_at: Some(earlier(3)),
+        };
+        run
+    };
+    let mut back = talos_cluster("1.11.6");
+    back.nodes[1] = rebooted("worker-1", NodeRole::Worker, "1.12.0");
+    let mut leader_elsewhere = talos_cluster("1.11.6");
+    leader_elsewhere.etcd.leader = Some("cp-2".into());
+    let cases = [
+        Case {
+            what: "the control plane leads etcd: leadership moves, etcd is looked at again, and \
+                   while the leader stays the pass ends and looks again at once",
+            record: workers_done(),
+            cluster: talos_cluster("1.11.6"),
+            calls: vec![],
+            asked: vec!["cluster", "act ForfeitEtcdLeadership", "further Etcd"],
+            status: UpgradeStatus::InProgress,
+            message: "Waiting: moving etcd leadership off cp-1 before upgrading it (1/2 done)",
+            notes: vec![],
+            revisit: Revisit::Now,
+        },
+        Case {
+            what: "another leader: the control plane is upgraded at once",
+            record: workers_done(),
+            cluster: leader_elsewhere,
+            calls: vec![],
+            asked: vec!["cluster", "act Upgrade"],
+            status: UpgradeStatus::InProgress,
+            message: "Upgrading node cp-1 (2/2)",
+            notes: vec![Reason::NodeUpgradeStarted],
+            revisit: Revisit::Poll,
+        },
+        Case {
+            what: "a refused upgrade call fails the run, naming the node",
+            record: workers_done(),
+            cluster: {
+                let mut c = talos_cluster("1.11.6");
+                c.etcd.leader = Some("cp-2".into());
+                c
+            },
+            calls: vec![vec![Called::Refused("refused the upgrade: no".into())]],
+            asked: vec!["cluster", "act Upgrade"],
+            status: UpgradeStatus::Failed,
+            message: "Talos upgrade failed: node cp-1 refused the upgrade: no",
+            notes: vec![Reason::UpgradeFailed, Reason::NodeUpgradeStarted],
+            revisit: Revisit::Idle,
+        },
+        Case {
+            what: "the worker back on the target: done, and the control plane is next",
+            record: talos_run_in_flight(),
+            cluster: back,
+            calls: vec![],
+            asked: vec!["cluster", "act ForfeitEtcdLeadership", "further Etcd"],
+            status: UpgradeStatus::InProgress,
+            message: "Waiting: moving etcd leadership off cp-1 before upgrading it (1/2 done)",
+            notes: vec![Reason::NodeUpgraded],
+            revisit: Revisit::Now,
+        },
+    ];
+    for case in cases {
+        let mut answers = talos_answers("1.11.6");
+        answers.cluster = Ok(case.cluster);
+        answers.calls = case.calls;
+        let (asked, conclusion) = drive::<Talos>(
+            &annotations(&[("talos-target", "1.12.0")]),
+            Some(case.record),
+            Gates::default(),
+            answers,
+        );
+        let asked: Vec<String> = asked
+            .iter()
+            .map(|a| match a {
+                Asked::Versions => "versions".to_string(),
+                Asked::Cluster => "cluster".to_string(),
+                Asked::Further(f) => format!("further {f}"),
+                Asked::Act(calls) => format!(
+                    "act {}",
+                    calls
+                        .iter()
+                        .map(|c| c.split([' ', '{']).next().unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            })
+            .collect();
+        assert_eq!(asked, case.asked, "{}: asked", case.what);
+        assert_eq!(conclusion.report.status, case.status, "{}", case.what);
+        assert_eq!(conclusion.report.message, case.message, "{}", case.what);
+        let mut all = reasons(&conclusion.notes);
+        all.extend(conclusion.announced.iter().copied());
+        assert_eq!(all, case.notes, "{}: events", case.what);
+        assert_eq!(conclusion.revisit, case.revisit, "{}: revisit", case.what);
+    }
+}
+
+#[test]
+fn a_refused_call_on_a_node_the_run_cordoned_uncordons_it_after_saving_the_failure() {
+    let mut run = talos_run_in_flight();
+    run.nodes[0].step = NodeStep::Issued {
+        at: earlier(1),
+        boot_id: "worker-1-boot-1".into(),
+        from_version: "1.13.0".into(),
+        installer_image: "ghcr.io/siderolabs/installer:v1.13.1".into(),
+        lifecycle: Some(LifecycleStage::Draining {
+            since: earlier(1),
+            uncordon: true,
+        }),
+        unanswered: false,
+    };
+    run.target = "1.13.1".into();
+    run.requested = "1.13.1".into();
+    let mut answers = talos_answers("1.13.0");
+    answers.calls = vec![vec![Called::Refused("refused the reboot: no".into())]];
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.13.1")]),
+        Some(run),
+        Gates::default(),
+        answers,
+    );
+    // Drained at once (the canned drain leaves nothing), rebooted, refused, uncordoned.
+    assert!(
+        matches!(&asked[1], Asked::Further(f) if f.contains("Drain")),
+        "{asked:?}"
+    );
+    assert!(
+        matches!(&asked[2], Asked::Act(calls) if calls[0].starts_with("Reboot")),
+        "{asked:?}"
+    );
+    assert!(
+        matches!(&asked[3], Asked::Act(calls) if calls[0].starts_with("Uncordon")),
+        "{asked:?}"
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::Failed);
+    assert_eq!(
+        conclusion.report.message,
+        "Talos upgrade failed: node worker-1 refused the reboot: no"
+    );
+    assert_eq!(conclusion.report.failed_nodes, ["worker-1"]);
+}
+
+#[test]
+fn a_removed_target_finishes_the_nodes_in_flight_then_forgets_the_run() {
+    // Still rebooting: the run is kept and shown as stopping.
+    let mut rebooting = talos_cluster("1.11.6");
+    rebooting.nodes[1].talos = TalosState::Unreachable {
+        reason: "connection refused".into(),
+    };
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Ok(rebooting);
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[]),
+        Some(talos_run_in_flight()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(asked, [Asked::Cluster]);
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert_eq!(
+        conclusion.report.message,
+        "Talos target removed: finishing worker-1 before stopping"
+    );
+    assert_eq!(conclusion.revisit, Revisit::Poll);
+    assert!(conclusion.record.is_some(), "kept until the node is back");
+
+    // Back on the target: done, and the run is forgotten with its last look's versions.
+    let mut back = talos_cluster("1.11.6");
+    back.nodes[1] = rebooted("worker-1", NodeRole::Worker, "1.12.0");
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Ok(back);
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[]),
+        Some(talos_run_in_flight()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(asked, [Asked::Cluster], "no second look");
+    assert_eq!(conclusion.report.status, UpgradeStatus::Idle);
+    assert_eq!(
+        conclusion.report.message,
+        "Talos upgrade stopped: the target was removed"
+    );
+    assert_eq!(
+        conclusion.report.condition_reason,
+        Some(ConditionReason::Reset)
+    );
+    assert!(conclusion.record.is_none());
+    assert_eq!(reasons(&conclusion.notes), [Reason::NodeUpgraded]);
+
+    // The nodes cannot be looked at: the run is held, not dropped.
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Err("credentials Secret ns/c not found".into());
+    let (_, conclusion) = drive::<Talos>(
+        &annotations(&[]),
+        Some(talos_run_in_flight()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert_eq!(
+        conclusion.report.message,
+        "Talos target removed: finishing the node(s) in flight before stopping (credentials Secret ns/c not found)"
+    );
+    assert_eq!(conclusion.report.progress, Some((0, 2)));
+    assert_eq!(conclusion.report.in_flight, ["worker-1"]);
+    assert!(conclusion.record.is_some());
+}
+
+#[test]
+fn a_cluster_that_cannot_be_looked_at_holds_a_run_and_fails_a_start() {
+    let problem = "credentials Secret ns/c not found";
+    let cases = [
+        (
+            Some(talos_run_in_flight()),
+            UpgradeStatus::InProgress,
+            ConditionReason::InProgress,
+            Some((0, 2)),
+        ),
+        (None, UpgradeStatus::Failed, ConditionReason::Failed, None),
+    ];
+    for (record, status, condition, progress) in cases {
+        let mut answers = talos_answers("1.11.6");
+        answers.cluster = Err(problem.into());
+        let (_, conclusion) = drive::<Talos>(
+            &annotations(&[("talos-target", "1.12.0")]),
+            record,
+            Gates::default(),
+            answers,
+        );
+        let report = &conclusion.report;
+        assert_eq!(
+            report.message,
+            format!("Talos upgrade cannot proceed: {problem}")
+        );
+        assert_eq!(report.status, status);
+        assert_eq!(report.condition_reason, Some(condition));
+        assert_eq!(report.progress, progress);
+        assert_eq!(conclusion.notes[0].type_, NoteType::Warning);
+        assert_eq!(reasons(&conclusion.notes), [Reason::UpgradeBlocked]);
+        assert_eq!(conclusion.revisit, Revisit::AfterProblem);
+        // Told once: the same message shown already is not announced again.
+        let mut answers = talos_answers("1.11.6");
+        answers.cluster = Err(problem.into());
+        let (_, again) = drive::<Talos>(
+            &annotations(&[
+                ("talos-target", "1.12.0"),
+                ("talos-message", &report.message),
+            ]),
+            None,
+            Gates::default(),
+            answers,
+        );
+        assert!(again.notes.is_empty());
+    }
+}
+
+#[test]
+fn holds_between_the_kinds() {
+    // Talos waits for a Kubernetes run under way.
+    let gates = Gates {
+        talos_upgrading: false,
+        kubernetes_running: Some("1.35.0".into()),
+    };
+    let (asked, talos) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.0")]),
+        None,
+        gates,
+        talos_answers("1.11.6"),
+    );
+    assert_eq!(asked, [Asked::Cluster]);
+    assert_eq!(talos.report.status, UpgradeStatus::InProgress);
+    assert_eq!(
+        talos.report.message,
+        "Waiting: the Kubernetes upgrade to 1.35.0 is running; the Talos upgrade starts when it is done"
+    );
+    assert_eq!(reasons(&talos.notes), [Reason::UpgradeWaiting]);
+    assert!(talos.record.is_none(), "nothing started");
+
+    // Kubernetes is blocked while Talos upgrades, then by a node's Talos that does not support it.
+    let upgrading = Gates {
+        talos_upgrading: true,
+        kubernetes_running: None,
+    };
+    let cases = [
+        (
+            upgrading,
+            "1.12.0",
+            kubernetes::WAITING_FOR_TALOS.to_string(),
+        ),
+        (
+            Gates::default(),
+            "1.11.6",
+            "Talos 1.11.6 does not support K8s 1.35.0. Upgrade Talos first.".to_string(),
+        ),
+    ];
+    for (gates, talos, message) in cases {
+        let (_, kube) = drive::<Kubernetes>(
+            &annotations(&[("kubernetes-target", "1.35.0")]),
+            None,
+            gates,
+            kube_answers(talos, "1.34.1"),
+        );
+        assert_eq!(kube.report.status, UpgradeStatus::Blocked);
+        assert_eq!(kube.report.message, message);
+        assert_eq!(kube.report.condition_reason, Some(ConditionReason::Blocked));
+        assert_eq!(reasons(&kube.notes), [Reason::UpgradeBlocked]);
+        assert_eq!(kube.revisit, Revisit::Blocked);
+        assert_eq!(kube.report.current.as_deref(), Some("1.34.1"));
+    }
+
+    // While Talos upgrades, the idle Kubernetes report stays as written, without a look.
+    let shown = annotations(&[
+        ("kubernetes-status", "idle"),
+        (
+            "kubernetes-message",
+            "Kubernetes 1.34.1 is running; no upgrade requested",
+        ),
+    ]);
+    let (asked, idle) = drive::<Kubernetes>(
+        &shown,
+        None,
+        upgrading_gates(),
+        kube_answers("1.12.0", "1.34.1"),
+    );
+    assert!(asked.is_empty());
+    assert_eq!(
+        idle.report.message,
+        "Kubernetes 1.34.1 is running; no upgrade requested"
+    );
+    assert_eq!(idle.report.current, None, "the annotation is left as it is");
+}
+
+fn upgrading_gates() -> Gates {
+    Gates {
+        talos_upgrading: true,
+        kubernetes_running: None,
+    }
+}
+
+#[test]
+fn kubernetes_steps_whose_call_is_their_whole_effect_go_on_in_the_same_pass() {
+    let (asked, conclusion) = drive::<Kubernetes>(
+        &annotations(&[("kubernetes-target", "1.35.0")]),
+        None,
+        Gates::default(),
+        kube_answers("1.12.0", "1.34.1"),
+    );
+    assert_eq!(asked[0], Asked::Cluster);
+    // Both pre-pulls answered, then the first patch: three calls in one pass, one decision each.
+    let acts: Vec<&str> = asked
+        .iter()
+        .filter_map(|a| match a {
+            Asked::Act(calls) => calls
+                .first()
+                .map(|c| c.split(' ').next().unwrap_or_default()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acts, ["PullImages", "PullImages", "PatchImage"]);
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert_eq!(conclusion.revisit, Revisit::Poll);
+    assert!(conclusion.announced.contains(&Reason::UpgradeStarted));
+
+    // A refused pull fails the run at its step.
+    let mut answers = kube_answers("1.12.0", "1.34.1");
+    answers.calls = vec![vec![Called::Refused("image not found".into())]];
+    let (_, failed) = drive::<Kubernetes>(
+        &annotations(&[("kubernetes-target", "1.35.0")]),
+        None,
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(failed.report.status, UpgradeStatus::Failed);
+    assert!(
+        failed.report.message.starts_with(
+            "Kubernetes upgrade failed: pre-pulling images on node cp-1 failed: image not found"
+        ),
+        "{}",
+        failed.report.message
+    );
+    assert_eq!(reasons(&failed.notes), [Reason::UpgradeFailed]);
+    assert_eq!(failed.revisit, Revisit::Idle);
+}
+
+#[test]
+fn resuming_a_failed_run_continues_from_the_failed_node() {
+    let mut run = talos_run_in_flight();
+    run.nodes[0].step = NodeStep::Failed {
+        at: earlier(1),
+        reason: "did not come back online within 15m".into(),
+    };
+    run.outcome = Some(Outcome::Failed {
+        at: earlier(1),
+        node: Some("worker-1".into()),
+        reason: "node worker-1 did not come back online within 15m".into(),
+    });
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.0"), ("resume", "true")]),
+        Some(run),
+        Gates::default(),
+        talos_answers("1.11.6"),
+    );
+    assert_eq!(asked[0], Asked::Cluster);
+    assert!(matches!(&asked[1], Asked::Act(calls) if calls[0].contains("worker-1")));
+    assert_eq!(conclusion.report.consumed, [annotations::RESUME]);
+    assert_eq!(
+        conclusion.announced,
+        [Reason::UpgradeResumed, Reason::NodeUpgradeStarted]
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+}
+
+#[test]
+fn a_hold_is_announced_once_and_counted_when_a_check_fails() {
+    let mut unhealthy = talos_cluster("1.11.6");
+    unhealthy.nodes[0].kubernetes_ready = false;
+    let message = "Waiting: node cp-1 is not ready; holding before upgrading worker-1 (0/2 done)";
+    for (shown, notes, counted) in [
+        (
+            None,
+            vec![Reason::UpgradeStarted, Reason::UpgradeWaiting],
+            true,
+        ),
+        (Some(message), vec![Reason::UpgradeStarted], false),
+    ] {
+        let mut pairs = vec![("talos-target", "1.12.0")];
+        if let Some(shown) = shown {
+            pairs.push(("talos-message", shown));
+        }
+        let mut answers = talos_answers("1.11.6");
+        answers.cluster = Ok(unhealthy.clone());
+        let (_, conclusion) = drive::<Talos>(&annotations(&pairs), None, Gates::default(), answers);
+        assert_eq!(conclusion.report.message, message);
+        assert_eq!(reasons(&conclusion.notes), notes);
+        assert_eq!(conclusion.preflight_failure.is_some(), counted, "{shown:?}");
+        assert_eq!(conclusion.revisit, Revisit::Poll);
+    }
+}
+
+#[test]
+fn invalid_flags_are_told_with_their_safe_reading() {
+    let intent =
+        UpgradeIntent::from_annotations(&annotations(&[("paused", "yes"), ("resume", "maybe")]));
+    let notes = invalid_flag_notes(&intent);
+    assert_eq!(notes.len(), 2);
+    assert!(
+        notes
+            .iter()
+            .all(|n| n.reason == Reason::InvalidFlag && n.type_ == NoteType::Warning)
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.message.ends_with("ignored until it is fixed"))
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.message.ends_with("treated as paused until it is fixed"))
+    );
+}
+
+#[test]
+fn kubernetes_stands_refuses_and_waits_like_talos() {
+    // A finished Kubernetes run stands, with fresh versions.
+    let run = KubeRun {
+        requested: "1.35.0".into(),
+        target: "1.35.0".into(),
+        from: "1.34.1".into(),
+        started_at: earlier(9),
+        outcome: completed(),
+        steps: vec![kubernetes::StepProgress {
+            step: kubernetes::Step::Manifests,
+            state: kubernetes::StepState::Done {
+                at: earlier(8),
+                started_at: None,
+            },
+        }],
+    };
+    let (asked, stands) = drive::<Kubernetes>(
+        &annotations(&[("kubernetes-target", "1.35.0")]),
+        Some(run),
+        Gates::default(),
+        kube_answers("1.12.0", "1.35.0"),
+    );
+    assert_eq!(asked, [Asked::Versions]);
+    assert_eq!(stands.report.status, UpgradeStatus::Completed);
+    assert_eq!(stands.report.current.as_deref(), Some("1.35.0"));
+    assert!(stands.run_started_at.is_some());
+
+    // A minor skipped: refused.
+    let (_, refused) = drive::<Kubernetes>(
+        &annotations(&[("kubernetes-target", "1.36.0")]),
+        None,
+        Gates::default(),
+        kube_answers("1.12.0", "1.34.1"),
+    );
+    assert_eq!(refused.report.status, UpgradeStatus::Failed);
+    assert!(
+        refused
+            .report
+            .message
+            .starts_with("Kubernetes upgrade refused: ")
+            && refused.report.message.ends_with(". No node was touched."),
+        "{}",
+        refused.report.message
+    );
+    assert_eq!(reasons(&refused.notes), [Reason::InvalidTarget]);
+
+    // No version known yet: waiting.
+    let mut answers = kube_answers("1.12.0", "1.34.1");
+    answers.cluster = Ok(kubernetes::Observation::default());
+    let (_, waiting) = drive::<Kubernetes>(
+        &annotations(&[("kubernetes-target", "1.35.0")]),
+        None,
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(
+        waiting.report.message,
+        "Waiting: no node reports its Kubernetes version yet"
+    );
+    assert_eq!(waiting.revisit, Revisit::Poll);
+}

@@ -1,0 +1,580 @@
+//! The Talos OS upgrade as a kind of the shared lifecycle ([`crate::lifecycle`]): how its runs start,
+//! what its observation holds, and what its answered calls mean.
+
+use jiff::Timestamp;
+use semver::Version;
+
+use super::{
+    Action, Decision, DrainStatus, EtcdObservation, NodeObservation, NodeStep, Observation, Run,
+    Settings, TalosState, UpgradeApi, UpgradeOrder,
+};
+use crate::annotations::UpgradeKind;
+use crate::catalog::{self, Catalog};
+use crate::crd::condition::Reason as ConditionReason;
+use crate::gates::Gates;
+use crate::intent::{InvalidOption, Target, UpgradeIntent};
+use crate::lifecycle::{Answered, Hold, Kind, Limits, Record, Revisit, StartCheck};
+use crate::run::{NodeRole, Outcome, Reason};
+use crate::versions::{self, KubernetesVersion, TalosStep, TalosVersion};
+
+/// The Talos OS upgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Talos {}
+
+/// What the versions of a cluster's nodes say, for `talos-current`, `talos-available` and the rules of
+/// a run's start.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TalosVersions {
+    /// Lowest and highest Talos version among the nodes that answered.
+    pub range: Option<(TalosVersion, TalosVersion)>,
+    /// The lowest kubelet among the cluster's Talos nodes: the Kubernetes a target must support.
+    pub kubernetes: Option<KubernetesVersion>,
+}
+
+impl TalosVersions {
+    /// From each node's Talos version (those that answered) and kubelet version (where known).
+    pub fn of<'a>(
+        talos: impl IntoIterator<Item = &'a Version>,
+        kubelets: impl IntoIterator<Item = &'a KubernetesVersion>,
+    ) -> TalosVersions {
+        let talos: Vec<&Version> = talos.into_iter().collect();
+        let range = talos
+            .iter()
+            .min()
+            .zip(talos.iter().max())
+            .map(|(low, high)| {
+                (
+                    TalosVersion::from_semver((*low).clone()),
+                    TalosVersion::from_semver((*high).clone()),
+                )
+            });
+        TalosVersions {
+            range,
+            kubernetes: kubelets.into_iter().min().cloned(),
+        }
+    }
+}
+
+/// The nodes whose installer image a look at the cluster reads (their machine config), in the same
+/// round trip as their state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartingNodes {
+    /// The nodes a run under way may start in this pass ([`super::may_start`]).
+    Named(Vec<String>),
+    /// A run about to start: the nodes of the role its order upgrades first (the first role present).
+    FirstInOrder(UpgradeOrder),
+}
+
+impl StartingNodes {
+    /// The names among `nodes` (name and role, as the inventory lists them).
+    pub fn names(&self, nodes: &[(&str, NodeRole)]) -> Vec<String> {
+        match self {
+            StartingNodes::Named(names) => names.clone(),
+            StartingNodes::FirstInOrder(order) => {
+                let first = nodes
+                    .iter()
+                    .map(|(_, role)| super::role_rank(*role, *order))
+                    .min();
+                nodes
+                    .iter()
+                    .filter(|(_, role)| Some(super::role_rank(*role, *order)) == first)
+                    .map(|(name, _)| name.to_string())
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Work within a pass, before the decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Further {
+    /// The drain pass on the nodes the saved run is draining: cordon, evict what must leave, and
+    /// report what is left. Only nodes whose record says they are draining are touched, so this
+    /// happens strictly after the install was recorded.
+    Drain(Vec<String>),
+    /// Read the installer image (machine config) of these nodes, which the pass may start.
+    InstallerImages(Vec<String>),
+    /// Look at etcd again (leadership just moved).
+    Etcd,
+}
+
+/// What a [`Further`] brought back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FurtherLooked {
+    /// Per node, what the drain pass left (`None`: the pass failed, and is made again next time).
+    Drained(Vec<(String, Option<DrainStatus>)>),
+    /// Per node, its installer image or why its config could not be read.
+    InstallerImages(Vec<(String, Result<String, String>)>),
+    Etcd(EtcdObservation),
+}
+
+/// The rules a new run's start applies to what the nodes run: the one-step path from the lowest node,
+/// no downgrade of the highest, and a target that supports the running Kubernetes (when it is known).
+/// `Err` is the refusal's sentence. The acknowledgement of a new target judges the last look by the
+/// same rules ([`crate::acknowledgement`]).
+pub fn check_new_run(
+    versions: &TalosVersions,
+    target: &TalosVersion,
+) -> Option<Result<TalosStep, String>> {
+    let (lowest, highest) = versions.range.as_ref()?;
+    Some(check_path(
+        lowest,
+        highest,
+        versions.kubernetes.as_ref(),
+        target,
+    ))
+}
+
+fn check_path(
+    lowest: &TalosVersion,
+    highest: &TalosVersion,
+    kubernetes: Option<&KubernetesVersion>,
+    target: &TalosVersion,
+) -> Result<TalosStep, String> {
+    let step =
+        versions::check_talos_upgrade_across(lowest, highest, target).map_err(|e| e.to_string())?;
+    if let Some(running) = kubernetes {
+        versions::check_talos_target_supports(target, running).map_err(|e| e.to_string())?;
+    }
+    Ok(step)
+}
+
+/// The installer image for `target` on a node installed from `current`: same registry, repository and
+/// schematic, the target's tag.
+fn installer_image(current: &str, target: &Version) -> Result<String, String> {
+    versions::installer_image_for(current, &TalosVersion::from_semver(target.clone()))
+        .map_err(|e| e.to_string())
+}
+
+/// A node's state with its installer image as read: a node up whose config cannot be read cannot be
+/// upgraded, so it counts as unreachable, with the reason.
+pub fn with_installer_image(state: TalosState, read: Result<String, String>) -> TalosState {
+    match (state, read) {
+        (
+            TalosState::Up {
+                version,
+                boot_id,
+                ready,
+                ..
+            },
+            Ok(image),
+        ) => TalosState::Up {
+            version,
+            boot_id,
+            ready,
+            installer_image: Some(image),
+        },
+        (TalosState::Up { .. }, Err(reason)) => TalosState::Unreachable { reason },
+        (unreachable @ TalosState::Unreachable { .. }, _) => unreachable,
+    }
+}
+
+impl Record for Run {
+    fn requested(&self) -> &str {
+        &self.requested
+    }
+
+    fn target(&self) -> &str {
+        &self.target
+    }
+
+    fn started_at(&self) -> Timestamp {
+        self.started_at
+    }
+
+    fn outcome(&self) -> Option<&Outcome> {
+        self.outcome.as_ref()
+    }
+
+    fn touched(&self) -> bool {
+        !self.nodes.is_empty()
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        Run::counts(self)
+    }
+
+    fn in_flight(&self) -> Vec<String> {
+        Run::in_flight(self)
+    }
+
+    fn refused(requested: &str, reason: &str, now: Timestamp) -> Self {
+        Run {
+            requested: requested.to_string(),
+            target: String::new(),
+            started_at: now,
+            outcome: Some(Outcome::Failed {
+                at: now,
+                node: None,
+                reason: reason.to_string(),
+            }),
+            nodes: Vec::new(),
+        }
+    }
+}
+
+impl Kind for Talos {
+    const KIND: UpgradeKind = UpgradeKind::Talos;
+    type Version = TalosVersion;
+    type Run = Run;
+    type Settings = Settings;
+    type Observation = Observation;
+    type Versions = TalosVersions;
+    type Action = Action;
+    type Request = StartingNodes;
+    type Further = Further;
+    type FurtherLooked = FurtherLooked;
+
+    fn target(intent: &UpgradeIntent) -> &Target<TalosVersion> {
+        &intent.talos_target
+    }
+
+    fn settings(intent: &UpgradeIntent, limits: &Limits) -> Result<Settings, InvalidOption> {
+        let order = intent.order.clone()?;
+        let parallel = intent.max_parallel_workers.clone()?;
+        Ok(Settings {
+            order,
+            max_parallel_workers: parallel.get() as usize,
+            paused: intent.paused,
+            ..Talos::stopping(limits)
+        })
+    }
+
+    fn stopping(limits: &Limits) -> Settings {
+        Settings {
+            // Paused: only the node(s) in flight are followed, so the order plays no part.
+            order: UpgradeOrder::default(),
+            max_parallel_workers: 1,
+            paused: true,
+            node_deadline: limits.node_deadline,
+            drain_timeout: limits.drain_timeout,
+            unanswered_grace: limits.unanswered_grace,
+        }
+    }
+
+    fn request(run: Option<&Run>, settings: &Settings) -> StartingNodes {
+        // The machine configs (installer images) of the nodes this pass may start are read together
+        // with every node's state, not one round trip after it: the run under way names them; a run
+        // about to start begins with the nodes of the role its order puts first.
+        match run {
+            Some(run) => StartingNodes::Named(
+                super::may_start(run, settings)
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect(),
+            ),
+            None => StartingNodes::FirstInOrder(settings.order),
+        }
+    }
+
+    fn versions_of(observation: &Observation) -> TalosVersions {
+        TalosVersions::of(
+            observation.nodes.iter().filter_map(|n| match &n.talos {
+                TalosState::Up { version, .. } => Some(version),
+                TalosState::Unreachable { .. } => None,
+            }),
+            observation
+                .nodes
+                .iter()
+                .filter_map(|n| n.kubelet_version.as_ref()),
+        )
+    }
+
+    fn current(versions: &TalosVersions) -> Option<TalosVersion> {
+        versions.range.as_ref().map(|(lowest, _)| lowest.clone())
+    }
+
+    fn available(versions: &TalosVersions, catalog: &Catalog) -> Option<Option<TalosVersion>> {
+        let (lowest, highest) = versions.range.as_ref()?;
+        let running: Vec<KubernetesVersion> = versions.kubernetes.iter().cloned().collect();
+        Some(catalog::talos_available(catalog, lowest, highest, &running))
+    }
+
+    fn check_start(versions: &TalosVersions, target: &TalosVersion) -> StartCheck {
+        match check_new_run(versions, target) {
+            None => StartCheck::NoVersions,
+            Some(Ok(_)) => StartCheck::Go,
+            Some(Err(reason)) => StartCheck::Refused(reason),
+        }
+    }
+
+    fn hold_start(_: &Observation, _: &TalosVersion, gates: &Gates) -> Option<Hold> {
+        // Never both at once: a Kubernetes upgrade under way (static pods being patched, kubelets
+        // restarting) finishes before any node reboots for Talos.
+        let kubernetes = gates.kubernetes_running.as_ref()?;
+        Some(Hold {
+            status: crate::annotations::UpgradeStatus::InProgress,
+            condition: ConditionReason::InProgress,
+            message: format!(
+                "Waiting: the Kubernetes upgrade to {kubernetes} is running; the Talos upgrade starts when it is done"
+            ),
+            reason: Reason::UpgradeWaiting,
+            revisit: Revisit::Poll,
+        })
+    }
+
+    fn start(
+        requested: &str,
+        target: &TalosVersion,
+        settings: &Settings,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Run {
+        super::start_run(requested, target.semver(), settings.order, observation, now)
+    }
+
+    fn started(run: &Run, versions: &TalosVersions, target: &TalosVersion) -> String {
+        let lowest = versions
+            .range
+            .as_ref()
+            .map(|(lowest, _)| lowest.to_string())
+            .unwrap_or_default();
+        format!(
+            "Upgrading Talos from {lowest} to {target} on {} nodes ({} already on {target})",
+            run.nodes.len(),
+            run.counts().0
+        )
+    }
+
+    fn no_versions() -> &'static str {
+        "Waiting: no node's Talos API answers yet"
+    }
+
+    fn resume(run: &mut Run) {
+        // The failed node goes back to pending; everything done stays done.
+        for node in &mut run.nodes {
+            if matches!(node.step, NodeStep::Failed { .. }) {
+                node.step = NodeStep::Pending;
+            }
+        }
+        run.outcome = None;
+    }
+
+    fn before_deciding(run: &Run, settings: &Settings, observation: &Observation) -> Vec<Further> {
+        let mut further = Vec::new();
+        let draining: Vec<String> = super::draining(run)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if !draining.is_empty() {
+            further.push(Further::Drain(draining));
+        }
+        // Those the look already read are not read again.
+        let unread: Vec<String> = super::may_start(run, settings)
+            .into_iter()
+            .filter(|name| {
+                observation.node(name).is_some_and(|n| {
+                    matches!(
+                        n.talos,
+                        TalosState::Up {
+                            installer_image: None,
+                            ..
+                        }
+                    )
+                })
+            })
+            .map(str::to_string)
+            .collect();
+        if !unread.is_empty() {
+            further.push(Further::InstallerImages(unread));
+        }
+        further
+    }
+
+    fn merge(observation: &mut Observation, looked: FurtherLooked) {
+        match looked {
+            FurtherLooked::Drained(nodes) => {
+                for (name, status) in nodes {
+                    if let Some(node) = observation.node_mut(&name) {
+                        node.drain = status;
+                    }
+                }
+            }
+            FurtherLooked::InstallerImages(nodes) => {
+                for (name, read) in nodes {
+                    if let Some(node) = observation.node_mut(&name) {
+                        node.talos = with_installer_image(node.talos.clone(), read);
+                    }
+                }
+            }
+            FurtherLooked::Etcd(etcd) => observation.etcd = etcd,
+        }
+    }
+
+    fn advance(
+        run: &Run,
+        settings: &Settings,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Decision {
+        super::advance(run, settings, observation, &installer_image, now)
+    }
+
+    fn answered(
+        run: &mut Run,
+        action: &Action,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Answered<Further> {
+        match action {
+            // etcd is looked at once more, and when that fresh look shows it healthy with another
+            // leader, the control plane is upgraded in the same pass. (The fresh look is what the
+            // upgrade needs: Talos's legacy upgrade checks every etcd member when it gets the call,
+            // and an election still in progress would fail it.)
+            Action::ForfeitEtcdLeadership { .. } => Answered::LookFurther(Further::Etcd),
+            Action::Upgrade {
+                node,
+                api: UpgradeApi::Legacy,
+                ..
+            }
+            | Action::Reboot { node } => {
+                super::answered(run, node);
+                Answered::Nothing
+            }
+            Action::Upgrade {
+                node,
+                api: UpgradeApi::Lifecycle,
+                ..
+            } => {
+                // Draining starts with the next pass; the saved run says so before anything else.
+                let cordoned = observation.node(node).is_some_and(|n| n.cordoned);
+                super::installed(run, node, cordoned, now);
+                Answered::Nothing
+            }
+            Action::Uncordon { .. } => Answered::Nothing,
+        }
+    }
+
+    fn refused(run: &mut Run, action: &Action, reason: &str, now: Timestamp) -> Vec<Action> {
+        super::fail_node(run, action.node(), reason, now)
+            .into_iter()
+            .collect()
+    }
+
+    fn reports_before(actions: &[Action]) -> bool {
+        // An install (Talos ≥ 1.13 pulls and writes the new image first) can take minutes; moving etcd
+        // leadership changes no node and takes a moment.
+        actions.iter().any(|action| !Talos::looks_further(action))
+    }
+
+    fn looks_further(action: &Action) -> bool {
+        matches!(action, Action::ForfeitEtcdLeadership { .. })
+    }
+
+    fn finished_nodes(before: &Run, after: &Run) -> Vec<(NodeRole, f64)> {
+        after
+            .nodes
+            .iter()
+            .filter_map(|node| match &node.step {
+                NodeStep::Done {
+                    at,
+                    started_at: Some(started),
+                } if matches!(
+                    before.node(&node.name).map(|n| &n.step),
+                    Some(NodeStep::Issued { .. })
+                ) =>
+                {
+                    Some((node.role, at.duration_since(*started).as_secs_f64()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Observation {
+    pub(crate) fn node_mut(&mut self, name: &str) -> Option<&mut NodeObservation> {
+        self.nodes.iter_mut().find(|n| n.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_about_to_start_reads_the_installer_images_of_the_role_its_order_puts_first() {
+        use NodeRole::{ControlPlane, Worker};
+        let mixed = [
+            ("cp-1", ControlPlane),
+            ("w-1", Worker),
+            ("cp-2", ControlPlane),
+            ("w-2", Worker),
+        ];
+        let control_planes_only = [("cp-1", ControlPlane), ("cp-2", ControlPlane)];
+        type Nodes<'a> = &'a [(&'a str, NodeRole)];
+        let cases: [(Nodes, StartingNodes, &[&str]); 5] = [
+            (
+                &mixed,
+                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
+                &["w-1", "w-2"],
+            ),
+            (
+                &mixed,
+                StartingNodes::FirstInOrder(UpgradeOrder::ControlPlanesFirst),
+                &["cp-1", "cp-2"],
+            ),
+            // No workers: the control planes come first whatever the order.
+            (
+                &control_planes_only,
+                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
+                &["cp-1", "cp-2"],
+            ),
+            (
+                &[],
+                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
+                &[],
+            ),
+            (&mixed, StartingNodes::Named(vec!["cp-2".into()]), &["cp-2"]),
+        ];
+        for (nodes, starting, expected) in cases {
+            assert_eq!(starting.names(nodes), expected, "{nodes:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_up_whose_config_cannot_be_read_counts_as_unreachable() {
+        let up = || TalosState::Up {
+            version: Version::new(1, 11, 6),
+            boot_id: "boot-1".into(),
+            ready: true,
+            installer_image: None,
+        };
+        assert_eq!(
+            with_installer_image(up(), Ok("ghcr.io/siderolabs/installer:v1.11.6".into())),
+            TalosState::Up {
+                version: Version::new(1, 11, 6),
+                boot_id: "boot-1".into(),
+                ready: true,
+                installer_image: Some("ghcr.io/siderolabs/installer:v1.11.6".into()),
+            }
+        );
+        assert!(matches!(
+            with_installer_image(up(), Err("connection refused".into())),
+            TalosState::Unreachable { reason } if reason.contains("connection refused")
+        ));
+        let down = TalosState::Unreachable {
+            reason: "node cp-1 is rebooting".into(),
+        };
+        assert_eq!(
+            with_installer_image(down.clone(), Err("connection refused".into())),
+            down
+        );
+    }
+
+    #[test]
+    fn the_versions_are_the_lowest_and_highest_talos_and_the_lowest_kubelet() {
+        let talos = [Version::new(1, 11, 6), Version::new(1, 12, 0)];
+        let kubelets = [
+            KubernetesVersion::new(1, 34, 2),
+            KubernetesVersion::new(1, 34, 1),
+        ];
+        let versions = TalosVersions::of(&talos, &kubelets);
+        assert_eq!(
+            versions.range,
+            Some((TalosVersion::new(1, 11, 6), TalosVersion::new(1, 12, 0)))
+        );
+        assert_eq!(versions.kubernetes, Some(KubernetesVersion::new(1, 34, 1)));
+        assert_eq!(TalosVersions::of(&[], &[]), TalosVersions::default());
+    }
+}

@@ -1,0 +1,105 @@
+//! The Kubernetes upgrade's part of a reconcile: its looks and calls for the shared flow
+//! ([`crate::reconcile::flow`]).
+
+use talos_upgrade_core::kubernetes::{Kubernetes, KubernetesVersions, Observation, TalosApi};
+use talos_upgrade_core::lifecycle::{Act, Called, Looked, NoFurther};
+
+use super::{ExecuteError, ManifestMode};
+use crate::progress_store::Saved;
+use crate::reconcile::access::SharedAccess;
+use crate::reconcile::flow::KindIo;
+use crate::reconcile::wakeups::FollowedNode;
+
+/// The Kubernetes upgrade's IO for one cluster in one reconcile.
+pub struct KubernetesIo<'a> {
+    access: &'a SharedAccess<'a>,
+    /// How the bootstrap manifests are written, by the lowest Talos the last look saw.
+    manifests: ManifestMode,
+}
+
+impl<'a> KubernetesIo<'a> {
+    pub fn new(access: &'a SharedAccess<'a>) -> Self {
+        KubernetesIo {
+            access,
+            manifests: ManifestMode::Legacy,
+        }
+    }
+}
+
+impl KindIo<Kubernetes> for KubernetesIo<'_> {
+    /// The versions of a cluster with no Kubernetes upgrade in flight, from the nodes' Talos versions
+    /// (asked once per reconcile, whichever kind asks first), the Nodes and the control-plane pods.
+    async fn look_at_versions(&mut self) -> Looked<KubernetesVersions> {
+        let access = self.access.get().await.map_err(|e| e.to_string())?;
+        let talos_versions = access.talos_versions().await;
+        let observation = super::observe_versions(
+            &access.inventory,
+            talos_versions,
+            &access.workload,
+            &access.workload_nodes,
+        )
+        .await;
+        Ok(KubernetesVersions::of(&observation))
+    }
+
+    async fn look_at_cluster(&mut self, _: &()) -> Looked<Observation> {
+        let access = self.access.get().await.map_err(|e| e.to_string())?;
+        let observation = super::observe(&access.fleet, &access.inventory, &access.workload).await;
+        // By the lowest Talos among the nodes that answered (none: the legacy mode).
+        let lowest_talos = observation
+            .nodes
+            .iter()
+            .filter_map(|node| match &node.talos {
+                TalosApi::Up { version, .. } => Some(version.semver()),
+                TalosApi::Unreachable { .. } => None,
+            })
+            .min();
+        self.manifests = lowest_talos
+            .map(ManifestMode::for_lowest_talos)
+            .unwrap_or(ManifestMode::Legacy);
+        Ok(observation)
+    }
+
+    async fn further(&mut self, work: &[NoFurther]) -> Vec<NoFurther> {
+        match work.first() {
+            None => Vec::new(),
+            Some(nothing) => match *nothing {},
+        }
+    }
+
+    async fn act(&mut self, act: &Saved<Act<Kubernetes>>) -> Vec<Called> {
+        let access = match self.access.get().await {
+            Ok(access) => access,
+            Err(error) => return vec![Called::NotReached(error.to_string())],
+        };
+        let mut called = Vec::new();
+        for action in &act.get().actions {
+            let result = super::execute(
+                &access.fleet,
+                &access.inventory,
+                &access.workload,
+                action,
+                self.manifests,
+            )
+            .await;
+            match result {
+                Ok(()) => called.push(Called::Done),
+                Err(ExecuteError::Refused(reason)) => {
+                    called.push(Called::Refused(reason));
+                    break;
+                }
+                // Left as issued: the next pass makes the call again, until the step's deadline.
+                Err(ExecuteError::Transient(reason)) => {
+                    tracing::warn!(%reason, "Kubernetes upgrade call");
+                    called.push(Called::NotReached(reason));
+                }
+            }
+        }
+        called
+    }
+
+    /// The Kubernetes upgrade is not followed: its steps are looked at every poll.
+    fn follow(&self, _: &[String]) -> Vec<FollowedNode> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,113 @@
+//! One kind's part of a reconcile, written once for both kinds: the core's lifecycle asks, this loop
+//! does the IO. Look → decide (core) → save the run → publish → call → report.
+//!
+//! The loop carries out every [`Step`] of [`Lifecycle`] with the kind's IO ([`KindIo`]) and the
+//! progress record. An [`Act`] goes out as the protocol promises: the run is saved first (the
+//! write-ahead: [`Records::write_ahead`] hands the calls back only as [`Saved`]), its Events go out
+//! with the save, and the report it asks for is written beside the calls, so `kubectl wait` shows a
+//! node being upgraded during a long install rather than after it.
+
+use std::future::Future;
+
+use talos_upgrade_core::crd::KubernetesCluster;
+use talos_upgrade_core::lifecycle::{Act, Called, Conclusion, Lifecycle, Look, Looked, Step};
+
+use super::Error;
+use super::report::Reporter;
+use super::wakeups::FollowedNode;
+use crate::progress_store::{Records, Saved, Stored};
+
+/// How one kind of upgrade looks at a cluster and makes its calls.
+pub trait KindIo<K: Stored> {
+    /// The versions only (`*-current`, `*-available`); `Err` is why they could not be read.
+    fn look_at_versions(&mut self) -> impl Future<Output = Looked<K::Versions>> + Send;
+    /// Everything a decision needs; `Err` is why the cluster could not be looked at, as a sentence.
+    fn look_at_cluster(
+        &mut self,
+        request: &K::Request,
+    ) -> impl Future<Output = Looked<K::Observation>> + Send;
+    /// The work the core asks for within a pass, in order.
+    fn further(
+        &mut self,
+        work: &[K::Further],
+    ) -> impl Future<Output = Vec<K::FurtherLooked>> + Send;
+    /// Makes the saved calls in order, stopping at the first one refused.
+    fn act(&mut self, act: &Saved<Act<K>>) -> impl Future<Output = Vec<Called>> + Send;
+    /// The nodes in flight to follow until they are back (their followers wake the reconcile).
+    fn follow(&self, in_flight: &[String]) -> Vec<FollowedNode>;
+}
+
+/// How one kind's part of a reconcile ended.
+pub struct KindOutcome<K: Stored> {
+    pub conclusion: Conclusion<K>,
+    /// The cluster as written by a report made before the calls, if one was.
+    pub reported: Option<KubernetesCluster>,
+    /// The nodes in flight, followed.
+    pub follow: Vec<FollowedNode>,
+}
+
+/// Runs `lifecycle` to its end: every look, call and save it asks for.
+pub async fn drive<K, I>(
+    mut lifecycle: Lifecycle<'_, K>,
+    io: &mut I,
+    records: &mut Records<'_>,
+    reporter: &Reporter<'_>,
+    cluster: &KubernetesCluster,
+) -> Result<KindOutcome<K>, Error>
+where
+    K: Stored,
+    I: KindIo<K>,
+{
+    let mut reported = None;
+    let mut step = lifecycle.start();
+    let conclusion = loop {
+        step = match step {
+            Step::Look(Look::Versions) => lifecycle.looked_at_versions(io.look_at_versions().await),
+            Step::Look(Look::Cluster(request)) => {
+                lifecycle.looked_at_cluster(io.look_at_cluster(&request).await)
+            }
+            Step::Further(work) => lifecycle.further(io.further(&work).await),
+            Step::Act(act) => {
+                let notes = act.notes.clone();
+                let report = act.report.clone();
+                // The report goes out beside the save and the calls; the calls wait for the save and
+                // the Events only (a node's return costs no round trip before the next call but the
+                // write-ahead). Should the save fail, no call is made and the next reconcile decides,
+                // reports and announces again.
+                let baseline = reported.as_ref().unwrap_or(cluster);
+                let early = report.as_ref().map(|report| async move {
+                    reporter
+                        .write(baseline, &[report])
+                        .await
+                        // Not fatal: the report after the calls says it all again.
+                        .inspect_err(|error| tracing::warn!(%error, "reporting before the calls"))
+                        .ok()
+                        .flatten()
+                });
+                let save_and_call = async {
+                    let (saved, ()) = tokio::join!(
+                        records.write_ahead(act),
+                        reporter.publish(cluster, K::KIND, &notes)
+                    );
+                    Ok::<_, Error>(io.act(&saved?).await)
+                };
+                let (written, called) =
+                    tokio::join!(futures::future::OptionFuture::from(early), save_and_call);
+                if let Some(Some(object)) = written {
+                    reported = Some(object);
+                }
+                lifecycle.called(called?)
+            }
+            Step::Done(conclusion) => {
+                records.keep::<K>(conclusion.record.clone()).await?;
+                break conclusion;
+            }
+        };
+    };
+    let follow = io.follow(&conclusion.report.in_flight);
+    Ok(KindOutcome {
+        conclusion,
+        reported,
+        follow,
+    })
+}

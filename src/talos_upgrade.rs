@@ -1,0 +1,437 @@
+//! The IO of the Talos OS upgrade: looking at a cluster's nodes and etcd through their Talos APIs and
+//! its workload Nodes, the drain pass, and the calls (`MachineService.Upgrade` before Talos 1.13;
+//! `ImageService.Pull` + `LifecycleService.Upgrade`, then `Reboot`, from 1.13). What to do is decided
+//! in the core ([`talos_upgrade_core::talos`]); this module only looks and calls.
+
+use std::time::Instant;
+
+use talos_api::{LegacyUpgradeOptions, RebootMode, TalosError};
+use talos_upgrade_core::acknowledgement::LastLook;
+use talos_upgrade_core::lifecycle::{Act, Called, Looked};
+use talos_upgrade_core::talos::{
+    Action, Further, FurtherLooked, NodeObservation, Observation, StartingNodes, Talos, TalosState,
+    TalosVersions, UpgradeApi, with_installer_image,
+};
+use talos_upgrade_core::versions::KubernetesVersion;
+
+use crate::credentials;
+use crate::drain;
+use crate::inventory::{self, AddressNeed, InventoryNode, WorkloadNodeInfo};
+use crate::progress_store::Saved;
+use crate::reconcile::access::{Access, AccessError, SharedAccess};
+use crate::reconcile::flow::KindIo;
+use crate::reconcile::wakeups::FollowedNode;
+use crate::talos_fleet::{TalosFleet, control_planes};
+
+/// Why a cluster's Talos nodes could not be looked at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LookError {
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    /// No node answers, because the nodes refuse the Secret's credentials (a client certificate from
+    /// another cluster's CA, a server certificate the Secret's CA does not sign, a role without
+    /// access) rather than because they are down. Waiting cannot fix that.
+    #[error(
+        "the Talos API of node {node} refused the credentials in Secret {namespace}/{secret} \
+         ({why}); put this cluster's talosconfig (os:admin) in the Secret's {key:?} key"
+    )]
+    CredentialsRefused {
+        node: String,
+        namespace: String,
+        secret: String,
+        why: String,
+        key: &'static str,
+    },
+}
+
+/// The Talos upgrade's IO for one cluster in one reconcile.
+pub struct TalosIo<'a> {
+    access: &'a SharedAccess<'a>,
+    /// Where what this reconcile saw of the versions is kept, for the acknowledgement of a new target.
+    note_look: &'a (dyn Fn(Option<LastLook>) + Sync),
+    now: jiff::Timestamp,
+    /// What the last look saw of each node's workload Node (Ready, cordoned), and when it asked the
+    /// nodes: a follower started later replays what changed since.
+    seen: Vec<(String, bool, bool)>,
+    observed_at: Option<Instant>,
+}
+
+impl<'a> TalosIo<'a> {
+    pub fn new(
+        access: &'a SharedAccess<'a>,
+        note_look: &'a (dyn Fn(Option<LastLook>) + Sync),
+        now: jiff::Timestamp,
+    ) -> Self {
+        TalosIo {
+            access,
+            note_look,
+            now,
+            seen: Vec::new(),
+            observed_at: None,
+        }
+    }
+
+    fn note(&self, versions: Option<&TalosVersions>) {
+        (self.note_look)(
+            versions
+                .filter(|versions| versions.range.is_some())
+                .map(|versions| LastLook {
+                    versions: versions.clone(),
+                    at: self.now,
+                }),
+        );
+    }
+
+    async fn observe(&mut self, starting: &StartingNodes) -> Result<Observation, LookError> {
+        let access = self.access.get().await?;
+        let Access {
+            fleet,
+            inventory,
+            workload_nodes,
+            workload,
+            namespace,
+            secret_name,
+            ..
+        } = access;
+        let control_planes = control_planes(inventory);
+        let named: Vec<(&str, _)> = inventory
+            .iter()
+            .map(|node| (node.name.as_str(), node.role))
+            .collect();
+        let reading_images = &starting.names(&named);
+        // Every node and etcd at once: one round trip to the nodes, however many there are. The
+        // machine configs (installer images) of the nodes this pass may start are read in it too.
+        let observed_at = Instant::now();
+        let (states, etcd) = tokio::join!(
+            futures::future::join_all(inventory.iter().map(|node| async move {
+                if !reading_images.contains(&node.name) {
+                    return fleet.observe_node(node).await;
+                }
+                let (state, image) =
+                    tokio::join!(fleet.observe_node(node), fleet.read_installer_image(node));
+                with_installer_image(state, image.map_err(|e| e.to_string()))
+            })),
+            fleet.observe_etcd(&control_planes),
+        );
+        access.note_talos_versions(
+            states
+                .iter()
+                .map(|state| match state {
+                    TalosState::Up { version, .. } => Ok(version.clone()),
+                    TalosState::Unreachable { reason } => Err(reason.clone()),
+                })
+                .collect(),
+        );
+        // The Nodes were listed before the nodes were asked. A node that Talos reports running and
+        // ready while its Node is not Ready may have turned Ready in between (the kubelet reports right
+        // after Talos is ready), so the Nodes are read once more, rather than leaving it to a whole
+        // further reconcile to notice.
+        let ready_in = |nodes: &[WorkloadNodeInfo], name: &str| {
+            nodes.iter().any(|n| n.node.name == name && n.ready)
+        };
+        let behind = inventory.iter().zip(&states).any(|(node, state)| {
+            matches!(state, TalosState::Up { ready: true, .. })
+                && !ready_in(workload_nodes, &node.name)
+        });
+        let reread = if behind {
+            inventory::from_workload_nodes(workload.clone(), AddressNeed::Optional)
+                .await
+                .inspect_err(|error| tracing::debug!(%error, "reading the workload Nodes again"))
+                .ok()
+        } else {
+            None
+        };
+        let workload_nodes: &[WorkloadNodeInfo] = reread.as_deref().unwrap_or(workload_nodes);
+        let workload_node = |name: &str| workload_nodes.iter().find(|n| n.node.name == name);
+        let nodes: Vec<NodeObservation> = inventory
+            .iter()
+            .zip(states)
+            .map(|(node, talos)| NodeObservation {
+                name: node.name.clone(),
+                role: node.role,
+                kubernetes_ready: ready_in(workload_nodes, &node.name),
+                cordoned: workload_node(&node.name).is_some_and(|n| n.unschedulable),
+                drain: None,
+                kubelet_version: workload_node(&node.name)
+                    .and_then(|n| n.kubelet_version.as_deref())
+                    .and_then(|v| KubernetesVersion::parse(v).ok()),
+                talos,
+            })
+            .collect();
+        if nodes
+            .iter()
+            .all(|n| matches!(n.talos, TalosState::Unreachable { .. }))
+            && let Some(refused) =
+                credentials_refused(fleet, inventory, namespace, secret_name).await
+        {
+            return Err(refused);
+        }
+        self.seen = nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.kubernetes_ready, n.cordoned))
+            .collect();
+        self.observed_at = Some(observed_at);
+        Ok(Observation { nodes, etcd })
+    }
+
+    /// Cordons and evicts on every node the run is draining, and says what is left on each.
+    async fn drain_pass(&self, nodes: &[String]) -> FurtherLooked {
+        let Ok(access) = self.access.get().await else {
+            return FurtherLooked::Drained(nodes.iter().map(|n| (n.clone(), None)).collect());
+        };
+        let mut drained = Vec::new();
+        for node in nodes {
+            let status = match drain::drain_pass(&access.workload, node).await {
+                Ok(status) => Some(status),
+                Err(error) => {
+                    tracing::warn!(%node, %error, "draining");
+                    None
+                }
+            };
+            drained.push((node.clone(), status));
+        }
+        FurtherLooked::Drained(drained)
+    }
+
+    /// Reads the installer image of the named nodes, all at once.
+    async fn installer_images(&self, names: &[String]) -> FurtherLooked {
+        let Ok(access) = self.access.get().await else {
+            return FurtherLooked::InstallerImages(Vec::new());
+        };
+        let reads = access
+            .inventory
+            .iter()
+            .filter(|node| names.contains(&node.name))
+            .map(|node| async move {
+                let read = access.fleet.read_installer_image(node).await;
+                (node.name.clone(), read.map_err(|e| e.to_string()))
+            });
+        FurtherLooked::InstallerImages(futures::future::join_all(reads).await)
+    }
+}
+
+impl KindIo<Talos> for TalosIo<'_> {
+    /// `talos-current` and `talos-available` of a cluster with nothing in flight, from one `Version`
+    /// call per node and the workload Nodes (no etcd, no machine configs): what an idle refresh costs.
+    async fn look_at_versions(&mut self) -> Looked<TalosVersions> {
+        let access = match self.access.get().await {
+            Ok(access) => access,
+            Err(error) => {
+                self.note(None);
+                return Err(error.to_string());
+            }
+        };
+        let talos = access.talos_versions().await;
+        let kubelets = kubelets(access);
+        let versions = TalosVersions::of(talos.iter().filter_map(|v| v.as_ref().ok()), &kubelets);
+        self.note(Some(&versions));
+        Ok(versions)
+    }
+
+    async fn look_at_cluster(&mut self, starting: &StartingNodes) -> Looked<Observation> {
+        let observed = self.observe(starting).await;
+        let versions = observed
+            .as_ref()
+            .ok()
+            .map(<Talos as talos_upgrade_core::lifecycle::Kind>::versions_of);
+        self.note(versions.as_ref());
+        observed.map_err(|error| error.to_string())
+    }
+
+    async fn further(&mut self, work: &[Further]) -> Vec<FurtherLooked> {
+        let mut looked = Vec::new();
+        for further in work {
+            looked.push(match further {
+                Further::Drain(nodes) => self.drain_pass(nodes).await,
+                Further::InstallerImages(names) => self.installer_images(names).await,
+                Further::Etcd => match self.access.get().await {
+                    Ok(access) => FurtherLooked::Etcd(
+                        access
+                            .fleet
+                            .observe_etcd(&control_planes(&access.inventory))
+                            .await,
+                    ),
+                    Err(error) => FurtherLooked::Etcd(talos_upgrade_core::talos::EtcdObservation {
+                        problem: Some(error.to_string()),
+                        leader: None,
+                    }),
+                },
+            });
+        }
+        looked
+    }
+
+    async fn act(&mut self, act: &Saved<Act<Talos>>) -> Vec<Called> {
+        let access = match self.access.get().await {
+            Ok(access) => access,
+            Err(error) => {
+                return vec![Called::NotReached(error.to_string())];
+            }
+        };
+        let mut called = Vec::new();
+        for action in &act.get().actions {
+            let result = call(access, action).await;
+            let refused = matches!(result, Called::Refused(_));
+            called.push(result);
+            if refused {
+                break;
+            }
+        }
+        called
+    }
+
+    fn follow(&self, in_flight: &[String]) -> Vec<FollowedNode> {
+        let (Some(observed_at), Some(Ok(access))) = (self.observed_at, self.access.peek()) else {
+            return Vec::new();
+        };
+        access
+            .inventory
+            .iter()
+            .filter(|node| in_flight.contains(&node.name))
+            .filter_map(|node| {
+                let seen = self
+                    .seen
+                    .iter()
+                    .find(|(name, ..)| *name == node.name)
+                    .map(|(_, ready, cordoned)| (*ready, *cordoned));
+                Some(FollowedNode {
+                    name: node.name.clone(),
+                    talos: access.fleet.client(node.address).ok()?,
+                    workload: access.workload.clone(),
+                    observed_at,
+                    seen,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The kubelet versions of this cluster's Talos nodes. A workload Node that is not in the inventory
+/// (not a Talos node of this cluster) does not count.
+fn kubelets(access: &Access) -> Vec<KubernetesVersion> {
+    access
+        .workload_nodes
+        .iter()
+        .filter(|n| access.inventory.iter().any(|node| node.name == n.node.name))
+        .filter_map(|n| {
+            n.kubelet_version
+                .as_deref()
+                .and_then(|v| KubernetesVersion::parse(v).ok())
+        })
+        .collect()
+}
+
+/// Makes one call.
+async fn call(access: &Access, action: &Action) -> Called {
+    let node_name = action.node().to_string();
+    if let Action::Uncordon { .. } = action {
+        // Best effort: while the node is in flight the next pass uncordons it again if this failed.
+        if let Err(error) = drain::uncordon(&access.workload, &node_name).await {
+            tracing::warn!(node = %node_name, %error, "uncordoning");
+        }
+        return Called::Done;
+    }
+    let Some(node) = access.inventory.iter().find(|n| n.name == node_name) else {
+        return Called::Refused("is no longer in the node inventory".to_string());
+    };
+    let client = match access.fleet.client(node.address) {
+        Ok(client) => client,
+        Err(error) => return Called::Refused(format!("cannot be reached: {error}")),
+    };
+    let (result, what) = match action {
+        Action::Uncordon { .. } => return Called::Done,
+        Action::ForfeitEtcdLeadership { .. } => {
+            // Best effort: if it fails, the next look sees the same leader and tries again.
+            if let Err(error) = client.etcd_forfeit_leadership().await {
+                tracing::warn!(node = %node_name, %error, "moving etcd leadership");
+            }
+            return Called::Done;
+        }
+        Action::Upgrade {
+            installer_image,
+            api: UpgradeApi::Legacy,
+            ..
+        } => (
+            client
+                .upgrade_legacy(
+                    installer_image,
+                    &LegacyUpgradeOptions {
+                        preserve: true,
+                        ..LegacyUpgradeOptions::default()
+                    },
+                )
+                .await
+                .map(|_| ()),
+            "the upgrade",
+        ),
+        Action::Upgrade {
+            installer_image,
+            api: UpgradeApi::Lifecycle,
+            ..
+        } => {
+            let install = async {
+                client.image_pull(installer_image).await?;
+                client.lifecycle_upgrade(installer_image).await
+            };
+            match install.await {
+                Ok(_) => return Called::Done,
+                // An install that did not finish has not happened: the node runs its old system
+                // untouched, so the next pass installs again.
+                Err(error) if error.is_unreachable() => {
+                    tracing::warn!(node = %node_name, %error, "installing the new system");
+                    return Called::NotReached(error.to_string());
+                }
+                Err(error) => (Err(error), "the installation"),
+            }
+        }
+        Action::Reboot { .. } => (
+            client.reboot(RebootMode::Default).await.map(|_| ()),
+            "the reboot",
+        ),
+    };
+    match result {
+        Ok(()) => Called::Done,
+        // Both the legacy upgrade call and the reboot answer before the node goes down, so no answer
+        // means the node may never have got the call (apid answering `Unavailable` is one way): the
+        // run keeps it as unanswered, and makes it again only if the node is seen still running its
+        // old boot, ready, after a grace period (see `Settings::unanswered_grace`).
+        Err(error) if error.is_unreachable() => {
+            tracing::warn!(node = %node_name, %error, "{what} got no answer");
+            Called::NotReached(error.to_string())
+        }
+        Err(error) => Called::Refused(format!("refused {what}: {error}")),
+    }
+}
+
+/// When no node answers: whether the nodes refuse the Secret's credentials. Asks one node, directly
+/// (through a relay, a refusal could be the relay's hop rather than these credentials); `None` when
+/// it is merely unreachable.
+async fn credentials_refused(
+    fleet: &TalosFleet,
+    inventory: &[InventoryNode],
+    namespace: &str,
+    secret_name: &str,
+) -> Option<LookError> {
+    let node = inventory.first()?;
+    let refused = |why: String| LookError::CredentialsRefused {
+        node: node.name.clone(),
+        namespace: namespace.to_string(),
+        secret: secret_name.to_string(),
+        why,
+        key: credentials::TALOSCONFIG_KEY,
+    };
+    let client = match fleet.direct_client(node.address) {
+        Ok(client) => client,
+        Err(error) => return Some(refused(error.to_string())),
+    };
+    match client.version().await {
+        Err(TalosError::Tls { reason, .. }) => {
+            Some(refused(format!("TLS handshake failed: {reason}")))
+        }
+        Err(TalosError::PermissionDenied { message, .. }) => {
+            Some(refused(format!("permission denied: {message}")))
+        }
+        Err(TalosError::Config(reason)) => Some(refused(reason)),
+        _ => None,
+    }
+}
