@@ -157,17 +157,21 @@ fn kubeconfig_error_position(error: &kube::config::KubeconfigError) -> String {
     String::new()
 }
 
+/// The workload cluster's kubeconfig does not make a client (its message never quotes the file).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the workload kubeconfig cannot be used: {0}")]
+pub struct WorkloadClientError(String);
+
 /// A client for the workload cluster described by `kubeconfig`.
-pub async fn workload_client(kubeconfig: Kubeconfig) -> Result<kube::Client, String> {
+pub async fn workload_client(kubeconfig: Kubeconfig) -> Result<kube::Client, WorkloadClientError> {
     let mut config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .map_err(|e| format!("the workload kubeconfig cannot be used: {e}"))?;
+            .map_err(|e| WorkloadClientError(e.to_string()))?;
     // kube retries 429 answers for minutes by default. An eviction refused by a PodDisruptionBudget is a
     // 429 the drain must see at once; every other call is retried by the next reconcile anyway.
     config.default_retry = false;
-    crate::api_client::client(config)
-        .map_err(|e| format!("the workload kubeconfig cannot be used: {e}"))
+    crate::api_client::client(config).map_err(|e| WorkloadClientError(e.to_string()))
 }
 
 #[cfg(test)]

@@ -4,19 +4,23 @@
 //! This crate is the shell around the pure core (`talos_upgrade_core`): it reads and writes Kubernetes,
 //! talks to Talos (`talos_api`), and runs the reconcile loop.
 //!
-//! * the reconcile: [`reconcile`] (access, acknowledgement, the flow both upgrade kinds share, report
-//!   writing, wake-ups);
-//! * the IO of each upgrade kind: [`talos_upgrade`] and [`kubernetes_upgrade`];
-//! * the edges: [`api_client`], [`progress_store`], [`read_cache`], [`inventory`], [`credentials`],
-//!   [`drain`], [`talos_fleet`], [`catalog_sources`];
+//! * the reconcile: [`reconcile`] (the acknowledgement, the flow both upgrade kinds share, report
+//!   writing);
+//! * the IO of each upgrade kind, behind [`kind_io`]: [`talos_upgrade`] and [`kubernetes_upgrade`];
+//! * the edges: [`cluster_access`] (credentials, inventory, connections per cluster),
+//!   [`api_client`], [`progress_store`], [`read_cache`], [`inventory`], [`credentials`], [`drain`],
+//!   [`talos_fleet`], [`followers`] (the nodes in flight), [`catalog_sources`];
 //! * operations: [`metrics`], [`admin`], [`leader`].
 
 pub mod admin;
 pub mod api_client;
 pub mod catalog_sources;
+pub mod cluster_access;
 pub mod credentials;
 pub mod drain;
+pub mod followers;
 pub mod inventory;
+pub mod kind_io;
 pub mod kubernetes_upgrade;
 pub mod leader;
 pub mod metrics;

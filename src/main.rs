@@ -153,17 +153,17 @@ fn release_catalog(
 }
 
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
-    use talos_upgrade_controller::{admin, leader, metrics::Metrics, reconcile as controller};
+    use talos_upgrade_controller::{admin, leader, metrics::Metrics, reconcile};
     // Three connections to the API server (each client its own; see `api_client`): the reconciles', the
-    // intake's (`controller::ApiClients`) and the Lease's (below).
+    // intake's (`reconcile::ApiClients`) and the Lease's (below).
     let config = kube::Config::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     let clients =
-        controller::ApiClients::connect(&config).context("connecting to the Kubernetes API")?;
+        reconcile::ApiClients::connect(&config).context("connecting to the Kubernetes API")?;
     let metrics = Metrics::new();
     let health = admin::HealthState::default();
-    let settings = controller::Settings {
+    let settings = reconcile::Settings {
         limits: talos_upgrade_core::lifecycle::Limits {
             node_deadline: args.node_deadline,
             drain_timeout: args.drain_timeout,
@@ -174,7 +174,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         poll_interval: args.poll_interval,
         idle_interval: args.idle_interval,
         secret_name_template: args.secret_name_template,
-        ..controller::Settings::default()
+        ..reconcile::Settings::default()
     };
     // The pod name in a cluster; elsewhere the host name and process id, so that two processes on one
     // machine never share a Lease identity.
@@ -203,7 +203,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let controller = async {
         if !args.leader_elect {
-            controller::run(
+            reconcile::run(
                 clients,
                 namespace,
                 metrics,
@@ -234,7 +234,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             shutdown.clone(),
             move || standby.set_ready(),
             |term: tokio_util::sync::CancellationToken| {
-                controller::run(
+                reconcile::run(
                     clients.clone(),
                     namespace.clone(),
                     metrics.clone(),

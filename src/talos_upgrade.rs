@@ -14,13 +14,13 @@ use talos_upgrade_core::talos::{
 };
 use talos_upgrade_core::versions::KubernetesVersion;
 
+use crate::cluster_access::{Access, AccessError, SharedAccess};
 use crate::credentials;
 use crate::drain;
+use crate::followers::FollowedNode;
 use crate::inventory::{self, AddressNeed, InventoryNode, WorkloadNodeInfo};
+use crate::kind_io::KindIo;
 use crate::progress_store::Saved;
-use crate::reconcile::access::{Access, AccessError, SharedAccess};
-use crate::reconcile::flow::KindIo;
-use crate::reconcile::wakeups::FollowedNode;
 use crate::talos_fleet::{TalosFleet, control_planes};
 
 /// Why a cluster's Talos nodes could not be looked at.

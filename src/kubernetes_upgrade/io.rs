@@ -5,10 +5,10 @@ use talos_upgrade_core::kubernetes::{Kubernetes, KubernetesVersions, Observation
 use talos_upgrade_core::lifecycle::{Act, Called, Looked, NoFurther};
 
 use super::{ExecuteError, ManifestMode};
+use crate::cluster_access::SharedAccess;
+use crate::followers::FollowedNode;
+use crate::kind_io::KindIo;
 use crate::progress_store::Saved;
-use crate::reconcile::access::SharedAccess;
-use crate::reconcile::flow::KindIo;
-use crate::reconcile::wakeups::FollowedNode;
 
 /// The Kubernetes upgrade's IO for one cluster in one reconcile.
 pub struct KubernetesIo<'a> {

@@ -1,6 +1,6 @@
-//! The IO edge of the Kubernetes version upgrade: [`observe`] fills the decision core's
-//! [`Observation`] (see [`talos_upgrade_core::kubernetes`]) from the nodes' Talos APIs and the workload
-//! cluster, and [`execute`] performs one of its [`Action`]s.
+//! The IO of the Kubernetes version upgrade: [`observe`] fills the decision core's [`Observation`]
+//! (see [`talos_upgrade_core::kubernetes`]) from the nodes' Talos APIs and the workload cluster,
+//! [`execute`] performs one of its [`Action`]s, and [`KubernetesIo`] offers both to the shared flow.
 //!
 //! - [`Action::PullImages`]: legacy `ImagePull` per image, into `system` (kubelet) or `k8s.io` (the
 //!   static pods); `Unimplemented` counts as done, as in talosctl.

@@ -3,39 +3,19 @@
 //!
 //! The loop carries out every [`Step`] of [`Lifecycle`] with the kind's IO ([`KindIo`]) and the
 //! progress record. An [`Act`] goes out as the protocol promises: the run is saved first (the
-//! write-ahead: [`Records::write_ahead`] hands the calls back only as [`Saved`]), its Events go out
+//! write-ahead: [`Records::write_ahead`] hands the calls back only as
+//! [`Saved`](crate::progress_store::Saved)), its Events go out
 //! with the save, and the report it asks for is written beside the calls, so `kubectl wait` shows a
 //! node being upgraded during a long install rather than after it.
 
-use std::future::Future;
-
 use talos_upgrade_core::crd::KubernetesCluster;
-use talos_upgrade_core::lifecycle::{Act, Called, Conclusion, Lifecycle, Look, Looked, Step};
+use talos_upgrade_core::lifecycle::{Conclusion, Lifecycle, Look, Step};
 
 use super::Error;
 use super::report::Reporter;
-use super::wakeups::FollowedNode;
-use crate::progress_store::{Records, Saved, Stored};
-
-/// How one kind of upgrade looks at a cluster and makes its calls.
-pub trait KindIo<K: Stored> {
-    /// The versions only (`*-current`, `*-available`); `Err` is why they could not be read.
-    fn look_at_versions(&mut self) -> impl Future<Output = Looked<K::Versions>> + Send;
-    /// Everything a decision needs; `Err` is why the cluster could not be looked at, as a sentence.
-    fn look_at_cluster(
-        &mut self,
-        request: &K::Request,
-    ) -> impl Future<Output = Looked<K::Observation>> + Send;
-    /// The work the core asks for within a pass, in order.
-    fn further(
-        &mut self,
-        work: &[K::Further],
-    ) -> impl Future<Output = Vec<K::FurtherLooked>> + Send;
-    /// Makes the saved calls in order, stopping at the first one refused.
-    fn act(&mut self, act: &Saved<Act<K>>) -> impl Future<Output = Vec<Called>> + Send;
-    /// The nodes in flight to follow until they are back (their followers wake the reconcile).
-    fn follow(&self, in_flight: &[String]) -> Vec<FollowedNode>;
-}
+use crate::followers::FollowedNode;
+use crate::kind_io::KindIo;
+use crate::progress_store::{Records, Stored};
 
 /// How one kind's part of a reconcile ended.
 pub struct KindOutcome<K: Stored> {

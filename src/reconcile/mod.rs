@@ -9,18 +9,15 @@
 //! ```
 //!
 //! Every decision is the core's ([`talos_upgrade_core::lifecycle`]); this module and its submodules
-//! only carry them out: [`access`] reaches the cluster, [`acknowledge`] keeps the last looks for the
-//! early `in-progress`, [`flow`] drives a kind's lifecycle, [`report`] writes, [`wakeups`] follows
-//! the nodes in flight.
+//! only carry them out: `acknowledge` keeps the last looks for the early `in-progress`, `flow`
+//! drives a kind's lifecycle with its IO ([`crate::kind_io`]), [`report`] writes; the cluster is
+//! reached through [`crate::cluster_access`] and the nodes in flight followed by [`crate::followers`].
 
-pub(crate) mod access;
 mod acknowledge;
-pub(crate) mod flow;
+mod flow;
 pub mod report;
-pub(crate) mod wakeups;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -33,10 +30,11 @@ use tracing::Instrument;
 
 use crate::admin::HealthState;
 use crate::catalog_sources::CatalogHandle;
+use crate::cluster_access::{Connections, SharedAccess};
+use crate::followers::Wakeups;
 use crate::kubernetes_upgrade::KubernetesIo;
 use crate::metrics::{ClusterKey, ClusterUpgradeGauges, Metrics};
 use crate::progress_store::{ProgressStore, Records, Stored};
-use crate::talos_fleet::TalosFleet;
 use crate::talos_upgrade::TalosIo;
 use talos_api::ConnectOptions;
 use talos_upgrade_core::acknowledgement;
@@ -85,17 +83,6 @@ impl Default for Settings {
     }
 }
 
-/// One cluster's connections, built from its credentials Secret: the Talos fleet and the workload API
-/// client. Kept across reconciles (connections and TLS sessions are reused) until the Secret changes.
-#[derive(Clone)]
-pub struct ClusterLink {
-    pub fleet: Arc<TalosFleet>,
-    pub workload: Client,
-}
-
-/// (namespace, cluster name) → (resourceVersion of the credentials Secret, its connections).
-type LinkCache = HashMap<(String, String), (String, ClusterLink)>;
-
 /// The controller's clients of the management cluster.
 #[derive(Clone)]
 pub struct ApiClients {
@@ -139,14 +126,13 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,
-    /// Connections per cluster, rebuilt when the credentials Secret changes.
-    links: Mutex<LinkCache>,
+    /// How each cluster is reached: its credentials, inventory and connections, kept across reconciles.
+    connections: Connections,
     /// Followers of the nodes in flight, which wake a cluster's reconcile when a node changes.
-    wakeups: wakeups::Wakeups,
-    /// Progress records and Machine inventories reused between reconciles while unchanged (kept
-    /// current by the metadata watches [`run`] starts; without them every reconcile reads).
+    wakeups: Wakeups,
+    /// Progress records reused between reconciles while unchanged (kept current by the metadata watch
+    /// [`run`] starts; without it every reconcile reads).
     progress_reads: Arc<crate::progress_store::ProgressCache>,
-    machines: crate::inventory::MachineInventories,
     /// What the last reconcile of each cluster saw of its versions, for acknowledging a new target
     /// before looking again (see [`acknowledge`]).
     last_looks: acknowledge::LastLooks,
@@ -183,15 +169,18 @@ impl Context {
             },
         );
         Context {
+            connections: Connections::new(
+                client.clone(),
+                settings.secret_name_template.clone(),
+                settings.talos.clone(),
+            ),
             client,
             intake,
             recorder,
             metrics,
             settings,
-            links: Mutex::new(HashMap::new()),
-            wakeups: wakeups::Wakeups::default(),
+            wakeups: Wakeups::default(),
             progress_reads: Arc::default(),
-            machines: Default::default(),
             last_looks: Default::default(),
         }
     }
@@ -214,31 +203,13 @@ impl Context {
         let machines = {
             let ctx = self.clone();
             tokio::spawn(async move {
-                ctx.machines
+                ctx.connections
+                    .machines
                     .follow(ctx.client.clone(), namespace.as_deref())
                     .await;
             })
         };
         AbortOnDrop(vec![progress.abort_handle(), machines.abort_handle()])
-    }
-
-    /// The connections last built for a cluster, with the resourceVersion of the Secret they were built
-    /// from (usable once the Secret is read at that version).
-    fn known_link(&self, key: &(String, String)) -> Option<(String, ClusterLink)> {
-        let links = self
-            .links
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        links.get(key).cloned()
-    }
-
-    /// Keeps `link` as the cluster's connections for the Secret at `version`.
-    fn keep_link(&self, key: (String, String), version: &str, link: ClusterLink) {
-        let mut links = self
-            .links
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        links.insert(key, (version.to_string(), link));
     }
 }
 
@@ -263,13 +234,35 @@ pub enum Error {
     Report(#[source] kube::Error),
 }
 
-impl Error {
-    /// Low-cardinality label for the reconcile-errors metric.
-    pub fn category(&self) -> &'static str {
+/// What kind of failure ended a reconcile: the reconcile-errors metric's `category` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCategory {
+    /// Someone else wrote the progress record since it was read; decided again at once.
+    ProgressConflict,
+    /// The progress record could not be read or written.
+    ProgressStore,
+    /// The cluster's annotations or status could not be written.
+    Report,
+}
+
+impl ErrorCategory {
+    pub fn as_str(self) -> &'static str {
         match self {
-            Error::Store(crate::progress_store::StoreError::Conflict { .. }) => "progress_conflict",
-            Error::Store(_) => "progress_store",
-            Error::Report(_) => "report",
+            ErrorCategory::ProgressConflict => "progress_conflict",
+            ErrorCategory::ProgressStore => "progress_store",
+            ErrorCategory::Report => "report",
+        }
+    }
+}
+
+impl Error {
+    pub fn category(&self) -> ErrorCategory {
+        match self {
+            Error::Store(crate::progress_store::StoreError::Conflict { .. }) => {
+                ErrorCategory::ProgressConflict
+            }
+            Error::Store(_) => ErrorCategory::ProgressStore,
+            Error::Report(_) => ErrorCategory::Report,
         }
     }
 }
@@ -310,7 +303,7 @@ async fn reconcile_cluster(
 
     // One progress record and one access per reconcile, shared by both kinds: the Kubernetes part
     // works on the record as the Talos part left it (saved or not).
-    let access = access::SharedAccess::new(&cluster, &ctx);
+    let access = SharedAccess::new(&cluster, &ctx.connections);
     let acknowledgement = acknowledgement::acknowledgement(
         cluster.annotations(),
         &intent,
@@ -586,7 +579,8 @@ pub fn user_inputs(cluster: &KubernetesCluster) -> Option<u64> {
 /// Retries failed reconciles: a progress conflict at once (someone else wrote; decide again), anything
 /// else after a pause.
 pub fn error_policy(_cluster: Arc<KubernetesCluster>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.record_reconcile_error(error.category());
+    ctx.metrics
+        .record_reconcile_error(error.category().as_str());
     tracing::warn!(%error, "reconcile failed");
     match error {
         Error::Store(crate::progress_store::StoreError::Conflict { .. }) => {

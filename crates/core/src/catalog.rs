@@ -9,7 +9,7 @@
 //! Three layers, each optional except the first:
 //! * the built-in catalog ([`Catalog::builtin`]): releases named in the project's reference material,
 //!   so the controller gives useful advice with no network access at all;
-//! * an operator's YAML file ([`CatalogOverride`], [`file`]) that extends or replaces the built-in lists;
+//! * an operator's YAML file ([`CatalogOverride`], [`mod@file`]) that extends or replaces the built-in lists;
 //! * live sources (the controller's `catalog_sources`): a background task that merges the Talos Image
 //!   Factory's version list and a registry's Kubernetes tag list into the catalog. Off by default; a
 //!   reconcile only ever reads a snapshot and never waits for the network.

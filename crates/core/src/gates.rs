@@ -9,9 +9,7 @@
 //! for the other within it.
 
 use crate::annotations::{UpgradeKind, UpgradeStatus};
-use crate::kubernetes::KubeRun;
-use crate::lifecycle::Record;
-use crate::talos::Run;
+use crate::run::Record;
 
 /// What each kind's state means for the other, in one reconcile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,15 +24,15 @@ pub struct Gates {
 
 impl Gates {
     /// The gates for the Talos part of a reconcile, which comes first.
-    pub fn for_talos(kubernetes: Option<&KubeRun>) -> Gates {
+    pub fn for_talos(kubernetes: Option<&impl Record>) -> Gates {
         Gates {
             talos_upgrading: false,
-            kubernetes_running: running(kubernetes).map(|run| run.target.clone()),
+            kubernetes_running: running(kubernetes).map(|run| run.target().to_string()),
         }
     }
 
     /// The gates for the Kubernetes part, after the Talos part reported `talos_status`.
-    pub fn for_kubernetes(talos: Option<&Run>, talos_status: UpgradeStatus) -> Gates {
+    pub fn for_kubernetes(talos: Option<&impl Record>, talos_status: UpgradeStatus) -> Gates {
         Gates {
             talos_upgrading: talos_status == UpgradeStatus::InProgress || running(talos).is_some(),
             kubernetes_running: None,
@@ -60,8 +58,9 @@ pub fn running<R: Record>(run: Option<&R>) -> Option<&R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubernetes::{Step, StepProgress, StepState};
+    use crate::kubernetes::{KubeRun, Step, StepProgress, StepState};
     use crate::run::Outcome;
+    use crate::talos::Run;
 
     fn at() -> jiff::Timestamp {
         "2026-11-25T10:00:00Z".parse().expect("timestamp")

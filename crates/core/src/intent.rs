@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 
 use crate::annotations::{self, UpgradeKind};
-pub use crate::talos::UpgradeOrder;
+pub use crate::run::UpgradeOrder;
 use crate::versions::{KubernetesVersion, TalosVersion, VersionParseError};
 
 /// A `*-target` annotation.

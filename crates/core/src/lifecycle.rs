@@ -33,36 +33,7 @@ use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
 use crate::report::KindReport;
-use crate::run::{NodeRole, Note, NoteType, Outcome, PreflightCheck, Reason, Report, RunState};
-
-/// A persisted run of one kind, as the lifecycle reads it.
-pub trait Record: Clone + PartialEq + fmt::Debug {
-    /// The target as the user wrote it (trimmed): a different annotation value is a different run.
-    fn requested(&self) -> &str;
-    /// The normalised target version.
-    fn target(&self) -> &str;
-    fn started_at(&self) -> Timestamp;
-    fn outcome(&self) -> Option<&Outcome>;
-    /// Whether the run has nodes or steps: a run, rather than a target refused before any was touched.
-    fn touched(&self) -> bool;
-    /// Nodes done and in all, as `*-progress` shows them.
-    fn counts(&self) -> (usize, usize);
-    /// The nodes being worked on right now, in run order.
-    fn in_flight(&self) -> Vec<String>;
-    /// The record of a target refused before any node was touched, so it is not decided again.
-    fn refused(requested: &str, reason: &str, now: Timestamp) -> Self;
-
-    fn is_finished(&self) -> bool {
-        self.outcome().is_some()
-    }
-
-    fn failure(&self) -> Option<&str> {
-        match self.outcome() {
-            Some(Outcome::Failed { reason, .. }) => Some(reason),
-            Some(Outcome::Completed { .. }) | None => None,
-        }
-    }
-}
+use crate::run::{NodeRole, Note, NoteType, PreflightCheck, Reason, Record, Report, RunState};
 
 /// What differs between the two kinds of upgrade, for the lifecycle they share.
 pub trait Kind {

@@ -1,5 +1,6 @@
-//! The vocabulary both kinds of upgrade share: a node's role, how a run ends, where it stands, what it
-//! tells the user (the decision's [`Report`] and its Events as [`Note`]s), and the checks that hold it.
+//! The vocabulary both kinds of upgrade share: a node's role and the order of roles, a run as it is
+//! recorded ([`Record`]), how a run ends, where it stands, what it tells the user (the decision's
+//! [`Report`] and its Events as [`Note`]s), and the checks that hold it.
 
 use std::fmt;
 use std::time::Duration;
@@ -45,6 +46,67 @@ pub enum Outcome {
         node: Option<String>,
         reason: String,
     },
+}
+
+/// A persisted run of either kind, as the lifecycle and the gates read it.
+pub trait Record: Clone + PartialEq + fmt::Debug {
+    /// The target as the user wrote it (trimmed): a different annotation value is a different run.
+    fn requested(&self) -> &str;
+    /// The normalised target version.
+    fn target(&self) -> &str;
+    fn started_at(&self) -> Timestamp;
+    fn outcome(&self) -> Option<&Outcome>;
+    /// Whether the run has nodes or steps: a run, rather than a target refused before any was touched.
+    fn touched(&self) -> bool;
+    /// Nodes done and in all, as `*-progress` shows them.
+    fn counts(&self) -> (usize, usize);
+    /// The nodes being worked on right now, in run order.
+    fn in_flight(&self) -> Vec<String>;
+    /// The record of a target refused before any node was touched, so it is not decided again.
+    fn refused(requested: &str, reason: &str, now: Timestamp) -> Self;
+
+    fn is_finished(&self) -> bool {
+        self.outcome().is_some()
+    }
+
+    fn failure(&self) -> Option<&str> {
+        match self.outcome() {
+            Some(Outcome::Failed { reason, .. }) => Some(reason),
+            Some(Outcome::Completed { .. }) | None => None,
+        }
+    }
+}
+
+/// Node order of the Talos OS upgrade (`upgrade-order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum UpgradeOrder {
+    /// Workers first, then control planes one at a time: a bad release shows up on a worker before it
+    /// can cost etcd quorum.
+    #[default]
+    WorkersFirst,
+    ControlPlanesFirst,
+}
+
+impl UpgradeOrder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgradeOrder::WorkersFirst => "workers-first",
+            UpgradeOrder::ControlPlanesFirst => "control-planes-first",
+        }
+    }
+
+    /// ASCII case-insensitive, no trimming (the caller trims).
+    pub fn parse(value: &str) -> Option<UpgradeOrder> {
+        [UpgradeOrder::WorkersFirst, UpgradeOrder::ControlPlanesFirst]
+            .into_iter()
+            .find(|order| order.as_str().eq_ignore_ascii_case(value))
+    }
+}
+
+impl fmt::Display for UpgradeOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Whether an event is routine or needs attention.

@@ -18,7 +18,6 @@
 mod kind;
 mod record;
 
-use std::fmt;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -29,42 +28,11 @@ pub use self::kind::{
     with_installer_image,
 };
 pub use self::record::{LifecycleStage, NodeProgress, NodeStep, Run};
+pub use crate::run::UpgradeOrder;
 use crate::run::{
     NodeRole, Note, Outcome, PreflightCheck, Reason, Report, RunState, human_duration,
 };
 use crate::versions::KubernetesVersion;
-
-/// Node order of the Talos OS upgrade (`upgrade-order`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum UpgradeOrder {
-    /// Workers first, then control planes one at a time: a bad release shows up on a worker before it
-    /// can cost etcd quorum.
-    #[default]
-    WorkersFirst,
-    ControlPlanesFirst,
-}
-
-impl UpgradeOrder {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UpgradeOrder::WorkersFirst => "workers-first",
-            UpgradeOrder::ControlPlanesFirst => "control-planes-first",
-        }
-    }
-
-    /// ASCII case-insensitive, no trimming (the caller trims).
-    pub fn parse(value: &str) -> Option<UpgradeOrder> {
-        [UpgradeOrder::WorkersFirst, UpgradeOrder::ControlPlanesFirst]
-            .into_iter()
-            .find(|order| order.as_str().eq_ignore_ascii_case(value))
-    }
-}
-
-impl fmt::Display for UpgradeOrder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Knobs of one run, from the user's annotations and the controller's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -544,16 +512,14 @@ pub fn advance(
     // 2. Start the next node(s), unless paused.
     let mut waiting = None;
     if !settings.paused {
-        waiting = start_next(
-            &mut run,
-            &target,
+        let pass = Pass {
+            target: &target,
             settings,
             observation,
             installer_image_for,
             now,
-            &mut actions,
-            &mut notes,
-        );
+        };
+        waiting = pass.start_next(&mut run, &mut actions, &mut notes);
     }
     // A node whose installer image cannot be derived fails the run on the spot.
     let newly_finished = run.outcome.is_some();
@@ -653,150 +619,169 @@ pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
         .collect()
 }
 
-/// Starts as many next nodes as the order and batch size allow and their preflight checks pass. Returns
-/// why it is holding, if it is.
-#[allow(clippy::too_many_arguments)]
-fn start_next(
-    run: &mut Run,
-    target: &Version,
-    settings: &Settings,
-    observation: &Observation,
-    installer_image_for: &dyn Fn(&str, &Version) -> Result<String, String>,
+/// What one decision starts nodes with.
+struct Pass<'a> {
+    target: &'a Version,
+    settings: &'a Settings,
+    observation: &'a Observation,
+    installer_image_for: &'a dyn Fn(&str, &Version) -> Result<String, String>,
     now: Timestamp,
-    actions: &mut Vec<Action>,
-    notes: &mut Vec<Note>,
-) -> Option<(PreflightCheck, String)> {
-    // The current phase is the role of the first node that is not done; later phases wait for it.
-    let phase = run
-        .nodes
-        .iter()
-        .find(|n| !matches!(n.step, NodeStep::Done { .. }))
-        .map(|n| n.role)?;
-    let in_flight = run.in_flight();
-    let capacity = match phase {
-        NodeRole::ControlPlane => 1,
-        NodeRole::Worker => settings.max_parallel_workers.max(1),
-    };
-    let mut free = capacity.saturating_sub(in_flight.len());
-    let candidates: Vec<usize> = run
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| n.role == phase && matches!(n.step, NodeStep::Pending))
-        .map(|(i, _)| i)
-        .collect();
+}
 
-    for index in candidates {
-        if free == 0 {
-            return None;
-        }
-        let name = run.nodes[index].name.clone();
-        let Some(node) = observation.node(&name) else {
-            return Some((
-                PreflightCheck::NodeInventory,
-                format!("node {name} is not in the cluster's node list"),
-            ));
+impl Pass<'_> {
+    /// Starts as many next nodes as the order and batch size allow and their preflight checks pass. Returns
+    /// why it is holding, if it is.
+    fn start_next(
+        &self,
+        run: &mut Run,
+        actions: &mut Vec<Action>,
+        notes: &mut Vec<Note>,
+    ) -> Option<(PreflightCheck, String)> {
+        let Pass {
+            target,
+            settings,
+            observation,
+            installer_image_for,
+            now,
+        } = *self;
+        // The current phase is the role of the first node that is not done; later phases wait for it.
+        let phase = run
+            .nodes
+            .iter()
+            .find(|n| !matches!(n.step, NodeStep::Done { .. }))
+            .map(|n| n.role)?;
+        let in_flight = run.in_flight();
+        let capacity = match phase {
+            NodeRole::ControlPlane => 1,
+            NodeRole::Worker => settings.max_parallel_workers.max(1),
         };
-        let (version, boot_id, installer_image) = match &node.talos {
-            TalosState::Up {
-                version,
-                boot_id,
-                installer_image,
-                ..
-            } => (version, boot_id, installer_image.as_deref()),
-            TalosState::Unreachable { reason } => {
-                return Some((
-                    PreflightCheck::TalosApi,
-                    format!("node {name}'s Talos API is unreachable: {reason}"),
-                ));
-            }
-        };
-        // Upgraded by someone else meanwhile (or by a call whose answer was lost): it counts as done.
-        if version == target {
-            run.nodes[index].step = NodeStep::Done {
-                at: now,
-                started_at: None,
-            };
-            continue;
-        }
-        // A node that is not ready may be in the middle of an upgrade already (a call whose answer was
-        // lost), or broken: it is not called until it is running and ready.
-        if !matches!(node.talos, TalosState::Up { ready: true, .. }) {
-            return Some((
-                PreflightCheck::NodesReady,
-                format!("node {name} is not ready; holding before upgrading it"),
-            ));
-        }
-        if let Some(blocker) = observation.nodes.iter().find(|other| {
-            other.name != name && !in_flight.contains(&other.name) && !is_healthy(other)
-        }) {
-            return Some((
-                PreflightCheck::NodesReady,
-                format!(
-                    "node {} is not ready; holding before upgrading {name}",
-                    blocker.name
-                ),
-            ));
-        }
-        if node.role == NodeRole::ControlPlane {
-            if let Some(problem) = &observation.etcd.problem {
-                return Some((
-                    PreflightCheck::EtcdHealth,
-                    format!("etcd is not healthy ({problem}); holding before control plane {name}"),
-                ));
-            }
-            if observation.etcd.leader.as_deref() == Some(name.as_str()) {
-                actions.push(Action::ForfeitEtcdLeadership { node: name.clone() });
-                return Some((
-                    PreflightCheck::EtcdLeader,
-                    format!("moving etcd leadership off {name} before upgrading it"),
-                ));
-            }
-        }
-        // Read for every node `may_start` names; a node without it is held, not failed.
-        let Some(installer_image) = installer_image else {
-            return Some((
-                PreflightCheck::TalosApi,
-                format!("node {name}'s machine config was not read; holding before upgrading it"),
-            ));
-        };
-        let image = match installer_image_for(installer_image, target) {
-            Ok(image) => image,
-            Err(reason) => {
-                fail_node(
-                    run,
-                    &name,
-                    &format!("has an installer image the upgrade cannot be derived from: {reason}"),
-                    now,
-                );
+        let mut free = capacity.saturating_sub(in_flight.len());
+        let candidates: Vec<usize> = run
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.role == phase && matches!(n.step, NodeStep::Pending))
+            .map(|(i, _)| i)
+            .collect();
+
+        for index in candidates {
+            if free == 0 {
                 return None;
             }
-        };
-        let api = UpgradeApi::for_running(version);
-        run.nodes[index].step = NodeStep::Issued {
-            at: now,
-            boot_id: boot_id.clone(),
-            from_version: version.to_string(),
-            installer_image: image.clone(),
-            lifecycle: match api {
-                UpgradeApi::Legacy => None,
-                UpgradeApi::Lifecycle => Some(LifecycleStage::Installing),
-            },
-            // Until its answer is recorded (see [`answered`]).
-            unanswered: api == UpgradeApi::Legacy,
-        };
-        notes.push(Note::normal(
-            Reason::NodeUpgradeStarted,
-            format!("Upgrading node {name} from Talos {version} to {target} with {image}"),
-        ));
-        actions.push(Action::Upgrade {
-            node: name.clone(),
-            installer_image: image,
-            api,
-        });
-        free -= 1;
+            let name = run.nodes[index].name.clone();
+            let Some(node) = observation.node(&name) else {
+                return Some((
+                    PreflightCheck::NodeInventory,
+                    format!("node {name} is not in the cluster's node list"),
+                ));
+            };
+            let (version, boot_id, installer_image) = match &node.talos {
+                TalosState::Up {
+                    version,
+                    boot_id,
+                    installer_image,
+                    ..
+                } => (version, boot_id, installer_image.as_deref()),
+                TalosState::Unreachable { reason } => {
+                    return Some((
+                        PreflightCheck::TalosApi,
+                        format!("node {name}'s Talos API is unreachable: {reason}"),
+                    ));
+                }
+            };
+            // Upgraded by someone else meanwhile (or by a call whose answer was lost): it counts as done.
+            if version == target {
+                run.nodes[index].step = NodeStep::Done {
+                    at: now,
+                    started_at: None,
+                };
+                continue;
+            }
+            // A node that is not ready may be in the middle of an upgrade already (a call whose answer was
+            // lost), or broken: it is not called until it is running and ready.
+            if !matches!(node.talos, TalosState::Up { ready: true, .. }) {
+                return Some((
+                    PreflightCheck::NodesReady,
+                    format!("node {name} is not ready; holding before upgrading it"),
+                ));
+            }
+            if let Some(blocker) = observation.nodes.iter().find(|other| {
+                other.name != name && !in_flight.contains(&other.name) && !is_healthy(other)
+            }) {
+                return Some((
+                    PreflightCheck::NodesReady,
+                    format!(
+                        "node {} is not ready; holding before upgrading {name}",
+                        blocker.name
+                    ),
+                ));
+            }
+            if node.role == NodeRole::ControlPlane {
+                if let Some(problem) = &observation.etcd.problem {
+                    return Some((
+                        PreflightCheck::EtcdHealth,
+                        format!(
+                            "etcd is not healthy ({problem}); holding before control plane {name}"
+                        ),
+                    ));
+                }
+                if observation.etcd.leader.as_deref() == Some(name.as_str()) {
+                    actions.push(Action::ForfeitEtcdLeadership { node: name.clone() });
+                    return Some((
+                        PreflightCheck::EtcdLeader,
+                        format!("moving etcd leadership off {name} before upgrading it"),
+                    ));
+                }
+            }
+            // Read for every node `may_start` names; a node without it is held, not failed.
+            let Some(installer_image) = installer_image else {
+                return Some((
+                    PreflightCheck::TalosApi,
+                    format!(
+                        "node {name}'s machine config was not read; holding before upgrading it"
+                    ),
+                ));
+            };
+            let image = match installer_image_for(installer_image, target) {
+                Ok(image) => image,
+                Err(reason) => {
+                    fail_node(
+                        run,
+                        &name,
+                        &format!(
+                            "has an installer image the upgrade cannot be derived from: {reason}"
+                        ),
+                        now,
+                    );
+                    return None;
+                }
+            };
+            let api = UpgradeApi::for_running(version);
+            run.nodes[index].step = NodeStep::Issued {
+                at: now,
+                boot_id: boot_id.clone(),
+                from_version: version.to_string(),
+                installer_image: image.clone(),
+                lifecycle: match api {
+                    UpgradeApi::Legacy => None,
+                    UpgradeApi::Lifecycle => Some(LifecycleStage::Installing),
+                },
+                // Until its answer is recorded (see [`answered`]).
+                unanswered: api == UpgradeApi::Legacy,
+            };
+            notes.push(Note::normal(
+                Reason::NodeUpgradeStarted,
+                format!("Upgrading node {name} from Talos {version} to {target} with {image}"),
+            ));
+            actions.push(Action::Upgrade {
+                node: name.clone(),
+                installer_image: image,
+                api,
+            });
+            free -= 1;
+        }
+        None
     }
-    None
 }
 
 fn is_healthy(node: &NodeObservation) -> bool {

@@ -8,8 +8,8 @@ use crate::catalog::{self, Catalog};
 use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
-use crate::lifecycle::{Answered, Hold, Kind, Limits, NoFurther, Record, Revisit, StartCheck};
-use crate::run::{NodeRole, Outcome, Reason};
+use crate::lifecycle::{Answered, Hold, Kind, Limits, NoFurther, Revisit, StartCheck};
+use crate::run::{NodeRole, Outcome, Reason, Record};
 use crate::versions::{self, KubernetesVersion, TalosVersion};
 
 /// The Kubernetes upgrade (the steps of `talosctl upgrade-k8s`).

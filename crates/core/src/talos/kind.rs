@@ -13,8 +13,8 @@ use crate::catalog::{self, Catalog};
 use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
-use crate::lifecycle::{Answered, Hold, Kind, Limits, Record, Revisit, StartCheck};
-use crate::run::{NodeRole, Outcome, Reason};
+use crate::lifecycle::{Answered, Hold, Kind, Limits, Revisit, StartCheck};
+use crate::run::{NodeRole, Outcome, Reason, Record};
 use crate::versions::{self, KubernetesVersion, TalosStep, TalosVersion};
 
 /// The Talos OS upgrade.

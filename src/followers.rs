@@ -16,7 +16,7 @@
 //!
 //! A wake-up only asks for a reconcile; the reconcile still observes everything itself and decides as
 //! usual. The poll stays as the safety net (relaxed while every node in flight is rebooting and
-//! followed, see `talos_flow`), so a lost stream costs time, never correctness.
+//! followed: `Revisit::AwaitingReboots` in the core), so a lost stream costs time, never correctness.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

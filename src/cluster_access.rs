@@ -1,7 +1,10 @@
 //! Reaching one cluster: its credentials Secret, its Talos nodes (a fleet of connections) and its
-//! workload Kubernetes API, and the node inventory. Shared by the Talos and the Kubernetes upgrade.
+//! workload Kubernetes API, and the node inventory. Shared by the Talos and the Kubernetes upgrade:
+//! [`Connections`] keeps what lasts across reconciles (per cluster, until its Secret changes), and
+//! [`SharedAccess`] reads a cluster's access at most once per reconcile.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use semver::Version;
 use tokio::sync::OnceCell;
@@ -10,9 +13,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::{ClusterLink, Context};
+use kube::Client;
+use talos_api::ConnectOptions;
+
 use crate::credentials::{self, ClusterCredentials};
-use crate::inventory::{self, InventoryNode, WorkloadNodeInfo};
+use crate::inventory::{self, InventoryNode, MachineInventories, WorkloadNodeInfo};
 use crate::talos_fleet::{TalosFleet, control_planes};
 use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::intent::{InvalidOption, UpgradeIntent};
@@ -44,11 +49,67 @@ pub enum AccessError {
         key: &'static str,
     },
     /// The workload cluster's client cannot be built from the kubeconfig.
-    #[error("{0}")]
-    WorkloadClient(String),
+    #[error(transparent)]
+    WorkloadClient(#[from] credentials::WorkloadClientError),
     /// The Machines or the workload Nodes cannot be listed.
     #[error("{0}")]
     Inventory(String),
+}
+
+/// One cluster's connections, built from its credentials Secret: the Talos fleet and the workload API
+/// client. Kept across reconciles (connections and TLS sessions are reused) until the Secret changes.
+#[derive(Clone)]
+pub struct ClusterLink {
+    pub fleet: Arc<TalosFleet>,
+    pub workload: Client,
+}
+
+/// (namespace, cluster name) → (resourceVersion of the credentials Secret, its connections).
+type LinkCache = HashMap<(String, String), (String, ClusterLink)>;
+
+/// What every cluster's access is made with, and what is kept of it across reconciles.
+pub struct Connections {
+    /// The management cluster: Secrets and Machines are read here.
+    client: Client,
+    /// Credentials Secret name; `{clusterId}` and `{name}` are replaced by the cluster's values.
+    secret_name_template: String,
+    talos: ConnectOptions,
+    /// Machine inventories reused between reconciles while unchanged (kept current by a metadata
+    /// watch the controller starts; without it every reconcile reads).
+    pub machines: MachineInventories,
+    /// Connections per cluster, rebuilt when the credentials Secret changes.
+    links: Mutex<LinkCache>,
+}
+
+impl Connections {
+    pub fn new(client: Client, secret_name_template: String, talos: ConnectOptions) -> Self {
+        Connections {
+            client,
+            secret_name_template,
+            talos,
+            machines: MachineInventories::default(),
+            links: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The connections last built for a cluster, with the resourceVersion of the Secret they were built
+    /// from (usable once the Secret is read at that version).
+    fn known_link(&self, key: &(String, String)) -> Option<(String, ClusterLink)> {
+        let links = self
+            .links
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        links.get(key).cloned()
+    }
+
+    /// Keeps `link` as the cluster's connections for the Secret at `version`.
+    fn keep_link(&self, key: (String, String), version: &str, link: ClusterLink) {
+        let mut links = self
+            .links
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        links.insert(key, (version.to_string(), link));
+    }
 }
 
 /// Everything needed to look at and act on one cluster's nodes.
@@ -98,15 +159,15 @@ impl Access {
 /// the Kubernetes upgrade, so a reconcile reads the Secret and lists the Machines and Nodes once.
 pub struct SharedAccess<'a> {
     cluster: &'a KubernetesCluster,
-    ctx: &'a Context,
+    connections: &'a Connections,
     access: OnceCell<Result<Access, AccessError>>,
 }
 
 impl<'a> SharedAccess<'a> {
-    pub fn new(cluster: &'a KubernetesCluster, ctx: &'a Context) -> Self {
+    pub fn new(cluster: &'a KubernetesCluster, connections: &'a Connections) -> Self {
         SharedAccess {
             cluster,
-            ctx,
+            connections,
             access: OnceCell::new(),
         }
     }
@@ -118,7 +179,7 @@ impl<'a> SharedAccess<'a> {
 
     pub async fn get(&self) -> Result<&Access, AccessError> {
         self.access
-            .get_or_init(|| connect(self.cluster, self.ctx))
+            .get_or_init(|| connect(self.cluster, self.connections))
             .await
             .as_ref()
             .map_err(Clone::clone)
@@ -135,7 +196,7 @@ fn address_need(machines: &Option<Vec<InventoryNode>>) -> inventory::AddressNeed
 }
 
 /// Reads the credentials and the inventory.
-async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, AccessError> {
+async fn connect(cluster: &KubernetesCluster, ctx: &Connections) -> Result<Access, AccessError> {
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let cluster_id = cluster
@@ -147,7 +208,6 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, A
         match UpgradeIntent::from_annotations(cluster.annotations()).credentials_secret {
             Ok(Some(name)) => name,
             Ok(None) => ctx
-                .settings
                 .secret_name_template
                 .replace("{clusterId}", &cluster_id)
                 .replace("{name}", &name),
@@ -200,7 +260,7 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Context) -> Result<Access, A
                 key: credentials::KUBECONFIG_KEY,
             })?;
             let link = ClusterLink {
-                fleet: Arc::new(TalosFleet::new(talos, ctx.settings.talos.clone())),
+                fleet: Arc::new(TalosFleet::new(talos, ctx.talos.clone())),
                 workload: credentials::workload_client(workload)
                     .await
                     .map_err(AccessError::WorkloadClient)?,
