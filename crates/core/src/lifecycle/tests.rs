@@ -1184,3 +1184,101 @@ fn kubernetes_stands_refuses_and_waits_like_talos() {
     );
     assert_eq!(waiting.revisit, Revisit::Poll);
 }
+
+#[test]
+fn a_removed_target_still_finishes_a_drain_and_its_reboot() {
+    // Talos ≥ 1.13, the worker installed and being drained when the target goes: the drain pass goes
+    // on and the drained node is rebooted into what it installed, rather than left cordoned with a
+    // staged system.
+    let mut run = talos_run_in_flight();
+    run.requested = "1.13.1".into();
+    run.target = "1.13.1".into();
+    run.nodes[0].step = NodeStep::Issued {
+        at: earlier(1),
+        boot_id: "worker-1-boot-1".into(),
+        from_version: "1.13.0".into(),
+        installer_image: "ghcr.io/siderolabs/installer:v1.13.1".into(),
+        lifecycle: Some(LifecycleStage::Draining {
+            since: earlier(1),
+            uncordon: true,
+        }),
+        unanswered: false,
+    };
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[]),
+        Some(run),
+        Gates::default(),
+        talos_answers("1.13.0"),
+    );
+    assert_eq!(asked[0], Asked::Cluster);
+    assert!(
+        matches!(&asked[1], Asked::Further(f) if f.contains("Drain")),
+        "{asked:?}"
+    );
+    assert!(
+        matches!(&asked[2], Asked::Act(calls) if calls[0].starts_with("Reboot")),
+        "{asked:?}"
+    );
+    assert_eq!(
+        conclusion.report.message,
+        "Talos target removed: finishing worker-1 before stopping"
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert_eq!(conclusion.revisit, Revisit::Poll);
+    assert!(matches!(
+        conclusion
+            .record
+            .as_ref()
+            .and_then(|run| run.node("worker-1"))
+            .map(|n| &n.step),
+        Some(NodeStep::Issued {
+            lifecycle: Some(LifecycleStage::Rebooting { .. }),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_removed_kubernetes_target_finishes_the_step_in_flight_then_stops() {
+    // A run whose first pre-pull is issued; the cluster is as it was.
+    let observation = kube_cluster("1.12.0", "1.34.1");
+    let mut run = kubernetes::start_run(
+        "1.35.0",
+        &KubernetesVersion::new(1, 35, 0),
+        &KubernetesVersion::new(1, 34, 1),
+        &observation,
+        earlier(3),
+    );
+    run.steps[1].state = kubernetes::StepState::Issued {
+        at: earlier(1),
+        image: None,
+    };
+    run.steps[0].state = kubernetes::StepState::Done {
+        at: earlier(2),
+        started_at: Some(earlier(3)),
+    };
+    let (asked, conclusion) = drive::<Kubernetes>(
+        &annotations(&[]),
+        Some(run),
+        Gates::default(),
+        kube_answers("1.12.0", "1.34.1"),
+    );
+    // The pull is made again (its effect cannot be seen) and, answered, completes the step; nothing
+    // new starts, so the run is forgotten with the versions its look saw.
+    assert_eq!(asked[0], Asked::Cluster);
+    assert!(
+        matches!(&asked[1], Asked::Act(calls) if calls[0].starts_with("PullImages")),
+        "{asked:?}"
+    );
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(conclusion.report.status, UpgradeStatus::Idle);
+    assert_eq!(
+        conclusion.report.message,
+        "Kubernetes upgrade stopped: the target was removed"
+    );
+    assert_eq!(
+        conclusion.report.condition_reason,
+        Some(ConditionReason::Reset)
+    );
+    assert!(conclusion.record.is_none());
+}
