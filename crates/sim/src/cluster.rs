@@ -1,7 +1,12 @@
 //! State shared by every node server, sequence task and the public handle.
+//!
+//! It also carries the entry point that starts a node's apid ([`StartApid`]), so that the sequences,
+//! which power nodes on, need not depend on the server and the API services above them, which start
+//! those sequences.
 
 use std::sync::Arc;
 
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::config::Timings;
@@ -9,6 +14,10 @@ use super::etcd::EtcdCluster;
 use super::node::Node;
 use super::pki::CertAuthority;
 use super::record::Recorder;
+
+/// Serves a node's API on `listener` for the boot that starts now (the boot's tokens and listener
+/// task go into the node). The simulator passes `server::start`.
+pub(crate) type StartApid = fn(&Arc<Cluster>, &Arc<Node>, TcpListener);
 
 #[derive(Debug)]
 pub(crate) struct Cluster {
@@ -22,9 +31,16 @@ pub(crate) struct Cluster {
     /// Cancelled by `Simulator::shutdown`/drop; every boot token is a child, so this also kills all
     /// connections, and every background task watches it.
     pub shutdown: CancellationToken,
+    /// How a booting node starts listening; see [`StartApid`].
+    pub apid: StartApid,
 }
 
 impl Cluster {
+    /// Serve `node`'s API on `listener` until its new boot ends.
+    pub(crate) fn start_apid(self: &Arc<Self>, node: &Arc<Node>, listener: TcpListener) {
+        (self.apid)(self, node, listener);
+    }
+
     pub(crate) fn by_name(&self, name: &str) -> Option<&Arc<Node>> {
         self.nodes.iter().find(|n| n.name == name)
     }

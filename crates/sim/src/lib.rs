@@ -30,6 +30,11 @@
 //! # Ok(()) }
 //! ```
 
+// Layering: a module uses only modules of its own or an earlier group, so imports never go round in a
+// circle. (1) auth, compat, config, etcd, events, faults, image_ref, machine_config, node_state, pki,
+// record, resources; (2) node_resources; (3) node; (4) cluster; (5) routing, sequences; (6) cosi,
+// lifecycle_service, machine_service; (7) server. The sequences restart a node's apid through
+// `Cluster::start_apid`, which `Simulator::start` points at `server::start`.
 mod auth;
 mod cluster;
 mod compat;
@@ -44,6 +49,7 @@ mod machine_config;
 mod machine_service;
 mod node;
 mod node_resources;
+mod node_state;
 pub mod pki;
 pub mod record;
 mod resources;
@@ -68,9 +74,8 @@ use node::{Node, NodeInit};
 pub use config::{ConfigError, NodeConfig, Role, SimConfig, Timings};
 pub use etcd::EtcdMemberSnapshot;
 pub use faults::{ActiveFaults, Fault};
-pub use node::{
-    ComponentSnapshot, ControlPlaneSnapshot, MachineStage, NodeSnapshot, UnmetCondition,
-};
+pub use node::{ComponentSnapshot, ControlPlaneSnapshot, NodeSnapshot};
+pub use node_state::{MachineStage, UnmetCondition};
 pub use pki::{CertAuthority, ClientIdentity, ClientRole, PkiError, Validity};
 pub use record::{CallRecord, PowerEvent, PowerKind, max_concurrently_down};
 pub use server::TlsSetupError;
@@ -190,9 +195,10 @@ impl Simulator {
             etcd: etcd::EtcdCluster::new(&control_planes),
             record: record::Recorder::new(),
             shutdown,
+            apid: server::start,
         });
         for (node, (_, listener)) in cluster.nodes.iter().zip(listeners) {
-            sequences::start_server(&cluster, node, listener);
+            cluster.start_apid(node, listener);
             node.update(&cluster.etcd, |s| s.sequence = Some("boot"));
             sequences::emit_sequence(
                 node,

@@ -4,13 +4,15 @@
 //! prints for it (camelCase keys). The type table also drives the State service's access checks.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 
 use prost::Message;
 use serde_json::{Value as Json, json};
 
 use super::compat;
+use super::config::Role;
 use super::etcd::EtcdMemberSnapshot;
-use super::node::{Node, NodeState, RunningComponent};
+use super::node_state::{NodeState, RunningComponent};
 use super::resources::{DesiredResource, ResourceKey};
 use talos_api::proto::resource::config as cfg;
 use talos_api::proto::talos::resource::definitions::{etcd, k8s, runtime, v1alpha1};
@@ -187,9 +189,11 @@ fn resource(
     }
 }
 
-/// The full set of resources `node` exposes in `state`.
+/// The full set of resources the node `name` (with `role`, at `address`) exposes in `state`.
 pub(crate) fn desired(
-    node: &Node,
+    name: &str,
+    role: Role,
+    address: Ipv4Addr,
     state: &NodeState,
     etcd_member: Option<&EtcdMemberSnapshot>,
 ) -> Vec<DesiredResource> {
@@ -281,7 +285,7 @@ pub(crate) fn desired(
     ));
 
     // config/MachineTypes/machine-type
-    let machine_type = if node.role.is_control_plane() {
+    let machine_type = if role.is_control_plane() {
         cfg::MachineType::ControlPlane
     } else {
         cfg::MachineType::Worker
@@ -294,7 +298,7 @@ pub(crate) fn desired(
         &cfg::MachineTypeSpec {
             machine_type: machine_type as i32,
         },
-        to_yaml(&json!({"machineType": node.role.as_str()})),
+        to_yaml(&json!({"machineType": role.as_str()})),
     ));
 
     // k8s/Nodenames/nodename
@@ -304,11 +308,11 @@ pub(crate) fn desired(
         "nodename",
         "k8s.NodenameController",
         &k8s::NodenameSpec {
-            nodename: node.name.clone(),
+            nodename: name.to_string(),
             hostname_version: "1".to_string(),
             skip_node_registration: false,
         },
-        to_yaml(&json!({"nodename": node.name, "hostnameVersion": "1"})),
+        to_yaml(&json!({"nodename": name, "hostnameVersion": "1"})),
     ));
 
     // runtime/Services/<id>: only services that run exist (the resource goes away when one stops).
@@ -336,8 +340,8 @@ pub(crate) fn desired(
     let kubelet_image = &state.parsed.images.kubelet;
     let args = vec![
         "--config=/etc/kubernetes/kubelet.yaml".to_string(),
-        format!("--hostname-override={}", node.name),
-        format!("--node-ip={}", node.address),
+        format!("--hostname-override={name}"),
+        format!("--node-ip={address}"),
     ];
     let kubelet_config = json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -352,25 +356,25 @@ pub(crate) fn desired(
         &k8s::KubeletSpecSpec {
             image: kubelet_image.clone(),
             args: args.clone(),
-            expected_nodename: node.name.clone(),
+            expected_nodename: name.to_string(),
             config: Some(json_to_struct(&kubelet_config)),
         },
         to_yaml(&json!({
             "image": kubelet_image,
             "args": args,
-            "expectedNodename": node.name,
+            "expectedNodename": name,
             "config": kubelet_config,
         })),
     ));
 
-    if node.role.is_control_plane() {
-        control_plane_resources(node, state, etcd_member, &mut out);
+    if role.is_control_plane() {
+        control_plane_resources(name, state, etcd_member, &mut out);
     }
     out
 }
 
 fn control_plane_resources(
-    node: &Node,
+    name: &str,
     state: &NodeState,
     etcd_member: Option<&EtcdMemberSnapshot>,
     out: &mut Vec<DesiredResource>,
@@ -429,7 +433,7 @@ fn control_plane_resources(
             out.push(resource(
                 K8S_NS,
                 STATIC_POD_STATUS_TYPE,
-                &format!("kube-system/{component}-{}", node.name),
+                &format!("kube-system/{component}-{name}"),
                 "k8s.StaticPodStatusController",
                 &k8s::StaticPodStatusSpec {
                     pod_status: Some(json_to_struct(&status)),

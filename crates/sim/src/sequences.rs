@@ -16,17 +16,13 @@ use uuid::Uuid;
 use super::cluster::Cluster;
 use super::config::{Timings, bind_listener};
 use super::machine_config;
-use super::node::{
-    BASE_SERVICES, CONTROL_PLANE_SERVICES, MachineStage, Node, RunningComponent, ServiceStatus,
-    Slot, UnmetCondition, WORKLOAD_SERVICES,
-};
+use super::node::{BASE_SERVICES, CONTROL_PLANE_SERVICES, Node, WORKLOAD_SERVICES};
 use super::node_resources::{
     APISERVER_CONFIG_TYPE, CONTROLLER_MANAGER_CONFIG_TYPE, CONTROLPLANE_NS, K8S_NS,
     KUBELET_SPEC_TYPE, SCHEDULER_CONFIG_TYPE,
 };
+use super::node_state::{MachineStage, RunningComponent, ServiceStatus, Slot, UnmetCondition};
 use super::record::PowerKind;
-use super::routing::ApiContext;
-use super::server;
 use talos_api::proto::{common, machine};
 
 use machine::sequence_event::Action as SeqAction;
@@ -459,7 +455,7 @@ pub(crate) async fn power_on(cluster: &Arc<Cluster>, node: &Arc<Node>) {
         false,
         booting_unmet(node),
     );
-    start_server(cluster, node, listener);
+    cluster.start_apid(node, listener);
     cluster
         .record
         .power(&node.name, node.role, PowerKind::Up, &version, &boot_id);
@@ -469,19 +465,6 @@ pub(crate) async fn power_on(cluster: &Arc<Cluster>, node: &Arc<Node>) {
     spawn_in_boot(node, async move {
         boot_sequence(&cluster2, &node2, Pace::Timed).await;
     });
-}
-
-/// Listen for this boot: a new boot token (child of the simulator's) ends with the power.
-pub(crate) fn start_server(
-    cluster: &Arc<Cluster>,
-    node: &Arc<Node>,
-    listener: tokio::net::TcpListener,
-) {
-    let boot = cluster.shutdown.child_token();
-    let kill = cluster.shutdown.child_token();
-    let ctx = ApiContext::new(cluster.clone(), node.clone());
-    let handle = server::spawn(ctx, listener, boot.clone(), kill.clone());
-    node.set_power_on(boot, kill, handle);
 }
 
 fn booting_unmet(node: &Node) -> Vec<UnmetCondition> {

@@ -36,9 +36,11 @@ use tonic::transport::Server;
 use tonic::transport::server::Connected;
 
 use super::auth::{self, PeerIdentity};
+use super::cluster::Cluster;
 use super::cosi::StateApi;
 use super::lifecycle_service::{ImageApi, LifecycleApi};
 use super::machine_service::MachineApi;
+use super::node::Node;
 use super::pki::{CertAuthority, ServerIdentity};
 use super::routing::ApiContext;
 use talos_api::proto::cosi::resource::state_server::StateServer;
@@ -273,10 +275,22 @@ impl Service<http::Request<Body>> for NodeRouter {
     }
 }
 
+/// Listen for this boot: a new boot token (child of the simulator's) ends with the power.
+///
+/// This is the [`crate::cluster::StartApid`] the simulator puts in its [`Cluster`]: the sequences
+/// that power a node on reach it through there.
+pub(crate) fn start(cluster: &Arc<Cluster>, node: &Arc<Node>, listener: TcpListener) {
+    let boot = cluster.shutdown.child_token();
+    let kill = cluster.shutdown.child_token();
+    let ctx = ApiContext::new(cluster.clone(), node.clone());
+    let handle = spawn(ctx, listener, boot.clone(), kill.clone());
+    node.set_power_on(boot, kill, handle);
+}
+
 /// Serve `ctx.endpoint`'s API on `listener`. When `boot` ends, the listener closes at once and tonic
 /// shuts down gracefully (GOAWAY, in-flight calls and streams finish); the task ends when every
 /// connection is closed. `kill` drops the remaining connections outright.
-pub(crate) fn spawn(
+fn spawn(
     ctx: ApiContext,
     listener: TcpListener,
     boot: CancellationToken,
