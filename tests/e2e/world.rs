@@ -1,33 +1,31 @@
-//! A complete test world for end-to-end tests: the shared real API server, vitistack's Machine CRD and
-//! the project's KubernetesCluster CRD, a simulated Talos cluster whose nodes are Machines and workload
-//! Nodes, its credentials Secret, a `KubernetesCluster`, and the controller itself (watching only the
-//! test's namespace, so tests in one binary do not share a controller).
+//! A complete test world for end-to-end tests: the shared real API server, with a simulated Talos
+//! cluster registered in the test's namespace as vitistack would (the `test-world` crate builds it: the
+//! CRDs, the simulator, its Machines, credentials Secret and `KubernetesCluster`, its nodes as workload
+//! Nodes), and the controller itself (watching only the test's namespace, so tests in one binary do not
+//! share a controller), with what the tests wait on and assert.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::Api;
 use talos_api::ConnectOptions;
 use talos_sim::workload::WorkloadMirror;
-use talos_sim::{ClientRole, NodeConfig, SimConfig, Simulator, Timings};
+use talos_sim::{Simulator, Timings};
 use talos_upgrade_controller::admin::HealthState;
 use talos_upgrade_controller::catalog_sources::CatalogHandle;
 use talos_upgrade_controller::metrics::Metrics;
 use talos_upgrade_controller::reconcile::{self, Settings};
-use talos_upgrade_core::catalog::{Catalog, CatalogOverride};
 use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::lifecycle::Limits;
+use test_world::{ClusterShape, Registration, SpecData};
 use testenv::{ControlPlane, TestNamespace};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub const PROJECT_CRD: &str = include_str!("../../deploy/crd.yaml");
-pub const VITISTACK_CLUSTER_CRD: &str =
-    include_str!("../fixtures/vitistack-crds/vitistack.io_kubernetesclusters.yaml");
+// The releases of the user guide's example: Talos 1.11.6 → 1.12.0, Kubernetes 1.34.1 → 1.35.0.
+pub use test_world::{guide_catalog, guide_releases};
+
 /// Selects the KubernetesCluster CRD the end-to-end suites run under: `project` (deploy/crd.yaml, the
 /// default) or `vitistack` (vitistack's own, which prunes unknown fields and requires `phase`,
 /// `conditions` and `state` once a status exists). The two cannot coexist in one API server, and a test
@@ -37,12 +35,11 @@ pub const CRD_ENV: &str = "TUC_E2E_CRD";
 /// The CRD chosen by [`CRD_ENV`].
 pub fn cluster_crd() -> &'static str {
     match std::env::var(CRD_ENV).as_deref() {
-        Err(_) | Ok("") | Ok("project") => PROJECT_CRD,
-        Ok("vitistack") => VITISTACK_CLUSTER_CRD,
+        Err(_) | Ok("") | Ok("project") => test_world::PROJECT_CLUSTER_CRD,
+        Ok("vitistack") => test_world::VITISTACK_CLUSTER_CRD,
         Ok(other) => panic!("{CRD_ENV}={other:?}: use \"project\" or \"vitistack\""),
     }
 }
-pub const MACHINE_CRD: &str = include_str!("../fixtures/vitistack-crds/vitistack.io_machines.yaml");
 
 /// The key of `status.phase` in an [`AnnotationLog`] state.
 pub const PHASE_KEY: &str = "status.phase";
@@ -168,21 +165,17 @@ impl Default for WorldSpec {
     }
 }
 
-async fn install_crd(ns: &TestNamespace, yaml: &str, name: &str) {
-    ns.install_crd(yaml, name).await;
-}
-
-/// The releases of the user guide's example: Talos 1.11.6 → 1.12.0, Kubernetes 1.34.1 → 1.35.0.
-pub fn guide_catalog() -> CatalogHandle {
-    CatalogHandle::fixed(guide_releases())
-}
-
-/// The releases of [`guide_catalog`], as a catalog.
-pub fn guide_releases() -> Catalog {
-    let file = include_str!("../../examples/release-catalog.yaml");
-    let guide = CatalogOverride::parse(file, "examples/release-catalog.yaml").expect("catalog");
-    Catalog::builtin().with_override(&guide)
-}
+/// What vitistack records about the tests' clusters besides their id.
+const SPEC_DATA: SpecData = SpecData {
+    cluster_uid: "a30fbc8d-596f-48d0-8541-dbc23bca28a1",
+    environment: "dev",
+    datacenter: "test-south-az1",
+    region: "south",
+    zone: "az1",
+    project: "e2e",
+    workspace: "e2e",
+    workorder: "e2e",
+};
 
 impl World {
     pub async fn start(prefix: &str, spec: WorldSpec) -> World {
@@ -198,144 +191,47 @@ impl World {
             ControlPlane::shared()
         };
         let ns = control_plane.test_namespace(prefix).await;
-        install_crd(&ns, cluster_crd(), "kubernetesclusters.vitistack.io").await;
-        install_crd(&ns, MACHINE_CRD, "machines.vitistack.io").await;
+        test_world::install_crd(&ns.client, cluster_crd())
+            .await
+            .expect("the KubernetesCluster CRD");
+        test_world::install_crd(&ns.client, test_world::MACHINE_CRD)
+            .await
+            .expect("the Machine CRD");
 
-        // Node names are cluster-wide in the API server, so they carry the namespace.
-        let mut config = SimConfig::new(&ns.name).with_timings(spec.timings);
-        let mirrored = |node: NodeConfig| match spec.image_registry {
-            Some(registry) => node.with_image_registry(registry),
-            None => node,
+        // The cluster is named after the namespace, and so are its nodes (`<namespace>-cp-1`, ...):
+        // Node names are cluster-wide in the API server.
+        let shape = ClusterShape {
+            control_planes: spec.control_planes,
+            workers: spec.workers,
+            talos: spec.talos.to_string(),
+            kubernetes: spec.kubernetes.to_string(),
+            timings: spec.timings,
+            image_registry: spec.image_registry.map(str::to_string),
         };
-        for i in 1..=spec.control_planes {
-            config = config.with_node(mirrored(NodeConfig::control_plane(
-                &format!("{}-cp-{i}", ns.name),
-                spec.talos,
-                spec.kubernetes,
-            )));
-        }
-        for i in 1..=spec.workers {
-            config = config.with_node(mirrored(NodeConfig::worker(
-                &format!("{}-worker-{i}", ns.name),
-                spec.talos,
-                spec.kubernetes,
-            )));
-        }
-        let sim = Simulator::start(config).await.expect("simulator");
+        let sim = Simulator::start(shape.sim_config(&ns.name))
+            .await
+            .expect("simulator");
         let stop = CancellationToken::new();
 
         // The workload cluster is the test API server itself.
-        let mirror = WorkloadMirror::new(ns.client.clone());
-        let mut names = BTreeSet::new();
-        for node in sim.nodes() {
-            names.insert(node.name.clone());
-            let snapshots = sim.subscribe(&node.name).expect("subscribe");
-            let mirror = mirror.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = mirror.follow(snapshots) => {}
-                    () = stop.cancelled() => {}
-                }
-            });
-        }
-        {
-            let mirror = mirror.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = mirror.run_kubelet(names) => {}
-                    () = stop.cancelled() => {}
-                }
-            });
-        }
+        test_world::mirror_workload(&sim, &WorkloadMirror::new(ns.client.clone()), &stop)
+            .expect("the workload mirror");
 
+        // Machines, the credentials Secret (named after the cluster id, as vitistack does, with the
+        // namespace's kubeconfig as the workload cluster's) and the KubernetesCluster.
         let cluster = "my-cluster".to_string();
         let cluster_id = format!("{}-id", ns.name);
-        // vitistack Machines: the inventory the controller uses.
-        let machines: Api<DynamicObject> = Api::namespaced_with(
-            ns.client.clone(),
-            &ns.name,
-            &ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
-                "machines",
-            ),
-        );
-        for node in sim.nodes() {
-            let role = if node.role.is_control_plane() {
-                "control-plane"
-            } else {
-                "worker"
-            };
-            let machine: DynamicObject = serde_json::from_value(serde_json::json!({
-                "apiVersion": "vitistack.io/v1alpha1",
-                "kind": "Machine",
-                "metadata": {
-                    "name": node.name,
-                    "labels": {"vitistack.io/clusterid": cluster_id, "vitistack.io/node-role": role},
-                },
-                "spec": {"provider": "kubevirt"},
-            }))
-            .expect("machine");
-            machines
-                .create(&PostParams::default(), &machine)
-                .await
-                .expect("create machine");
-            machines
-                .patch_status(
-                    &node.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(serde_json::json!({"status": {"publicIPAddresses": [IpAddr::V4(node.address).to_string()]}})),
-                )
-                .await
-                .expect("machine status");
-        }
-
-        // The credentials Secret, named after the cluster id as vitistack does.
         let kubeconfig = std::fs::read_to_string(ns.kubeconfig()).expect("kubeconfig");
-        ns.kubectl_ok(&[
-            "create",
-            "secret",
-            "generic",
-            &cluster_id,
-            &format!(
-                "--from-literal=talosconfig={}",
-                sim.talosconfig(ClientRole::Admin)
-            ),
-            &format!("--from-literal=kube.config={kubeconfig}"),
-        ])
-        .await;
-
-        // A spec as vitistack's operator writes it, so the object is valid under either CRD; no status:
-        // the controller writes the first one.
-        ns.kubectl_apply(&format!(
-            r#"
-apiVersion: vitistack.io/v1alpha1
-kind: KubernetesCluster
-metadata:
-  name: {cluster}
-  namespace: {namespace}
-spec:
-  data: {{clusterUid: "a30fbc8d-596f-48d0-8541-dbc23bca28a1", clusterId: {cluster_id}, provider: talos,
-         environment: dev, datacenter: test-south-az1, region: south, zone: az1, project: e2e,
-         workspace: e2e, workorder: e2e, networkNamespaceName: {namespace}}}
-  topology:
-    version: "{kubernetes}"
-    controlplane: {{replicas: {cps}, version: "{kubernetes}", provider: kubevirt, machineClass: small,
-                   architecture: amd64, storage: [], metadata: {{labels: {{}}, annotations: {{}}}}}}
-    workers:
-      nodePools:
-        - {{name: wp, replicas: {workers}, version: "{kubernetes}", provider: kubevirt, machineClass: medium,
-           taint: [], architecture: amd64,
-           autoscaling: {{enabled: false, minReplicas: 1, maxReplicas: 5, scalingRules: [cpu]}},
-           metadata: {{labels: {{}}, annotations: {{}}}}, storage: []}}
-"#,
-            namespace = ns.name,
-            kubernetes = spec.kubernetes,
-            cps = spec.control_planes,
-            workers = spec.workers,
-        ))
-        .await;
+        let registration = Registration {
+            namespace: &ns.name,
+            name: &cluster,
+            cluster_id: &cluster_id,
+            data: &SPEC_DATA,
+            kubeconfig: &kubeconfig,
+        };
+        test_world::register_cluster(&ns.client, &sim, &shape, &registration)
+            .await
+            .expect("the cluster's Machines, Secret and KubernetesCluster");
 
         let metrics = Metrics::new();
         let settings = Settings {

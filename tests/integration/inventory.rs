@@ -13,8 +13,6 @@ use talos_upgrade_controller::inventory::{
 use talos_upgrade_core::run::NodeRole;
 use testenv::ControlPlane;
 
-const MACHINE_CRD: &str = include_str!("../fixtures/vitistack-crds/vitistack.io_machines.yaml");
-
 fn workload_node(name: &str, last_octet: u8, control_plane: bool, ready: bool) -> WorkloadNode {
     WorkloadNode {
         name: name.into(),
@@ -145,7 +143,8 @@ async fn nodes_come_from_machines_when_there_are_any_and_from_nodes_otherwise() 
     assert_eq!(readiness.len(), 2, "{readiness:?}");
 
     // vitistack's Machine CRD, with Machines labelled for two clusters.
-    ns.install_crd(MACHINE_CRD, "machines.vitistack.io").await;
+    ns.install_crd(test_world::MACHINE_CRD, test_world::MACHINE_CRD_NAME)
+        .await;
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
         "machines",
@@ -226,7 +225,8 @@ async fn a_kept_machine_inventory_is_reused_until_a_machine_changes() {
     let ns = ControlPlane::shared()
         .test_namespace("inventory-cache")
         .await;
-    ns.install_crd(MACHINE_CRD, "machines.vitistack.io").await;
+    ns.install_crd(test_world::MACHINE_CRD, test_world::MACHINE_CRD_NAME)
+        .await;
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
         "machines",

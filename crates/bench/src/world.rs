@@ -1,8 +1,8 @@
-//! One benchmark world: a fresh API server, N simulated Talos clusters registered in it, and the
-//! controller binary as a separate process talking to the API server through the counting proxy.
+//! One benchmark world: a fresh API server, N simulated Talos clusters registered in it (built as the
+//! tests build theirs, by the `test-world` crate), and the controller binary as a separate process
+//! talking to the API server through the counting proxy.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -10,15 +10,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
-};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use talos_sim::workload::WorkloadMirror;
-use talos_sim::{ClientRole, MachineStage, NodeConfig, SimConfig, Simulator, Timings};
+use talos_sim::{MachineStage, Simulator, Timings};
 use talos_upgrade_core::crd::KubernetesCluster;
+use test_world::{ClusterShape, Registration, SpecData};
 use testenv::ControlPlane;
+use tokio_util::sync::CancellationToken;
 
 use crate::proxy::Proxy;
 
@@ -26,8 +25,18 @@ pub const NAMESPACE: &str = "bench";
 pub const TALOS_FROM: &str = "1.11.6";
 pub const TALOS_TO: &str = "1.12.0";
 pub const KUBERNETES: &str = "1.34.1";
-const MACHINE_CRD: &str =
-    include_str!("../../../tests/fixtures/vitistack-crds/vitistack.io_machines.yaml");
+
+/// What vitistack records about the benchmark's clusters besides their id.
+const SPEC_DATA: SpecData = SpecData {
+    cluster_uid: "00000000-0000-4000-8000-000000000000",
+    environment: "bench",
+    datacenter: "bench-az1",
+    region: "bench",
+    zone: "az1",
+    project: "bench",
+    workspace: "bench",
+    workorder: "bench",
+};
 
 /// A node's state change as the benchmark saw it (timestamped on receipt from the simulator's watch
 /// channel, in the same process as the simulator).
@@ -77,6 +86,10 @@ pub struct World {
     pub proxy: Proxy,
     pub clusters: Vec<SimCluster>,
     pub times: Arc<Mutex<BTreeMap<String, ClusterTimes>>>,
+    /// Every cluster's: 3 control planes and 2 workers on [`TALOS_FROM`] and [`KUBERNETES`].
+    shape: ClusterShape,
+    /// Stops the workload mirrors.
+    stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The API server's CA, base64, for the controller's kubeconfigs (the proxy serves its certificate).
     pub ca_base64: String,
@@ -84,6 +97,7 @@ pub struct World {
 
 impl Drop for World {
     fn drop(&mut self) {
+        self.stop.cancel();
         for task in &self.tasks {
             task.abort();
         }
@@ -104,27 +118,6 @@ fn kubeconfig(server: &str, ca: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n{ca}    server: {server}\nusers:\n- name: bench\n  user: {{}}\ncontexts:\n- name: bench\n  context:\n    cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n"
     )
-}
-
-async fn install_crd(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd: CustomResourceDefinition = serde_yaml::from_str(yaml).context("a CRD")?;
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    crds.create(&PostParams::default(), &crd).await?;
-    for _ in 0..300 {
-        let crd = crds.get(&name).await?;
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("CRD {name} was not established within 30s")
 }
 
 /// The patch every measured run annotates its clusters with: `talos-target` set to [`TALOS_TO`].
@@ -154,8 +147,8 @@ impl World {
             .await
             .context("starting etcd and kube-apiserver")?;
         let admin = control_plane.client().await?;
-        install_crd(&admin, &talos_upgrade_core::crd::crd_yaml()).await?;
-        install_crd(&admin, MACHINE_CRD).await?;
+        test_world::install_crd(&admin, test_world::PROJECT_CLUSTER_CRD).await?;
+        test_world::install_crd(&admin, test_world::MACHINE_CRD).await?;
         let namespace: Namespace =
             serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))?;
         Api::<Namespace>::all(admin.clone())
@@ -173,57 +166,53 @@ impl World {
         )
         .await?;
 
+        let shape = ClusterShape {
+            control_planes: 3,
+            workers: 2,
+            talos: TALOS_FROM.to_string(),
+            kubernetes: KUBERNETES.to_string(),
+            timings,
+            image_registry: None,
+        };
+        let stop = CancellationToken::new();
         let mut tasks = Vec::new();
         let mut clusters = Vec::new();
         // Simulators one at a time (each binds 5 addresses and mints its certificates), the API objects
         // of several clusters at once.
         for i in 1..=n {
             let name = cluster_name(i);
-            let mut config = SimConfig::new(&name).with_timings(timings);
-            for c in 1..=3 {
-                config = config.with_node(NodeConfig::control_plane(
-                    &format!("{name}-cp-{c}"),
-                    TALOS_FROM,
-                    KUBERNETES,
-                ));
-            }
-            for w in 1..=2 {
-                config = config.with_node(NodeConfig::worker(
-                    &format!("{name}-worker-{w}"),
-                    TALOS_FROM,
-                    KUBERNETES,
-                ));
-            }
-            let sim = Simulator::start(config)
+            let sim = Simulator::start(shape.sim_config(&name))
                 .await
                 .with_context(|| format!("starting the simulator of {name}"))?;
             let states = Arc::new(Mutex::new(BTreeMap::new()));
             let written = Arc::new(Mutex::new(BTreeMap::new()));
+            // Nodes and static pods only, labelled with their cluster, each written state timestamped;
+            // no kubelet for ordinary pods: the benchmark schedules none, and a pod watch per cluster
+            // would add to the load of the API server it measures.
             let mirror = WorkloadMirror::new(admin.clone()).with_labels(BTreeMap::from([(
                 crate::proxy::CLUSTER_LABEL.to_string(),
                 name.clone(),
             )]));
+            let node_written = written.clone();
+            tasks.extend(test_world::mirror_nodes(
+                &sim,
+                &mirror,
+                &stop,
+                move |node| {
+                    node_written
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(node.name.clone())
+                        .or_insert_with(Vec::new)
+                        .push(NodeWritten {
+                            at: SystemTime::now(),
+                            version: node.talos_version.clone(),
+                            ready_uncordoned: node.ready && !node.talos_cordoned,
+                        });
+                },
+            )?);
             for node in sim.nodes() {
                 let mut rx = sim.subscribe(&node.name)?;
-                let mirror = mirror.clone();
-                let snapshots = sim.subscribe(&node.name)?;
-                let node_written = written.clone();
-                tasks.push(tokio::spawn(async move {
-                    mirror
-                        .follow_reporting(snapshots, |node| {
-                            node_written
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .entry(node.name.clone())
-                                .or_insert_with(Vec::new)
-                                .push(NodeWritten {
-                                    at: SystemTime::now(),
-                                    version: node.talos_version.clone(),
-                                    ready_uncordoned: node.ready && !node.talos_cordoned,
-                                });
-                        })
-                        .await
-                }));
                 let states = states.clone();
                 tasks.push(tokio::spawn(async move {
                     loop {
@@ -268,6 +257,8 @@ impl World {
             proxy,
             clusters,
             times: Arc::new(Mutex::new(BTreeMap::new())),
+            shape,
+            stop,
             tasks,
         };
         futures::stream::iter(world.clusters.iter())
@@ -279,79 +270,19 @@ impl World {
         Ok(world)
     }
 
-    /// Machines, the credentials Secret and the KubernetesCluster of one simulated cluster.
+    /// Machines, the credentials Secret and the KubernetesCluster of one simulated cluster. The
+    /// Secret's workload kubeconfig points at the proxy, which counts the controller's requests to the
+    /// workload cluster apart from those to the management cluster.
     async fn register(&self, cluster: &SimCluster) -> anyhow::Result<()> {
         let name = &cluster.name;
-        let cluster_id = format!("{name}-id");
-        let machines: Api<DynamicObject> = Api::namespaced_with(
-            self.admin.clone(),
-            NAMESPACE,
-            &ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("vitistack.io", "v1alpha1", "Machine"),
-                "machines",
-            ),
-        );
-        for node in cluster.sim.nodes() {
-            let role = if node.role.is_control_plane() {
-                "control-plane"
-            } else {
-                "worker"
-            };
-            let machine: DynamicObject = serde_json::from_value(serde_json::json!({
-                "apiVersion": "vitistack.io/v1alpha1",
-                "kind": "Machine",
-                "metadata": {
-                    "name": node.name,
-                    "labels": {"vitistack.io/clusterid": cluster_id, "vitistack.io/node-role": role},
-                },
-                "spec": {"provider": "kubevirt"},
-            }))?;
-            machines.create(&PostParams::default(), &machine).await?;
-            machines
-                .patch_status(
-                    &node.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(serde_json::json!({"status": {"publicIPAddresses": [IpAddr::V4(node.address).to_string()]}})),
-                )
-                .await?;
-        }
-        let secret: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": cluster_id, "namespace": NAMESPACE},
-            "stringData": {
-                "talosconfig": cluster.sim.talosconfig(ClientRole::Admin),
-                "kube.config": kubeconfig(&self.proxy.workload_url(name), &self.ca_base64),
-            },
-        }))?;
-        Api::<Secret>::namespaced(self.admin.clone(), NAMESPACE)
-            .create(&PostParams::default(), &secret)
-            .await?;
-        let object: KubernetesCluster = serde_yaml::from_str(&format!(
-            r#"
-apiVersion: vitistack.io/v1alpha1
-kind: KubernetesCluster
-metadata:
-  name: {name}
-  namespace: {NAMESPACE}
-spec:
-  data: {{clusterUid: "00000000-0000-4000-8000-000000000000", clusterId: {cluster_id}, provider: talos,
-         environment: bench, datacenter: bench-az1, region: bench, zone: az1, project: bench,
-         workspace: bench, workorder: bench, networkNamespaceName: {NAMESPACE}}}
-  topology:
-    version: "{KUBERNETES}"
-    controlplane: {{replicas: 3, version: "{KUBERNETES}", provider: kubevirt, machineClass: small,
-                   architecture: amd64, storage: [], metadata: {{labels: {{}}, annotations: {{}}}}}}
-    workers:
-      nodePools:
-        - {{name: wp, replicas: 2, version: "{KUBERNETES}", provider: kubevirt, machineClass: medium,
-           taint: [], architecture: amd64,
-           autoscaling: {{enabled: false, minReplicas: 1, maxReplicas: 5, scalingRules: [cpu]}},
-           metadata: {{labels: {{}}, annotations: {{}}}}, storage: []}}
-"#
-        ))?;
-        Api::<KubernetesCluster>::namespaced(self.admin.clone(), NAMESPACE)
-            .create(&PostParams::default(), &object)
-            .await?;
-        Ok(())
+        let registration = Registration {
+            namespace: NAMESPACE,
+            name,
+            cluster_id: &format!("{name}-id"),
+            data: &SPEC_DATA,
+            kubeconfig: &kubeconfig(&self.proxy.workload_url(name), &self.ca_base64),
+        };
+        test_world::register_cluster(&self.admin, &cluster.sim, &self.shape, &registration).await
     }
 
     /// Waits until the workload mirror has registered every simulated node as a Ready Node.

@@ -2,17 +2,19 @@
 //! cluster (3 control planes, 2 workers, Talos 1.11.6, Kubernetes 1.34.1) registered in it, the
 //! `KubernetesCluster` `my-cluster` with its credentials Secret, and the controller with its metrics
 //! endpoint. It prints how to use them and stays up until Ctrl-C, then cleans up.
+//!
+//! The cluster is built as the tests build theirs (the `test-world` crate), from the examples the user
+//! guide shows: examples/sim-cluster.yaml (fixed addresses, seconds-long steps a person can watch),
+//! examples/kubernetescluster.yaml and examples/release-catalog.yaml. No Machines: the controller finds
+//! the nodes through the workload cluster's Nodes, as it does for a cluster without vitistack Machines.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
 use talos_sim::workload::WorkloadMirror;
-use talos_sim::{ClientRole, SimConfig, Simulator, control};
+use talos_sim::{SimConfig, Simulator, control};
 use talos_upgrade_controller::admin::{self, HealthState};
 use talos_upgrade_controller::metrics::Metrics;
 use talos_upgrade_controller::reconcile::{self, Settings};
@@ -40,11 +42,7 @@ async fn main() -> anyhow::Result<()> {
     let client = control_plane.client().await?;
     let version = client.apiserver_version().await?;
 
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(&talos_upgrade_core::crd::crd_yaml()).context("the CRD")?;
-    crds.create(&PostParams::default(), &crd).await?;
-    wait_established(&crds, "kubernetesclusters.vitistack.io").await?;
+    test_world::install_crd(&client, test_world::PROJECT_CLUSTER_CRD).await?;
 
     eprintln!("starting the simulated Talos cluster ...");
     let config = SimConfig::from_file(&repo.join("examples/sim-cluster.yaml"))?;
@@ -52,49 +50,20 @@ async fn main() -> anyhow::Result<()> {
         "starting the simulator (is another demo running? it uses 127.0.0.11-15:50000)",
     )?);
     let stop = CancellationToken::new();
-    let mirror = WorkloadMirror::new(client.clone());
-    let mut names = BTreeSet::new();
-    for node in simulator.nodes() {
-        names.insert(node.name.clone());
-        let snapshots = simulator.subscribe(&node.name)?;
-        let mirror = mirror.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = mirror.follow(snapshots) => {}
-                () = stop.cancelled() => {}
-            }
-        });
-    }
-    tokio::spawn({
-        let mirror = mirror.clone();
-        let stop = stop.clone();
-        async move {
-            tokio::select! {
-                _ = mirror.run_kubelet(names) => {}
-                () = stop.cancelled() => {}
-            }
-        }
-    });
+    // The nodes as Kubernetes Nodes with static pods, in the demo's API server (its own workload
+    // cluster).
+    test_world::mirror_workload(&simulator, &WorkloadMirror::new(client.clone()), &stop)?;
 
     // The cluster's credentials, named after its clusterId as vitistack names them.
     let kubeconfig = std::fs::read_to_string(control_plane.admin_kubeconfig())?;
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
-        "stringData": {
-            "talosconfig": simulator.talosconfig(ClientRole::Admin),
-            "kube.config": kubeconfig,
-        },
-    }))?;
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), NAMESPACE)
-        .create(&PostParams::default(), &secret)
+    test_world::create_credentials_secret(&client, NAMESPACE, CLUSTER, &simulator, &kubeconfig)
         .await?;
-    let cluster: talos_upgrade_core::crd::KubernetesCluster = serde_yaml::from_str(
+    test_world::create_kubernetes_cluster(
+        &client,
+        NAMESPACE,
         &std::fs::read_to_string(repo.join("examples/kubernetescluster.yaml"))?,
-    )?;
-    Api::<talos_upgrade_core::crd::KubernetesCluster>::namespaced(client.clone(), NAMESPACE)
-        .create(&PostParams::default(), &cluster)
-        .await?;
+    )
+    .await?;
 
     // The controller, with its metrics endpoint, and the simulator's control API.
     let metrics = Metrics::new();
@@ -117,15 +86,9 @@ async fn main() -> anyhow::Result<()> {
     });
     // The releases of the user guide's example, so `talos-available` and `kubernetes-available` read
     // like the guide (the built-in catalog knows newer releases).
-    let catalog = talos_upgrade_core::catalog::Catalog::builtin().with_override(
-        &talos_upgrade_core::catalog::CatalogOverride::parse(
-            include_str!("../../../examples/release-catalog.yaml"),
-            "examples/release-catalog.yaml",
-        )?,
-    );
     let settings = Settings {
         poll_interval: Duration::from_millis(500),
-        catalog: talos_upgrade_controller::catalog_sources::CatalogHandle::fixed(catalog),
+        catalog: test_world::guide_catalog(),
         ..Settings::default()
     };
     // The controller's clients as the binary makes them (`api_client`: HTTP/2, the intake connection
@@ -190,23 +153,6 @@ async fn main() -> anyhow::Result<()> {
     simulator.shutdown();
     drop(control_plane);
     Ok(())
-}
-
-async fn wait_established(crds: &Api<CustomResourceDefinition>, name: &str) -> anyhow::Result<()> {
-    for _ in 0..200 {
-        let crd = crds.get(name).await?;
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    anyhow::bail!("CRD {name} was not established")
 }
 
 async fn bind_first(addresses: &[&str]) -> anyhow::Result<tokio::net::TcpListener> {
