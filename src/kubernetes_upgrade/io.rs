@@ -1,7 +1,7 @@
 //! The Kubernetes upgrade's part of a reconcile: its looks and calls for the shared flow
 //! ([`crate::reconcile::flow`]).
 
-use talos_upgrade_core::kubernetes::{Kubernetes, KubernetesVersions, Observation, TalosApi};
+use talos_upgrade_core::kubernetes::{Kubernetes, KubernetesVersions, Observation};
 use talos_upgrade_core::lifecycle::{Act, Called, Looked, NoFurther};
 
 use super::{ExecuteError, ManifestMode};
@@ -46,14 +46,7 @@ impl KindIo<Kubernetes> for KubernetesIo<'_> {
         let access = self.access.get().await.map_err(|e| e.to_string())?;
         let observation = super::observe(&access.fleet, &access.inventory, &access.workload).await;
         // By the lowest Talos among the nodes that answered (none: the legacy mode).
-        let lowest_talos = observation
-            .nodes
-            .iter()
-            .filter_map(|node| match &node.talos {
-                TalosApi::Up { version, .. } => Some(version.semver()),
-                TalosApi::Unreachable { .. } => None,
-            })
-            .min();
+        let lowest_talos = observation.talos_versions().map(|v| v.semver()).min();
         self.manifests = lowest_talos
             .map(ManifestMode::for_lowest_talos)
             .unwrap_or(ManifestMode::Legacy);

@@ -65,6 +65,14 @@ impl Observation {
     pub fn node(&self, name: &str) -> Option<&NodeObservation> {
         self.nodes.iter().find(|n| n.name == name)
     }
+
+    /// The Talos version of every node whose Talos API answered.
+    pub fn talos_versions(&self) -> impl Iterator<Item = &TalosVersion> {
+        self.nodes.iter().filter_map(|node| match &node.talos {
+            TalosApi::Up { version, .. } => Some(version),
+            TalosApi::Unreachable { .. } => None,
+        })
+    }
 }
 
 /// What the controller sees of one node right now.

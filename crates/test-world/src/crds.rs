@@ -7,9 +7,9 @@
 //! and requires `phase`, `conditions` and `state` once a status exists. The controller must work under
 //! both, so the end-to-end suites can run under either. The `Machine` CRD is always vitistack's.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 
@@ -55,23 +55,9 @@ pub async fn install_crd(client: &kube::Client, yaml: &str) -> anyhow::Result<()
             Err(error) => return Err(error).with_context(|| format!("applying CRD {name}")),
         }
     }
-    let deadline = Instant::now() + ESTABLISHED_TIMEOUT;
-    loop {
-        let established = crds.get_opt(&name).await?.is_some_and(|crd| {
-            crd.status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-        });
-        if established {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("CRD {name} was not established within {ESTABLISHED_TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    testenv::crd_established(client, &name, ESTABLISHED_TIMEOUT)
+        .await
+        .map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]

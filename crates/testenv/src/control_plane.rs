@@ -608,28 +608,10 @@ impl TestNamespace {
         self.wait_crd_established(name).await;
     }
 
-    /// Waits until the CRD `name` is established. (`kubectl wait --for=condition=Established` right after
-    /// an apply can fail while the new CRD has no conditions yet, so this polls the CRD itself.)
+    /// Waits until the CRD `name` is established (see [`crd_established`]), at most 60 s.
     pub async fn wait_crd_established(&self, name: &str) {
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let established = crds.get_opt(name).await.ok().flatten().is_some_and(|crd| {
-                crd.status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-            if established {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "CRD {name} was not established within 60s"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Err(error) = crd_established(&self.client, name, Duration::from_secs(60)).await {
+            panic!("{error}");
         }
     }
 
@@ -743,5 +725,34 @@ fn remove_stale_dirs() {
         if !Path::new("/proc").join(pid).exists() {
             let _ = fs::remove_dir_all(entry.path());
         }
+    }
+}
+
+/// Waits until the CRD `name` is established, so objects of its kind can be created, for at most
+/// `within`. (`kubectl wait --for=condition=Established` right after an apply can fail while the new CRD
+/// has no conditions yet, so this polls the CRD itself.)
+pub async fn crd_established(
+    client: &kube::Client,
+    name: &str,
+    within: Duration,
+) -> std::result::Result<(), String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let deadline = Instant::now() + within;
+    loop {
+        let established = crds.get_opt(name).await.ok().flatten().is_some_and(|crd| {
+            crd.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        });
+        if established {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("CRD {name} was not established within {within:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -15,7 +15,7 @@ mod pki;
 mod process;
 
 pub use binaries::Binaries;
-pub use control_plane::{ControlPlane, ProcessIds, TestNamespace};
+pub use control_plane::{ControlPlane, ProcessIds, TestNamespace, crd_established};
 
 /// Everything that can go wrong while starting or talking to the test control plane.
 #[derive(Debug, thiserror::Error)]

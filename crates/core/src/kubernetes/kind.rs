@@ -32,17 +32,10 @@ pub struct KubernetesVersions {
 
 impl KubernetesVersions {
     pub fn of(observation: &Observation) -> KubernetesVersions {
-        let talos = observation
-            .nodes
-            .iter()
-            .map(|node| match &node.talos {
-                TalosApi::Up { version, .. } => Some(version.clone()),
-                TalosApi::Unreachable { .. } => None,
-            })
-            .collect();
+        let talos: Vec<TalosVersion> = observation.talos_versions().cloned().collect();
         KubernetesVersions {
             range: super::kubernetes_range(observation),
-            talos,
+            talos: (talos.len() == observation.nodes.len()).then_some(talos),
         }
     }
 }
