@@ -478,7 +478,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                             K::no_versions().to_string(),
                         );
                         report.condition_reason = Some(ConditionReason::InProgress);
-                        return self.conclude_without_run(report, Revisit::Poll);
+                        return self.done(self.inputs.record.clone(), report, Revisit::Poll);
                     }
                     StartCheck::Refused(reason) => {
                         // The version rules' sentences may end in a full stop of their own.
@@ -949,11 +949,6 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             conclusion.preflight_failure = preflight_failure;
         }
         step
-    }
-
-    fn conclude_without_run(&mut self, mut report: KindReport, revisit: Revisit) -> Step<K> {
-        report.consumed = self.consumed.clone();
-        self.done(self.inputs.record.clone(), report, revisit)
     }
 
     fn done(
