@@ -33,7 +33,9 @@ use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
 use crate::report::KindReport;
-use crate::run::{NodeRole, Note, NoteType, PreflightCheck, Reason, Record, Report, RunState};
+use crate::run::{
+    NodeRole, Note, NoteType, Outcome, PreflightCheck, Reason, Record, Report, RunState,
+};
 
 /// What differs between the two kinds of upgrade, for the lifecycle they share.
 pub trait Kind {
@@ -91,7 +93,22 @@ pub trait Kind {
     /// The `Waiting:` sentence of a new run while no node tells its version.
     fn no_versions() -> &'static str;
     /// A failed run continues: what failed goes back to pending, what is done stays done.
-    fn resume(run: &mut Self::Run);
+    fn resume(run: &mut Self::Run, now: Timestamp);
+    /// What a run stopped by a reset leaves on the nodes that the user must know of (Talos: a node
+    /// left cordoned with a new system installed for its next reboot), one sentence each.
+    fn left_behind(run: &Self::Run) -> Vec<String>;
+    /// Whether the versions show a node below the target of this completed run: one that joined the
+    /// cluster since, or one changed outside the controller. The cluster is then looked at in full.
+    fn behind(run: &Self::Run, versions: &Self::Versions) -> bool;
+    /// Takes the nodes that joined the cluster since `run` completed, and are not on its target, into
+    /// the run (pending: the run goes on), with an Event for each. Nodes of the run itself below the
+    /// target are taken again only when the user asks (`again`: `resume`).
+    fn join(
+        run: &mut Self::Run,
+        observation: &Self::Observation,
+        again: bool,
+        now: Timestamp,
+    ) -> Vec<Note>;
 
     /// Work the pass does before deciding on `run` (nothing: decide at once).
     fn before_deciding(
@@ -324,8 +341,13 @@ enum Idle<K: Kind> {
         reason: Option<ConditionReason>,
         message: Option<String>,
     },
-    /// A finished run for this value: it stands.
-    Stand(K::Run, K::Settings),
+    /// A finished run for this value: it stands (unless nodes joined since it completed).
+    Stand {
+        raw: String,
+        target: K::Version,
+        run: K::Run,
+        settings: K::Settings,
+    },
 }
 
 /// A target the full look is for.
@@ -335,6 +357,9 @@ struct Going<K: Kind> {
     settings: K::Settings,
     /// The run for this target, if one was recorded.
     existing: Option<K::Run>,
+    /// `existing` completed, and the versions show a node below its target: take in the nodes that
+    /// joined since, if any, rather than resuming.
+    reopen: bool,
 }
 
 /// One pass over a run, after the look.
@@ -361,6 +386,9 @@ pub struct Lifecycle<'a, K: Kind> {
     notes: Vec<Note>,
     /// Reasons of Events published with the calls.
     announced: Vec<Reason>,
+    /// An option made invalid while a run is under way: the run is followed as if paused, and this
+    /// says why.
+    held: Option<String>,
     state: State<K>,
 }
 
@@ -371,6 +399,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             consumed: Vec::new(),
             notes: Vec::new(),
             announced: Vec::new(),
+            held: None,
             state: State::Start,
         }
     }
@@ -419,7 +448,28 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         let versions = looked.ok();
         match idle {
             Idle::Forget { reason, message } => self.forgotten(versions.as_ref(), reason, message),
-            Idle::Stand(run, settings) => self.stand(run, &settings, versions.as_ref()),
+            Idle::Stand {
+                raw,
+                target,
+                run,
+                settings,
+            } => {
+                if matches!(run.outcome(), Some(Outcome::Completed { .. }))
+                    && versions.as_ref().is_some_and(|v| K::behind(&run, v))
+                {
+                    // Nodes below the target of a completed run: which, and whether they joined
+                    // since, takes a full look.
+                    let request = K::request(None, &settings);
+                    self.state = State::Cluster(Going {
+                        target: Some((raw, target)),
+                        settings,
+                        existing: Some(run),
+                        reopen: true,
+                    });
+                    return Step::Look(Look::Cluster(request));
+                }
+                self.stand(run, &settings, versions.as_ref())
+            }
         }
     }
 
@@ -430,6 +480,11 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         };
         let observation = match looked {
             Ok(observation) => observation,
+            // A completed run stands as it was shown; the next refresh looks again.
+            Err(_) if going.reopen => {
+                let run = going.existing.expect("a completed run to reopen");
+                return self.stand(run, &going.settings, None);
+            }
             Err(problem) => return self.cannot_proceed(&going, &problem),
         };
         let versions = K::versions_of(&observation);
@@ -437,6 +492,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             target,
             settings,
             existing,
+            reopen,
         } = going;
         let Some((raw, target)) = target else {
             // Finishing the work in flight of a run whose target was removed.
@@ -453,8 +509,18 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             });
         };
         let run = match existing {
+            Some(mut run) if reopen => {
+                let again = self.inputs.intent.resume;
+                let joined = K::join(&mut run, &observation, again, self.inputs.now);
+                if joined.is_empty() {
+                    return self.stand(run, &settings, Some(&versions));
+                }
+                self.consume_resume();
+                self.notes.extend(joined);
+                run
+            }
             Some(mut run) if run.is_finished() => {
-                K::resume(&mut run);
+                K::resume(&mut run, self.inputs.now);
                 self.consumed.push(annotations::RESUME);
                 self.notes.push(Note::normal(
                     Reason::UpgradeResumed,
@@ -540,14 +606,23 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
 
     fn reset(&mut self) -> Step<K> {
         let kind = K::KIND;
-        let mut report = KindReport::new(
-            kind,
-            UpgradeStatus::Idle,
-            format!(
-                "{} upgrade state was reset; no node was touched",
-                kind.name()
-            ),
+        let mut message = format!(
+            "{} upgrade state was reset; no node was touched",
+            kind.name()
         );
+        // Touching no node, the reset cannot undo what the run left in flight: it says what.
+        let left = self
+            .inputs
+            .record
+            .as_ref()
+            .filter(|run| !run.is_finished())
+            .map(K::left_behind)
+            .unwrap_or_default();
+        for sentence in left {
+            message.push_str(". ");
+            message.push_str(&sentence);
+        }
+        let mut report = KindReport::new(kind, UpgradeStatus::Idle, message);
         report.condition_reason = Some(ConditionReason::Reset);
         report.consumed = vec![kind.reset_key(), kind.target_key()];
         self.notes
@@ -569,6 +644,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 target: None,
                 settings,
                 existing: Some(run.clone()),
+                reopen: false,
             });
             return Step::Look(Look::Cluster(request));
         }
@@ -633,6 +709,25 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         let settings = match K::settings(intent, &self.inputs.limits) {
             Ok(settings) => settings,
             Err(invalid) => {
+                // A run under way is not dropped for it: its nodes in flight are followed to the end
+                // (with their deadlines), as if paused, and nothing new starts until it is fixed.
+                let running = self
+                    .inputs
+                    .record
+                    .clone()
+                    .filter(|run| run.requested() == raw && !run.is_finished());
+                if let Some(run) = running {
+                    self.held = Some(invalid.to_string());
+                    let settings = K::stopping(&self.inputs.limits);
+                    let request = K::request(Some(&run), &settings);
+                    self.state = State::Cluster(Going {
+                        target: Some((raw, target)),
+                        settings,
+                        existing: Some(run),
+                        reopen: false,
+                    });
+                    return Step::Look(Look::Cluster(request));
+                }
                 let message = format!("{} upgrade not started: {invalid}", K::KIND.name());
                 self.note_once(NoteType::Warning, Reason::InvalidOption, &message);
                 let mut report = KindReport::new(K::KIND, UpgradeStatus::Failed, message);
@@ -662,7 +757,12 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             && !(intent.resume && run.touched() && run.failure().is_some())
         {
             self.consume_resume();
-            self.state = State::Versions(Idle::Stand(run.clone(), settings));
+            self.state = State::Versions(Idle::Stand {
+                raw,
+                target,
+                run: run.clone(),
+                settings,
+            });
             return Step::Look(Look::Versions);
         }
         let request = K::request(existing.as_ref().filter(|r| !r.is_finished()), &settings);
@@ -670,6 +770,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             target: Some((raw, target)),
             settings,
             existing,
+            reopen: false,
         });
         Step::Look(Look::Cluster(request))
     }
@@ -688,7 +789,22 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         {
             report.message = reason.to_string();
         }
-        report.current = versions.and_then(K::current).map(|v| v.to_string());
+        let current = versions.and_then(K::current);
+        // A node of the run changed since it completed (rolled back or downgraded by hand): the
+        // completion stands, but the message does not claim what the versions deny.
+        if decision.report.state == RunState::Completed
+            && let Some(versions) = versions
+            && K::behind(&run, versions)
+            && let Some(current) = &current
+        {
+            report.message = format!(
+                "{kind} upgrade to {target} completed, but a node runs {kind} {current} since \
+                 (changed outside this controller; set resume to upgrade it again)",
+                kind = K::KIND.name(),
+                target = run.target(),
+            );
+        }
+        report.current = current.map(|v| v.to_string());
         report.available = versions
             .and_then(|v| K::available(v, self.inputs.catalog))
             .map(|v| v.map(|v| v.to_string()));
@@ -899,6 +1015,28 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             report.condition_reason = Some(ConditionReason::InProgress);
             report.status = UpgradeStatus::InProgress;
         }
+        if let Some(invalid) = &self.held
+            && matches!(
+                decision.report.state,
+                RunState::InProgress | RunState::Paused
+            )
+        {
+            let (done, total) = (decision.report.done, decision.report.total);
+            let what = if decision.report.in_flight.is_empty() {
+                "no new node starts until it is fixed".to_string()
+            } else {
+                format!(
+                    "finishing {} before holding",
+                    decision.report.in_flight.join(", ")
+                )
+            };
+            report.message = format!(
+                "{} upgrade held: {invalid}; {what} ({done}/{total} done)",
+                K::KIND.name()
+            );
+            report.condition_reason = Some(ConditionReason::InProgress);
+            report.status = UpgradeStatus::InProgress;
+        }
         report.current = if decision.report.state == RunState::Completed {
             Some(decision.run.target().to_string())
         } else {
@@ -918,6 +1056,13 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             return self.forget(Some(pass.versions));
         }
         let report = self.shown(&pass, &decision);
+        if self.held.is_some() && report.message.contains(" upgrade held: ") {
+            self.note_once(
+                NoteType::Warning,
+                Reason::InvalidOption,
+                &report.message.clone(),
+            );
+        }
         let mut preflight_failure = None;
         if !pass.stopping {
             // A hold (preflight, etcd, pause) is announced once when it starts or changes, not on

@@ -146,12 +146,14 @@ pub enum Reason {
     NodeDrained,
     /// A reboot that got no answer was sent again (Talos ≥ 1.13).
     NodeRebootResent,
+    /// A node joined the cluster below the target of a completed run, which takes it in.
+    NodeJoined,
     /// One step of a Kubernetes upgrade started.
     StepStarted,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -166,6 +168,7 @@ impl Reason {
         Reason::NodeUpgraded,
         Reason::NodeDrained,
         Reason::NodeRebootResent,
+        Reason::NodeJoined,
         Reason::StepStarted,
     ];
 
@@ -185,6 +188,7 @@ impl Reason {
             Reason::NodeUpgraded => "NodeUpgraded",
             Reason::NodeDrained => "NodeDrained",
             Reason::NodeRebootResent => "NodeRebootResent",
+            Reason::NodeJoined => "NodeJoined",
             Reason::StepStarted => "StepStarted",
         }
     }
@@ -206,6 +210,7 @@ impl Reason {
             | Reason::NodeUpgraded
             | Reason::NodeDrained
             | Reason::NodeRebootResent
+            | Reason::NodeJoined
             | Reason::StepStarted => None,
         }
     }

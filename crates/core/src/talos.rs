@@ -27,7 +27,7 @@ pub use self::kind::{
     Further, FurtherLooked, StartingNodes, Talos, TalosVersions, check_new_run,
     with_installer_image,
 };
-pub use self::record::{LifecycleStage, NodeProgress, NodeStep, Run};
+pub use self::record::{LifecycleStage, NodeProgress, NodeStep, PendingInstall, Run};
 pub use crate::run::UpgradeOrder;
 use crate::run::{
     NodeRole, Note, Outcome, PreflightCheck, Reason, Report, RunState, human_duration,
@@ -216,23 +216,32 @@ pub fn role_rank(role: NodeRole, order: UpgradeOrder) -> u8 {
 /// cordoned it.
 pub fn fail_node(run: &mut Run, node: &str, reason: &str, now: Timestamp) -> Option<Action> {
     let mut cleanup = None;
+    let mut reason = reason.to_string();
     for progress in &mut run.nodes {
-        if progress.name == node {
-            if let NodeStep::Issued {
-                lifecycle: Some(stage),
-                ..
-            } = &progress.step
-                && stage.must_uncordon()
-            {
+        if progress.name != node {
+            continue;
+        }
+        let mut installed = None;
+        if let NodeStep::Issued {
+            lifecycle: Some(stage),
+            ..
+        } = &progress.step
+        {
+            installed = pending_install(&progress.step);
+            if installed.is_none() && stage.must_uncordon() {
                 cleanup = Some(Action::Uncordon {
                     node: node.to_string(),
                 });
             }
-            progress.step = NodeStep::Failed {
-                at: now,
-                reason: reason.to_string(),
-            };
         }
+        if let Some(pending) = &installed {
+            reason = format!("{reason}; {}", left_with_install(pending, &run.target));
+        }
+        progress.step = NodeStep::Failed {
+            at: now,
+            reason: reason.clone(),
+            installed,
+        };
     }
     run.outcome = Some(Outcome::Failed {
         at: now,
@@ -240,6 +249,45 @@ pub fn fail_node(run: &mut Run, node: &str, reason: &str, now: Timestamp) -> Opt
         reason: format!("node {node} {reason}"),
     });
     cleanup
+}
+
+/// The new system installed on a node in flight that has not rebooted into it: drained or being
+/// drained, or its reboot recorded but refused (Talos ≥ 1.13).
+fn pending_install(step: &NodeStep) -> Option<PendingInstall> {
+    let NodeStep::Issued {
+        boot_id,
+        from_version,
+        installer_image,
+        lifecycle: Some(stage),
+        ..
+    } = step
+    else {
+        return None;
+    };
+    let uncordon = match stage {
+        LifecycleStage::Draining { uncordon, .. } | LifecycleStage::Rebooting { uncordon, .. } => {
+            *uncordon
+        }
+        LifecycleStage::Installing => return None,
+    };
+    Some(PendingInstall {
+        boot_id: boot_id.clone(),
+        from_version: from_version.clone(),
+        installer_image: installer_image.clone(),
+        uncordon,
+    })
+}
+
+/// What a node with a pending install is left as when its run stops, in words that stay true: the
+/// new system boots at its next reboot, whatever causes it, so it is left cordoned (it takes no pods
+/// that an unplanned reboot would drop), and the user chooses.
+fn left_with_install(pending: &PendingInstall, target: &str) -> String {
+    let from = &pending.from_version;
+    format!(
+        "it was not rebooted: it runs Talos {from}, and Talos {target} is installed and boots at its \
+         next reboot. It is left cordoned: set resume to drain and reboot it, or uncordon it to keep it \
+         on {from} until it reboots"
+    )
 }
 
 /// Records that the new system is installed on `node` (Talos ≥ 1.13): draining starts now.
@@ -357,8 +405,22 @@ pub fn advance(
         let (since, uncordon) = match lifecycle {
             None => (*at, false),
             Some(LifecycleStage::Installing) => {
-                // The controller stopped during the install call; the node still runs its old system
-                // untouched, so installing again is safe.
+                // An install that keeps failing on the way (pull or install unreachable) does not
+                // hold the run for ever: past the node deadline the node fails, untouched.
+                if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
+                    progress.step = NodeStep::Failed {
+                        at: now,
+                        reason: format!(
+                            "could not install Talos {target} within {}; it was not rebooted and \
+                             runs its old version",
+                            human_duration(settings.node_deadline)
+                        ),
+                        installed: None,
+                    };
+                    continue;
+                }
+                // The controller stopped during the install call, or the call did not get through;
+                // the node still runs its old system untouched, so installing again is safe.
                 actions.push(Action::Upgrade {
                     node: name,
                     installer_image: installer_image.clone(),
@@ -386,16 +448,22 @@ pub fn advance(
                             .and_then(|s| s.blocked.as_deref())
                             .map(|blocked| format!(": {blocked}"))
                             .unwrap_or_default();
-                        if *uncordon {
-                            actions.push(Action::Uncordon { node: name.clone() });
-                        }
+                        // The new system is installed and boots at the next reboot, planned or not:
+                        // the node stays cordoned, and the message says so.
+                        let pending = PendingInstall {
+                            boot_id: boot_id.clone(),
+                            from_version: from_version.clone(),
+                            installer_image: installer_image.clone(),
+                            uncordon: *uncordon,
+                        };
                         progress.step = NodeStep::Failed {
                             at: now,
                             reason: format!(
-                                "could not be drained within {}{why}; it was not rebooted and runs \
-                                 its old version",
-                                human_duration(settings.drain_timeout)
+                                "could not be drained within {}{why}; {}",
+                                human_duration(settings.drain_timeout),
+                                left_with_install(&pending, &target.to_string())
                             ),
+                            installed: Some(pending),
                         };
                     }
                     _ => {
@@ -441,9 +509,23 @@ pub fn advance(
         };
         match check_in_flight(observed, &target, boot_id, from_version) {
             InFlight::Done if uncordon && observed.is_some_and(|n| n.cordoned) => {
-                // Back on the target and Ready: it only has to take pods again.
+                // Back on the target and Ready: it only has to take pods again. An uncordon that
+                // does not take (someone cordons it again, the API refuses) ends at the deadline.
                 actions.push(Action::Uncordon { node: name.clone() });
-                details.push(format!("uncordoning {name}"));
+                if now.duration_since(since).unsigned_abs() > settings.node_deadline {
+                    progress.step = NodeStep::Failed {
+                        at: now,
+                        reason: format!(
+                            "runs Talos {target} but is still cordoned {} after its reboot: \
+                             uncordoning it did not take (is something else cordoning it?); \
+                             uncordon it once it may take pods",
+                            human_duration(settings.node_deadline)
+                        ),
+                        installed: None,
+                    };
+                } else {
+                    details.push(format!("uncordoning {name}"));
+                }
             }
             InFlight::Done => {
                 let started = *at;
@@ -460,7 +542,11 @@ pub fn advance(
                 if uncordon {
                     actions.push(Action::Uncordon { node: name.clone() });
                 }
-                progress.step = NodeStep::Failed { at: now, reason };
+                progress.step = NodeStep::Failed {
+                    at: now,
+                    reason,
+                    installed: None,
+                };
             }
             InFlight::Waiting(waiting_for) => {
                 let elapsed = now.duration_since(since).unsigned_abs();
@@ -482,7 +568,11 @@ pub fn advance(
                     if uncordon {
                         actions.push(Action::Uncordon { node: name.clone() });
                     }
-                    progress.step = NodeStep::Failed { at: now, reason };
+                    progress.step = NodeStep::Failed {
+                        at: now,
+                        reason,
+                        installed: None,
+                    };
                 }
             }
         }
@@ -491,13 +581,43 @@ pub fn advance(
         NodeStep::Failed { reason, .. } => Some((n.name.clone(), reason.clone())),
         _ => None,
     }) {
+        // The run touches no further node. What it leaves behind on the other nodes in flight is
+        // cleaned up or said: a node it cordoned for a reboot already sent is made schedulable again;
+        // a node it was draining has its new system installed, so it stays cordoned, named.
+        let mut reason = format!("node {} {}", failed.0, failed.1);
+        actions.retain(|action| matches!(action, Action::Uncordon { .. }));
+        for progress in &run.nodes {
+            let NodeStep::Issued {
+                lifecycle: Some(stage),
+                ..
+            } = &progress.step
+            else {
+                continue;
+            };
+            let name = &progress.name;
+            match stage {
+                LifecycleStage::Draining { .. } => {
+                    if let Some(pending) = pending_install(&progress.step) {
+                        reason.push_str(&format!(
+                            ". Node {name} was being drained: {}",
+                            left_with_install(&pending, &run.target)
+                        ));
+                    }
+                }
+                LifecycleStage::Rebooting { uncordon: true, .. } => {
+                    let uncordon = Action::Uncordon { node: name.clone() };
+                    if !actions.contains(&uncordon) {
+                        actions.push(uncordon);
+                    }
+                }
+                LifecycleStage::Rebooting { .. } | LifecycleStage::Installing => {}
+            }
+        }
         run.outcome = Some(Outcome::Failed {
             at: now,
             node: Some(failed.0.clone()),
-            reason: format!("node {} {}", failed.0, failed.1),
+            reason,
         });
-        // Only clean-up is left to do: nodes this run cordoned are made schedulable again.
-        actions.retain(|action| matches!(action, Action::Uncordon { .. }));
         return finish(run, actions, notes, None, true);
     }
     if run

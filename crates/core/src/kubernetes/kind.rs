@@ -9,7 +9,7 @@ use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
 use crate::lifecycle::{Answered, Hold, Kind, Limits, NoFurther, Revisit, StartCheck};
-use crate::run::{NodeRole, Outcome, Reason, Record};
+use crate::run::{NodeRole, Note, Outcome, Reason, Record};
 use crate::versions::{self, KubernetesVersion, TalosVersion};
 
 /// The Kubernetes upgrade (the steps of `talosctl upgrade-k8s`).
@@ -218,8 +218,23 @@ impl Kind for Kubernetes {
         "Waiting: no node reports its Kubernetes version yet"
     }
 
-    fn resume(run: &mut KubeRun) {
+    fn resume(run: &mut KubeRun, _: Timestamp) {
         super::resume(run);
+    }
+
+    fn left_behind(_: &KubeRun) -> Vec<String> {
+        // Every step is idempotent and leaves no node cordoned: a step cut short by the reset is
+        // made again by the next run.
+        Vec::new()
+    }
+
+    fn behind(_: &KubeRun, _: &KubernetesVersions) -> bool {
+        // A node that joins later brings the kubelet its Talos configures; a later target takes it.
+        false
+    }
+
+    fn join(_: &mut KubeRun, _: &Observation, _: bool, _: Timestamp) -> Vec<Note> {
+        Vec::new()
     }
 
     fn before_deciding(_: &KubeRun, _: &Settings, _: &Observation) -> Vec<NoFurther> {

@@ -414,7 +414,8 @@ fn talos_without_a_run_in_flight() {
             vec![],
             Shows {
                 status: Idle,
-                message: "Talos upgrade state was reset; no node was touched",
+                message: "Talos upgrade state was reset; no node was touched. Node worker-1 had \
+                          its upgrade call to Talos 1.12.0 and finishes it by itself",
                 condition: Some(ConditionReason::Reset),
                 notes: &[Reason::UpgradeReset],
                 consumed: &[
@@ -473,21 +474,6 @@ fn talos_without_a_run_in_flight() {
                 revisit: Revisit::Idle,
             },
             None,
-        ),
-        (
-            "a completed run for this value stands, with fresh versions",
-            vec![("talos-target", "1.12.0"), ("resume", "true")],
-            Some(talos_run_with(completed(), true)),
-            vec![Asked::Versions],
-            Shows {
-                status: Completed,
-                message: "Talos upgrade completed: now running 1.12.0",
-                condition: Some(ConditionReason::Completed),
-                notes: &[],
-                consumed: &[annotations::RESUME],
-                revisit: Revisit::Idle,
-            },
-            Some("1.12.0"),
         ),
         (
             "a refusal stands with its own sentence",
@@ -757,7 +743,7 @@ fn talos_calls_and_what_their_answers_mean() {
 }
 
 #[test]
-fn a_refused_call_on_a_node_the_run_cordoned_uncordons_it_after_saving_the_failure() {
+fn a_refused_reboot_leaves_the_installed_node_cordoned_and_says_so() {
     let mut run = talos_run_in_flight();
     run.nodes[0].step = NodeStep::Issued {
         at: earlier(1),
@@ -780,7 +766,8 @@ fn a_refused_call_on_a_node_the_run_cordoned_uncordons_it_after_saving_the_failu
         Gates::default(),
         answers,
     );
-    // Drained at once (the canned drain leaves nothing), rebooted, refused, uncordoned.
+    // Drained at once (the canned drain leaves nothing), rebooted, refused; the new system is
+    // installed, so the node is left cordoned rather than uncordoned, and the failure says so.
     assert!(
         matches!(&asked[1], Asked::Further(f) if f.contains("Drain")),
         "{asked:?}"
@@ -789,14 +776,14 @@ fn a_refused_call_on_a_node_the_run_cordoned_uncordons_it_after_saving_the_failu
         matches!(&asked[2], Asked::Act(calls) if calls[0].starts_with("Reboot")),
         "{asked:?}"
     );
-    assert!(
-        matches!(&asked[3], Asked::Act(calls) if calls[0].starts_with("Uncordon")),
-        "{asked:?}"
-    );
+    assert_eq!(asked.len(), 3, "no clean-up call: {asked:?}");
     assert_eq!(conclusion.report.status, UpgradeStatus::Failed);
     assert_eq!(
         conclusion.report.message,
-        "Talos upgrade failed: node worker-1 refused the reboot: no"
+        "Talos upgrade failed: node worker-1 refused the reboot: no; it was not rebooted: it runs \
+         Talos 1.13.0, and Talos 1.13.1 is installed and boots at its next reboot. It is left \
+         cordoned: set resume to drain and reboot it, or uncordon it to keep it on 1.13.0 until it \
+         reboots"
     );
     assert_eq!(conclusion.report.failed_nodes, ["worker-1"]);
 }
@@ -1050,6 +1037,7 @@ fn resuming_a_failed_run_continues_from_the_failed_node() {
     run.nodes[0].step = NodeStep::Failed {
         at: earlier(1),
         reason: "did not come back online within 15m".into(),
+        installed: None,
     };
     run.outcome = Some(Outcome::Failed {
         at: earlier(1),
@@ -1281,4 +1269,213 @@ fn a_removed_kubernetes_target_finishes_the_step_in_flight_then_stops() {
         Some(ConditionReason::Reset)
     );
     assert!(conclusion.record.is_none());
+}
+
+/// A run to 1.12.0 completed on both nodes of [`talos_cluster`].
+fn talos_run_completed() -> Run {
+    let mut run = talos_run_in_flight();
+    for node in &mut run.nodes {
+        node.step = NodeStep::Done {
+            at: earlier(3),
+            started_at: Some(earlier(4)),
+        };
+    }
+    run.outcome = completed();
+    run
+}
+
+#[test]
+fn a_completed_run_stands_shows_what_changed_since_and_takes_in_nodes_that_joined() {
+    let target = [("talos-target", "1.12.0")];
+    // Every node on the target: the completion stands on the versions alone.
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.0"), ("resume", "true")]),
+        Some(talos_run_completed()),
+        Gates::default(),
+        talos_answers("1.12.0"),
+    );
+    assert_eq!(asked, [Asked::Versions]);
+    assert_eq!(conclusion.report.status, UpgradeStatus::Completed);
+    assert_eq!(
+        conclusion.report.message,
+        "Talos upgrade completed: now running 1.12.0"
+    );
+    assert_eq!(conclusion.report.current.as_deref(), Some("1.12.0"));
+    assert_eq!(conclusion.report.consumed, [annotations::RESUME]);
+
+    // A node of the run rolled back by hand: shown, not upgraded again unasked.
+    let mut rolled_back = talos_cluster("1.12.0");
+    rolled_back.nodes[1] = talos_node("worker-1", NodeRole::Worker, "1.11.6");
+    let mut answers = talos_answers("1.12.0");
+    answers.versions = Ok(Talos::versions_of(&rolled_back));
+    answers.cluster = Ok(rolled_back.clone());
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&target),
+        Some(talos_run_completed()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(asked, [Asked::Versions, Asked::Cluster]);
+    assert_eq!(conclusion.report.status, UpgradeStatus::Completed);
+    assert_eq!(conclusion.report.current.as_deref(), Some("1.11.6"));
+    assert_eq!(
+        conclusion.report.message,
+        "Talos upgrade to 1.12.0 completed, but a node runs Talos 1.11.6 since (changed outside \
+         this controller; set resume to upgrade it again)"
+    );
+    assert_eq!(conclusion.record, Some(talos_run_completed()));
+
+    // The same with resume: the user asks, so it is upgraded again.
+    let mut answers = talos_answers("1.12.0");
+    answers.versions = Ok(Talos::versions_of(&rolled_back));
+    answers.cluster = Ok(rolled_back);
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.0"), ("resume", "true")]),
+        Some(talos_run_completed()),
+        Gates::default(),
+        answers,
+    );
+    assert!(
+        matches!(asked.last(), Some(Asked::Act(calls)) if calls[0].contains("worker-1")),
+        "{asked:?}"
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert!(told(&conclusion).contains(&Reason::UpgradeResumed));
+
+    // A node that joined since: taken into the run and upgraded, once.
+    let mut joined = talos_cluster("1.12.0");
+    joined
+        .nodes
+        .push(talos_node("worker-2", NodeRole::Worker, "1.11.6"));
+    let mut answers = talos_answers("1.12.0");
+    answers.versions = Ok(Talos::versions_of(&joined));
+    answers.cluster = Ok(joined);
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&target),
+        Some(talos_run_completed()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(asked[..2], [Asked::Versions, Asked::Cluster]);
+    assert!(
+        matches!(asked.last(), Some(Asked::Act(calls)) if calls.len() == 1 && calls[0].contains("worker-2")),
+        "{asked:?}"
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert_eq!(conclusion.report.progress, Some((2, 3)));
+    assert!(told(&conclusion).contains(&Reason::NodeJoined));
+}
+
+#[test]
+fn an_option_made_invalid_mid_run_holds_it_and_follows_the_nodes_in_flight() {
+    let pairs = [("talos-target", "1.12.0"), ("upgrade-order", "sideways")];
+    // worker-1 rebooting: followed, nothing new starts.
+    let mut rebooting = talos_cluster("1.11.6");
+    rebooting.nodes[1].talos = TalosState::Unreachable {
+        reason: "connection refused".into(),
+    };
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Ok(rebooting);
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&pairs),
+        Some(talos_run_in_flight()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(asked, [Asked::Cluster]);
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert_eq!(
+        conclusion.report.message,
+        "Talos upgrade held: Annotation upgrade.vitistack.io/upgrade-order has the invalid value \
+         \"sideways\": use workers-first (the default) or control-planes-first; finishing worker-1 \
+         before holding (0/2 done)"
+    );
+    assert_eq!(reasons(&conclusion.notes), [Reason::InvalidOption]);
+    assert_eq!(conclusion.revisit, Revisit::Poll);
+
+    // worker-1 back on the target: done, and cp-1 is not started.
+    let mut back = talos_cluster("1.11.6");
+    back.nodes[1] = rebooted("worker-1", NodeRole::Worker, "1.12.0");
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Ok(back);
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&pairs),
+        Some(talos_run_in_flight()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(
+        asked,
+        [Asked::Cluster],
+        "no call while the option is invalid"
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert!(
+        conclusion
+            .report
+            .message
+            .ends_with("no new node starts until it is fixed (1/2 done)"),
+        "{}",
+        conclusion.report.message
+    );
+    assert_eq!(conclusion.report.progress, Some((1, 2)));
+
+    // Without a run under way, the target is not started (as before).
+    let (_, conclusion) = drive::<Talos>(
+        &annotations(&pairs),
+        None,
+        Gates::default(),
+        talos_answers("1.11.6"),
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::Failed);
+    assert!(
+        conclusion
+            .report
+            .message
+            .starts_with("Talos upgrade not started: "),
+        "{}",
+        conclusion.report.message
+    );
+}
+
+#[test]
+fn a_reset_mid_drain_says_which_node_it_leaves_cordoned() {
+    let mut run = talos_run_in_flight();
+    run.target = "1.13.1".into();
+    run.requested = "1.13.1".into();
+    run.nodes[0].step = NodeStep::Issued {
+        at: earlier(1),
+        boot_id: "worker-1-boot-1".into(),
+        from_version: "1.13.0".into(),
+        installer_image: "ghcr.io/siderolabs/installer:v1.13.1".into(),
+        lifecycle: Some(LifecycleStage::Draining {
+            since: earlier(1),
+            uncordon: true,
+        }),
+        unanswered: false,
+    };
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[
+            ("talos-target", "1.13.1"),
+            ("talos-reset-upgrade-state", "true"),
+        ]),
+        Some(run),
+        Gates::default(),
+        talos_answers("1.13.0"),
+    );
+    assert_eq!(asked, [], "a reset touches no node");
+    assert_eq!(conclusion.report.status, UpgradeStatus::Idle);
+    assert_eq!(
+        conclusion.report.message,
+        "Talos upgrade state was reset; no node was touched. Node worker-1 is left cordoned, with \
+         Talos 1.13.1 installed for its next reboot: reboot it to finish its upgrade, or uncordon it"
+    );
+    assert_eq!(conclusion.record, None);
+}
+
+/// Every Event reason of a pass: published with the calls, and still to publish.
+fn told<K: Kind>(conclusion: &Conclusion<K>) -> Vec<Reason> {
+    let mut all = conclusion.announced.clone();
+    all.extend(reasons(&conclusion.notes));
+    all
 }

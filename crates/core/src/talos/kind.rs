@@ -5,8 +5,8 @@ use jiff::Timestamp;
 use semver::Version;
 
 use super::{
-    Action, Decision, DrainStatus, EtcdObservation, NodeObservation, NodeStep, Observation, Run,
-    Settings, TalosState, UpgradeApi, UpgradeOrder,
+    Action, Decision, DrainStatus, EtcdObservation, LifecycleStage, NodeObservation, NodeStep,
+    Observation, Run, Settings, TalosState, UpgradeApi, UpgradeOrder,
 };
 use crate::annotations::UpgradeKind;
 use crate::catalog::{self, Catalog};
@@ -14,7 +14,7 @@ use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
 use crate::lifecycle::{Answered, Hold, Kind, Limits, Revisit, StartCheck};
-use crate::run::{NodeRole, Outcome, Reason, Record};
+use crate::run::{NodeRole, Note, Outcome, Reason, Record};
 use crate::versions::{self, KubernetesVersion, TalosStep, TalosVersion};
 
 /// The Talos OS upgrade.
@@ -340,14 +340,135 @@ impl Kind for Talos {
         "Waiting: no node's Talos API answers yet"
     }
 
-    fn resume(run: &mut Run) {
-        // The failed node goes back to pending; everything done stays done.
+    fn resume(run: &mut Run, now: Timestamp) {
+        // The failed node goes back to pending; everything done stays done. A node whose new system
+        // is installed but not booted is drained and rebooted again, never installed a second time;
+        // a drain cut short by the failure starts its timeout afresh.
         for node in &mut run.nodes {
-            if matches!(node.step, NodeStep::Failed { .. }) {
-                node.step = NodeStep::Pending;
+            match &mut node.step {
+                NodeStep::Failed {
+                    installed: Some(pending),
+                    ..
+                } => {
+                    let pending = pending.clone();
+                    node.step = NodeStep::Issued {
+                        at: now,
+                        boot_id: pending.boot_id,
+                        from_version: pending.from_version,
+                        installer_image: pending.installer_image,
+                        lifecycle: Some(LifecycleStage::Draining {
+                            since: now,
+                            uncordon: pending.uncordon,
+                        }),
+                        unanswered: false,
+                    };
+                }
+                NodeStep::Failed { .. } => node.step = NodeStep::Pending,
+                NodeStep::Issued {
+                    lifecycle: Some(LifecycleStage::Draining { since, .. }),
+                    ..
+                } => *since = now,
+                NodeStep::Pending | NodeStep::Issued { .. } | NodeStep::Done { .. } => {}
             }
         }
         run.outcome = None;
+    }
+
+    fn left_behind(run: &Run) -> Vec<String> {
+        let target = &run.target;
+        run.nodes
+            .iter()
+            .filter_map(|node| {
+                let NodeStep::Issued { lifecycle, .. } = &node.step else {
+                    return None;
+                };
+                let name = &node.name;
+                Some(match lifecycle {
+                    None => format!(
+                        "Node {name} had its upgrade call to Talos {target} and finishes it by itself"
+                    ),
+                    Some(LifecycleStage::Installing) => format!(
+                        "Node {name} may have Talos {target} installed for its next reboot (its \
+                         install was under way)"
+                    ),
+                    Some(LifecycleStage::Draining { uncordon: true, .. }) => format!(
+                        "Node {name} is left cordoned, with Talos {target} installed for its next \
+                         reboot: reboot it to finish its upgrade, or uncordon it"
+                    ),
+                    Some(LifecycleStage::Draining {
+                        uncordon: false, ..
+                    }) => format!(
+                        "Node {name} has Talos {target} installed for its next reboot (it was \
+                         cordoned before the run, and stays so)"
+                    ),
+                    Some(LifecycleStage::Rebooting { uncordon: true, .. }) => format!(
+                        "Node {name} is left cordoned (it was rebooting into Talos {target}): \
+                         uncordon it once it is back"
+                    ),
+                    Some(LifecycleStage::Rebooting {
+                        uncordon: false, ..
+                    }) => format!("Node {name} was rebooting into Talos {target}"),
+                })
+            })
+            .collect()
+    }
+
+    fn behind(run: &Run, versions: &TalosVersions) -> bool {
+        let Ok(target) = Version::parse(&run.target) else {
+            return false;
+        };
+        versions
+            .range
+            .as_ref()
+            .is_some_and(|(lowest, _)| *lowest.semver() < target)
+    }
+
+    fn join(run: &mut Run, observation: &Observation, again: bool, _: Timestamp) -> Vec<Note> {
+        let Ok(target) = Version::parse(&run.target) else {
+            return Vec::new();
+        };
+        let mut notes = Vec::new();
+        for node in &observation.nodes {
+            let TalosState::Up { version, .. } = &node.talos else {
+                continue;
+            };
+            if *version >= target {
+                continue;
+            }
+            match run.nodes.iter_mut().find(|n| n.name == node.name) {
+                None => {
+                    notes.push(Note::normal(
+                        Reason::NodeJoined,
+                        format!(
+                            "Node {} joined on Talos {version}; upgrading it to {target}",
+                            node.name
+                        ),
+                    ));
+                    run.nodes.push(super::NodeProgress {
+                        name: node.name.clone(),
+                        role: node.role,
+                        step: NodeStep::Pending,
+                    });
+                }
+                Some(progress) if again && matches!(progress.step, NodeStep::Done { .. }) => {
+                    notes.push(Note::normal(
+                        Reason::UpgradeResumed,
+                        format!(
+                            "Node {} runs Talos {version} since the run completed; upgrading it \
+                             to {target} again, as asked",
+                            node.name
+                        ),
+                    ));
+                    progress.step = NodeStep::Pending;
+                }
+                Some(_) => {}
+            }
+        }
+        // Every node before those taken in is done, so they go next, whatever their role.
+        if !notes.is_empty() {
+            run.outcome = None;
+        }
+        notes
     }
 
     fn before_deciding(run: &Run, settings: &Settings, observation: &Observation) -> Vec<Further> {

@@ -73,7 +73,24 @@ pub enum NodeStep {
     Failed {
         at: Timestamp,
         reason: String,
+        /// The new system was installed but the node was not rebooted into it (Talos ≥ 1.13: its drain
+        /// did not finish). It boots at the node's next reboot, so `resume` drains and reboots the node
+        /// again and never installs a second time (a second install before the reboot would flip the
+        /// bootloader back onto the running slot; talos-1.14.md §4.5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        installed: Option<PendingInstall>,
     },
+}
+
+/// A new system installed on a node that has not booted it yet: what resuming its upgrade needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingInstall {
+    pub boot_id: String,
+    pub from_version: String,
+    pub installer_image: String,
+    /// The controller cordoned the node (it was schedulable before), so it uncordons it at the end.
+    pub uncordon: bool,
 }
 
 /// The stages of a Talos ≥ 1.13 node upgrade, which the controller sequences itself: `ImageService.Pull`

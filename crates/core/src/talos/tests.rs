@@ -4,7 +4,7 @@ use jiff::{Timestamp, ToSpan};
 use semver::Version;
 
 use super::*;
-use crate::run::{NoteType, Reason};
+use crate::run::{NoteType, Reason, Record};
 
 const DEADLINE: Duration = Duration::from_secs(15 * 60);
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5 * 60);
@@ -881,24 +881,22 @@ fn draining_waits_for_the_pods_and_says_what_holds_it() {
 }
 
 #[test]
-fn a_drain_past_its_timeout_fails_the_run_and_uncordons_the_node() {
+fn a_drain_past_its_timeout_fails_the_run_and_leaves_the_installed_node_cordoned() {
     let (run, mut obs) = draining_run();
     let blocked = "eviction of pod shop/web-1 refused: Cannot evict pod as it would violate the \
                    pod's disruption budget";
     drain(&mut obs, "worker-1", 1, Some(blocked));
     let decision = decide(&run, &settings(), &obs, t0() + 5.minutes() + 1.seconds());
-    assert_eq!(
-        decision.actions,
-        vec![Action::Uncordon {
-            node: "worker-1".into()
-        }]
-    );
+    // The new system is installed and boots at the next reboot: the node takes no pods meanwhile.
+    assert_eq!(decision.actions, vec![]);
     assert_eq!(decision.report.state, RunState::Failed);
     assert_eq!(
         decision.report.message,
         format!(
             "Talos upgrade failed: node worker-1 could not be drained within 5m: {blocked}; it was \
-             not rebooted and runs its old version"
+             not rebooted: it runs Talos 1.13.0, and Talos 1.14.0 is installed and boots at its next \
+             reboot. It is left cordoned: set resume to drain and reboot it, or uncordon it to keep \
+             it on 1.13.0 until it reboots"
         )
     );
     assert_eq!(decision.report.failed_nodes, vec!["worker-1"]);
@@ -910,6 +908,75 @@ fn a_drain_past_its_timeout_fails_the_run_and_uncordons_the_node() {
             .any(|n| n.reason == Reason::UpgradeFailed),
         "{:?}",
         decision.report.notes
+    );
+
+    // Resumed, the node is drained and rebooted again; it is never installed a second time.
+    let mut resumed = decision.run.clone();
+    <Talos as crate::lifecycle::Kind>::resume(&mut resumed, t0() + 30.minutes());
+    drain(&mut obs, "worker-1", 0, None);
+    let again = decide(&resumed, &settings(), &obs, t0() + 30.minutes());
+    assert_eq!(
+        again.actions,
+        vec![Action::Reboot {
+            node: "worker-1".into()
+        }]
+    );
+}
+
+#[test]
+fn an_install_that_never_gets_through_fails_at_the_node_deadline() {
+    let obs = cluster("1.13.0");
+    let fresh = workers_first("1.14.0", &obs);
+    let installing = decide(&fresh, &settings(), &obs, t0()).run;
+    // Within the deadline the install is made again; past it the node fails, untouched.
+    let retried = decide(&installing, &settings(), &obs, t0() + 10.minutes());
+    assert_eq!(upgraded_nodes(&retried.actions), vec!["worker-1"]);
+    let late = decide(
+        &installing,
+        &settings(),
+        &obs,
+        t0() + 15.minutes() + 1.seconds(),
+    );
+    assert_eq!(late.actions, vec![]);
+    assert_eq!(
+        late.report.message,
+        "Talos upgrade failed: node worker-1 could not install Talos 1.14.0 within 15m; it was \
+         not rebooted and runs its old version"
+    );
+}
+
+#[test]
+fn a_node_that_stays_cordoned_after_its_upgrade_fails_at_the_node_deadline() {
+    let (run, mut obs) = draining_run();
+    drain(&mut obs, "worker-1", 0, None);
+    let rebooting = decide(&run, &settings(), &obs, t0() + 2.minutes()).run;
+    rebooted(&mut obs, "worker-1", "1.14.0", true);
+    set(&mut obs, "worker-1", |n| {
+        n.drain = None;
+        n.cordoned = true;
+    });
+    // Something cordons it again after every uncordon.
+    let soon = decide(&rebooting, &settings(), &obs, t0() + 10.minutes());
+    assert_eq!(soon.report.state, RunState::InProgress);
+    let late = decide(
+        &rebooting,
+        &settings(),
+        &obs,
+        t0() + 17.minutes() + 1.seconds(),
+    );
+    assert_eq!(late.report.state, RunState::Failed);
+    assert_eq!(
+        late.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
+    assert!(
+        late.report
+            .message
+            .contains("still cordoned 15m after its reboot"),
+        "{}",
+        late.report.message
     );
 }
 
@@ -990,16 +1057,22 @@ fn the_deadline_counts_from_the_reboot_and_a_late_node_is_uncordoned() {
 }
 
 #[test]
-fn a_refused_call_on_a_cordoned_node_asks_for_its_uncordon() {
+fn a_refused_call_uncordons_only_a_node_without_a_pending_install() {
     let (run, _) = draining_run();
     let mut refused = run.clone();
+    // Installed and being drained: the new system boots at the next reboot, so the node stays
+    // cordoned and the failure says so.
     assert_eq!(
         fail_node(&mut refused, "worker-1", "refused the reboot: boom", t0()),
-        Some(Action::Uncordon {
-            node: "worker-1".into()
-        })
+        None
     );
     assert_eq!(refused.failed_nodes(), vec!["worker-1"]);
+    assert!(
+        refused
+            .failure()
+            .is_some_and(|reason| reason.contains("is installed and boots at its next reboot")),
+        "{refused:?}"
+    );
 
     let obs = cluster("1.13.0");
     let fresh = workers_first("1.14.0", &obs);
