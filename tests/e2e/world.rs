@@ -136,11 +136,17 @@ pub struct WorldSpec {
     pub start_controller: bool,
     /// A registry mirror the nodes take their Kubernetes images from (`None`: the upstream ones).
     pub image_registry: Option<&'static str>,
+    /// The installer image repository the nodes were installed from (`<repository>:v<talos>`), e.g. an
+    /// Image Factory one with a schematic; `None`: `ghcr.io/siderolabs/installer`.
+    pub installer_repository: Option<&'static str>,
     /// The simulated nodes' timings; [`Timings::fast`] by default.
     pub timings: Timings,
     /// How often the controller looks again at a cluster with an upgrade in flight (100 ms by default,
     /// so tests do not wait on it).
     pub poll_interval: Duration,
+    /// How often the controller looks again at an idle cluster (its versions, `*-available`); the
+    /// controller's default (10 min) unless a test needs to see a refresh.
+    pub idle_interval: Duration,
     /// Run on a control plane of its own instead of the one the test binary shares: for a test that
     /// restarts the API server, which would disturb every other test running beside it.
     pub own_control_plane: bool,
@@ -158,8 +164,10 @@ impl Default for WorldSpec {
             catalog: None,
             start_controller: true,
             image_registry: None,
+            installer_repository: None,
             timings: Timings::fast(),
             poll_interval: Duration::from_millis(100),
+            idle_interval: Settings::default().idle_interval,
             own_control_plane: false,
         }
     }
@@ -207,6 +215,7 @@ impl World {
             kubernetes: spec.kubernetes.to_string(),
             timings: spec.timings,
             image_registry: spec.image_registry.map(str::to_string),
+            installer_repository: spec.installer_repository.map(str::to_string),
         };
         let sim = Simulator::start(shape.sim_config(&ns.name))
             .await
@@ -244,6 +253,7 @@ impl World {
             },
             catalog: spec.catalog.unwrap_or_else(guide_catalog),
             poll_interval: spec.poll_interval,
+            idle_interval: spec.idle_interval,
             talos: ConnectOptions {
                 port: sim.config().port,
                 connect_timeout: Duration::from_secs(2),

@@ -173,6 +173,7 @@ impl World {
             kubernetes: KUBERNETES.to_string(),
             timings,
             image_registry: None,
+            installer_repository: None,
         };
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();

@@ -25,6 +25,10 @@ pub struct ClusterShape {
     pub timings: Timings,
     /// A registry mirror the nodes take their Kubernetes images from (`None`: the upstream ones).
     pub image_registry: Option<String>,
+    /// The installer image repository the nodes were installed from: their `machine.install.image` is
+    /// `<repository>:v<talos>`, e.g. an Image Factory one carrying a schematic
+    /// (`factory.talos.dev/installer/<schematic id>`). `None`: `ghcr.io/siderolabs/installer`.
+    pub installer_repository: Option<String>,
 }
 
 impl ClusterShape {
@@ -34,9 +38,21 @@ impl ClusterShape {
     /// Node names carry the cluster's name because Nodes are cluster-wide in the API server: the
     /// clusters of one API server (a test namespace each, or the benchmark's fleet) must not collide.
     pub fn sim_config(&self, name: &str) -> SimConfig {
-        let mirrored = |node: NodeConfig| match &self.image_registry {
-            Some(registry) => node.with_image_registry(registry),
-            None => node,
+        let mirrored = |node: NodeConfig| {
+            let node = match &self.image_registry {
+                Some(registry) => node.with_image_registry(registry),
+                None => node,
+            };
+            match &self.installer_repository {
+                Some(repository) => NodeConfig {
+                    installer_image: Some(format!(
+                        "{repository}:v{}",
+                        self.talos.trim_start_matches('v')
+                    )),
+                    ..node
+                },
+                None => node,
+            }
         };
         let mut config = SimConfig::new(name).with_timings(self.timings);
         for i in 1..=self.control_planes {

@@ -11,7 +11,7 @@
 //! * [`crds`]: the `KubernetesCluster` CRD (the project's, or vitistack's own) and vitistack's `Machine`
 //!   CRD, and [`install_crd`] to put one into an API server.
 //! * [`ClusterShape`]: how many control planes and workers, on which Talos and Kubernetes versions, with
-//!   which simulated timings and image registry; it makes the simulator's config
+//!   which simulated timings, image registry and installer image; it makes the simulator's config
 //!   ([`ClusterShape::sim_config`]) and the `KubernetesCluster` manifest
 //!   ([`ClusterShape::kubernetes_cluster_yaml`]) of that shape.
 //! * [`register_cluster`]: what vitistack's operator would have written for one cluster (Machines,
