@@ -20,4 +20,5 @@ mod talos_bad_input;
 mod talos_drain;
 mod talos_failures;
 mod talos_ordering;
+mod talos_starts;
 mod talos_upgrade;
