@@ -20,5 +20,7 @@ mod talos_bad_input;
 mod talos_drain;
 mod talos_failures;
 mod talos_ordering;
+mod talos_refresh;
 mod talos_starts;
+mod talos_stops;
 mod talos_upgrade;

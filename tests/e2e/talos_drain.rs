@@ -10,12 +10,12 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, PostParams};
 use talos_sim::{CallRecord, Role, max_concurrently_down};
 
-const LIFECYCLE_UPGRADE: &str = "/machine.LifecycleService/Upgrade";
-const IMAGE_PULL: &str = "/machine.ImageService/Pull";
-const REBOOT: &str = "/machine.MachineService/Reboot";
+pub(crate) const LIFECYCLE_UPGRADE: &str = "/machine.LifecycleService/Upgrade";
+pub(crate) const IMAGE_PULL: &str = "/machine.ImageService/Pull";
+pub(crate) const REBOOT: &str = "/machine.MachineService/Reboot";
 
 /// Creates a pod bound to `node` (the simulator plays its kubelet and reports it Ready).
-async fn web_pod(world: &World, name: &str, node: &str) {
+pub(crate) async fn web_pod(world: &World, name: &str, node: &str) {
     let pods: Api<Pod> = Api::namespaced(world.ns.client.clone(), &world.ns.name);
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"app": "web"}},
@@ -29,7 +29,7 @@ async fn web_pod(world: &World, name: &str, node: &str) {
 
 /// A budget that keeps at least one `app=web` pod running; waits until the disruption controller has
 /// computed it with `healthy` pods.
-async fn web_budget(world: &World, healthy: i32) {
+pub(crate) async fn web_budget(world: &World, healthy: i32) {
     let budgets: Api<PodDisruptionBudget> =
         Api::namespaced(world.ns.client.clone(), &world.ns.name);
     let budget: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
@@ -60,12 +60,12 @@ async fn web_budget(world: &World, healthy: i32) {
         .await;
 }
 
-async fn pod_exists(world: &World, name: &str) -> bool {
+pub(crate) async fn pod_exists(world: &World, name: &str) -> bool {
     let pods: Api<Pod> = Api::namespaced(world.ns.client.clone(), &world.ns.name);
     pods.get_opt(name).await.expect("get pod").is_some()
 }
 
-async fn unschedulable_nodes(world: &World) -> Vec<String> {
+pub(crate) async fn unschedulable_nodes(world: &World) -> Vec<String> {
     let nodes: Api<Node> = Api::all(world.ns.client.clone());
     let mut cordoned = Vec::new();
     for node in world.sim.nodes() {
@@ -78,7 +78,7 @@ async fn unschedulable_nodes(world: &World) -> Vec<String> {
 }
 
 /// The calls that change a node, in the order the simulator received them.
-fn changing_records(world: &World) -> Vec<CallRecord> {
+pub(crate) fn changing_records(world: &World) -> Vec<CallRecord> {
     world
         .sim
         .record()
@@ -88,7 +88,7 @@ fn changing_records(world: &World) -> Vec<CallRecord> {
 }
 
 /// `(method, node)` of the calls that change a node, in the order the simulator received them.
-fn changing_calls(world: &World) -> Vec<(String, String)> {
+pub(crate) fn changing_calls(world: &World) -> Vec<(String, String)> {
     changing_records(world)
         .into_iter()
         .map(|c| (c.method, c.node))
@@ -229,8 +229,13 @@ async fn nodes_are_drained_within_their_budgets_then_rebooted_and_uncordoned() {
     );
 }
 
+/// The drain of a node on Talos ≥ 1.13 comes after its new system is installed: a drain that times out
+/// leaves a node that boots the new system at its next reboot, whoever reboots it. The run fails saying
+/// exactly that, and keeps the node cordoned (its pods gone or going, nothing new scheduled on a node
+/// about to change); `resume` drains and reboots it without installing again (a second install before
+/// the reboot would switch the bootloader back, talos-1.14.md §4.5).
 #[tokio::test]
-async fn a_drain_held_past_its_timeout_fails_naming_the_pod_and_uncordons_the_node() {
+async fn a_drain_held_past_its_timeout_fails_leaving_the_node_cordoned_and_resume_reboots_it() {
     let world = World::start(
         "drain-timeout",
         WorldSpec {
@@ -248,7 +253,7 @@ async fn a_drain_held_past_its_timeout_fails_naming_the_pod_and_uncordons_the_no
         .wait_for_annotation("talos-current", "1.13.0", "60s")
         .await;
 
-    world.annotate("talos-target", "1.14.0").await;
+    world.annotate("talos-target", "1.13.1").await;
     world
         .wait_for_annotation("talos-status", "failed", "120s")
         .await;
@@ -256,7 +261,9 @@ async fn a_drain_held_past_its_timeout_fails_naming_the_pod_and_uncordons_the_no
     let message = format!(
         "Talos upgrade failed: node {worker_1} could not be drained within 3s: eviction of pod {ns}/web-1 \
          refused: Cannot evict pod as it would violate the pod's disruption budget (The disruption budget \
-         web needs 1 healthy pods and has 1 currently); it was not rebooted and runs its old version"
+         web needs 1 healthy pods and has 1 currently); it was not rebooted: it runs Talos 1.13.0, and \
+         Talos 1.13.1 is installed and boots at its next reboot. It is left cordoned: set resume to drain \
+         and reboot it, or uncordon it to keep it on 1.13.0 until it reboots"
     );
     assert_eq!(world.annotation("talos-message").await, message);
     assert_eq!(world.annotation("failed-nodes").await, worker_1);
@@ -270,15 +277,16 @@ async fn a_drain_held_past_its_timeout_fails_naming_the_pod_and_uncordons_the_no
     assert_eq!(failed.type_, "Warning");
     assert_eq!(failed.message, message);
 
-    // The pod stayed, the node takes pods again, and nothing rebooted: only worker-1 got the new system.
+    // The pod stayed, the node stays cordoned, and nothing rebooted: only worker-1 got the new system,
+    // staged. Looking again changes none of it.
     assert!(pod_exists(&world, "web-1").await);
-    world
-        .poll(
-            Duration::from_secs(30),
-            "worker-1 to be uncordoned",
-            || async { unschedulable_nodes(&world).await.is_empty() },
-        )
-        .await;
+    world.poke_and_wait(1).await;
+    world.poke_and_wait(2).await;
+    assert_eq!(
+        unschedulable_nodes(&world).await,
+        vec![worker_1.clone()],
+        "worker-1 is left cordoned"
+    );
     let calls = changing_calls(&world);
     assert_eq!(
         calls,
@@ -286,6 +294,118 @@ async fn a_drain_held_past_its_timeout_fails_naming_the_pod_and_uncordons_the_no
             (IMAGE_PULL.to_string(), worker_1.clone()),
             (LIFECYCLE_UPGRADE.to_string(), worker_1.clone()),
         ]
+    );
+    for node in world.sim.snapshots() {
+        assert_eq!(node.talos_version, "1.13.0", "{}", node.name);
+    }
+
+    // The user lets the pod go (the budget is removed) and resumes: worker-1 is drained and rebooted
+    // into the system installed before, then the run goes on and completes.
+    let budgets: Api<PodDisruptionBudget> =
+        Api::namespaced(world.ns.client.clone(), &world.ns.name);
+    budgets
+        .delete("web", &Default::default())
+        .await
+        .expect("delete the budget");
+    world.annotate("resume", "true").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(world.annotation("resume").await, "", "resume is consumed");
+    assert!(!pod_exists(&world, "web-1").await, "web-1 was evicted");
+    let installs_of_worker_1 = changing_calls(&world)
+        .into_iter()
+        .filter(|(m, n)| m == LIFECYCLE_UPGRADE && *n == worker_1)
+        .count();
+    assert_eq!(
+        installs_of_worker_1,
+        1,
+        "worker-1 installed once in the whole test: {:?}",
+        changing_calls(&world)
+    );
+    // Every node rebooted once into 1.13.1, none left cordoned, the run says completed.
+    world.assert_talos_run_kept_its_promises("1.13.1").await;
+    let calls = changing_calls(&world);
+    for node in world.sim.nodes() {
+        let reboots = calls
+            .iter()
+            .filter(|(m, n)| m == REBOOT && *n == node.name)
+            .count();
+        assert_eq!(reboots, 1, "{}: {calls:?}", node.name);
+    }
+}
+
+/// Talos ≥ 1.13: the install stage has a deadline too. A node whose pull never completes (its Talos API
+/// answers `Unavailable` to it every time) fails the run at the node deadline, naming the node; it was
+/// never cordoned nor rebooted, and no other node was touched.
+#[tokio::test]
+async fn an_install_that_never_completes_fails_at_the_node_deadline_without_a_reboot() {
+    let world = World::start(
+        "install-deadline",
+        WorldSpec {
+            talos: "1.13.0",
+            node_deadline: Duration::from_secs(3),
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    let worker_1 = world.node("worker-1");
+    world
+        .sim
+        .inject_fault(&worker_1, talos_sim::Fault::InstallUnavailable)
+        .expect("fault");
+    world
+        .wait_for_annotation("talos-current", "1.13.0", "60s")
+        .await;
+
+    world.annotate("talos-target", "1.13.1").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "120s")
+        .await;
+    let message = format!(
+        "Talos upgrade failed: node {worker_1} could not install Talos 1.13.1 within 3s; it was not \
+         rebooted and runs its old version"
+    );
+    assert_eq!(world.annotation("talos-message").await, message);
+    assert_eq!(world.annotation("failed-nodes").await, worker_1);
+    assert_eq!(world.jsonpath("{.status.phase}").await, "UpgradeFailed");
+    let failed = world
+        .cluster_events()
+        .await
+        .into_iter()
+        .find(|e| e.reason == "UpgradeFailed")
+        .expect("an UpgradeFailed event");
+    assert_eq!(failed.type_, "Warning");
+    assert_eq!(failed.message, message);
+
+    // Looking again does not try again. worker-1 was asked to pull (each time answered `Unavailable`),
+    // nothing was installed, nothing rebooted, no other node got any call that changes it.
+    world.poke_and_wait(1).await;
+    let calls = changing_records(&world);
+    assert!(
+        calls.iter().any(|c| c.node == worker_1),
+        "worker-1 was asked: {calls:?}"
+    );
+    for call in &calls {
+        assert_eq!(call.node, worker_1, "no other node touched: {calls:?}");
+        assert_ne!(call.method, REBOOT, "no reboot: {calls:?}");
+        assert!(
+            call.result.starts_with("Unavailable"),
+            "every install of worker-1 answered Unavailable: {calls:?}"
+        );
+    }
+    let legacy: Vec<_> = world
+        .sim
+        .record()
+        .into_iter()
+        .filter(|c| c.method == "/machine.MachineService/Upgrade")
+        .collect();
+    assert!(legacy.is_empty(), "{legacy:?}");
+    assert!(world.sim.power_events().is_empty());
+    assert_eq!(
+        unschedulable_nodes(&world).await,
+        Vec::<String>::new(),
+        "worker-1 was never cordoned"
     );
     for node in world.sim.snapshots() {
         assert_eq!(node.talos_version, "1.13.0", "{}", node.name);

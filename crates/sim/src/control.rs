@@ -33,6 +33,7 @@ pub const FAULT_NAMES: &[&str] = &[
     "ready-delay",
     "apply-config-rejected",
     "reboot-lost",
+    "install-unavailable",
 ];
 
 /// Parses a fault name and its query parameters (`count` for `fail-next-calls`, `ms` for `ready-delay`).
@@ -55,6 +56,7 @@ pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault
         "ready-delay" => Fault::ReadyDelay(Duration::from_millis(number("ms")?)),
         "apply-config-rejected" => Fault::ApplyConfigRejected,
         "reboot-lost" => Fault::RebootLost,
+        "install-unavailable" => Fault::InstallUnavailable,
         other => {
             return Err(format!(
                 "unknown fault {other:?}; known faults: {}",

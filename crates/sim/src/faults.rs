@@ -28,6 +28,10 @@ pub enum Fault {
     /// The next `Reboot` call is lost on its way to machined: apid answers `Unavailable` and the node
     /// keeps running (one call, then the fault is spent).
     RebootLost,
+    /// `ImageService.Pull` and `LifecycleService.Upgrade` answer `Unavailable` every time (recorded with
+    /// that result): the new system is never installed, while every other call is served. Stays until
+    /// cleared.
+    InstallUnavailable,
 }
 
 /// The faults active on a node.
@@ -41,6 +45,7 @@ pub struct ActiveFaults {
     pub ready_delay: Option<Duration>,
     pub apply_config_rejected: bool,
     pub reboot_lost: bool,
+    pub install_unavailable: bool,
 }
 
 /// A node's faults behind a watch channel, so waiting code (a node kept down, a delayed readiness)
@@ -67,6 +72,7 @@ impl FaultSet {
             Fault::ReadyDelay(delay) => f.ready_delay = Some(delay),
             Fault::ApplyConfigRejected => f.apply_config_rejected = true,
             Fault::RebootLost => f.reboot_lost = true,
+            Fault::InstallUnavailable => f.install_unavailable = true,
         });
     }
 

@@ -35,6 +35,17 @@ fn require_lifecycle_api(node: &Node, service: &str) -> Result<(), Status> {
     }
 }
 
+/// The `install-unavailable` fault: the pull or the install answers `Unavailable` before it starts.
+fn install_unavailable(node: &Node) -> Result<(), Status> {
+    if node.faults.current().install_unavailable {
+        Err(Status::unavailable(
+            "injected fault: the installation is unavailable",
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 fn containerd_json(c: Option<&common::ContainerdInstance>) -> serde_json::Value {
     match c {
         Some(c) => json!({
@@ -97,6 +108,7 @@ impl machine::image_service_server::ImageService for ImageApi {
             json!({"image_ref": req.image_ref, "containerd": containerd_json(req.containerd.as_ref())}),
         );
         let start = (|| {
+            install_unavailable(&node)?;
             let image = ImageRef::parse(&req.image_ref).map_err(Status::invalid_argument)?;
             // containerd resolves the reference before streaming anything: a missing image fails the call.
             if image.repository.contains("installer") && node.faults.current().installer_pull_fails
@@ -264,6 +276,7 @@ impl machine::lifecycle_service_server::LifecycleService for LifecycleApi {
         );
         let cluster = &self.ctx.cluster;
         let claimed = (|| {
+            install_unavailable(&node)?;
             if image.is_empty() {
                 return Err(Status::invalid_argument("source.image_name is required"));
             }
