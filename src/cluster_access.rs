@@ -110,6 +110,20 @@ impl Connections {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         links.insert(key, (version.to_string(), link));
     }
+
+    /// Drops what is kept of the cluster `key` (namespace, name), deleted: its connections and
+    /// credentials, and the Machine inventory of its cluster id, if known.
+    pub fn forget(&self, key: &(String, String), cluster_id: Option<&str>) {
+        self.links
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(key);
+        if let Some(cluster_id) = cluster_id {
+            self.machines
+                .reads
+                .forget(&(key.0.clone(), cluster_id.to_string()));
+        }
+    }
 }
 
 /// Everything needed to look at and act on one cluster's nodes.

@@ -36,8 +36,9 @@ use talos_upgrade_core::crd::KubernetesCluster;
 /// First pause before reconnecting to a node's event stream; doubled up to [`RECONNECT_MAX`].
 const RECONNECT_MIN: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
-/// A follower gives up after this long even if no reconcile told it to stop (the cluster was deleted,
-/// or the controller lost its leadership): the poll carries on without it.
+/// A follower gives up after this long even if no reconcile told it to stop (the controller lost its
+/// leadership; a deleted cluster's followers are stopped when the controller forgets it): the poll
+/// carries on without it.
 const FOLLOW_AT_MOST: Duration = Duration::from_secs(60 * 60);
 
 /// One node to follow, with the connections to reach it.

@@ -55,12 +55,28 @@ pub struct Progress {
     /// Keys written by other versions of the controller are kept as they are.
     other: BTreeMap<String, String>,
     resource_version: Option<String>,
+    /// The uid of the `KubernetesCluster` the record was written for (its owner reference).
+    owner_uid: Option<String>,
 }
 
 impl Progress {
     /// The run of kind `K`.
     pub fn run<K: Stored>(&self) -> Option<&K::Run> {
         K::slot(self).as_ref()
+    }
+
+    /// The record as the cluster whose uid is `owner` may use it. A record written for another object
+    /// of the same name (a cluster deleted and created again before the garbage collector removed the
+    /// old one's record) is not this cluster's: it reads as empty, and the first save replaces it.
+    pub fn of_owner(self, owner: Option<&str>) -> Progress {
+        match (self.owner_uid.as_deref(), owner) {
+            (Some(written_for), Some(owner)) if written_for != owner => Progress {
+                resource_version: self.resource_version,
+                owner_uid: self.owner_uid,
+                ..Progress::default()
+            },
+            _ => self,
+        }
     }
 }
 
@@ -271,6 +287,13 @@ impl ProgressStore {
         else {
             return Ok(Progress::default());
         };
+        let owner_uid = configmap
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|owner| owner.kind == "KubernetesCluster")
+            .map(|owner| owner.uid.clone());
         let mut data = configmap.data.unwrap_or_default();
         let talos = self.decode(name, &mut data, TALOS_KEY)?;
         let kubernetes = self.decode(name, &mut data, KUBERNETES_KEY)?;
@@ -279,6 +302,7 @@ impl ProgressStore {
             kubernetes,
             other: data,
             resource_version: configmap.metadata.resource_version,
+            owner_uid,
         })
     }
 
@@ -310,6 +334,7 @@ impl ProgressStore {
         progress: &mut Progress,
     ) -> Result<(), StoreError> {
         let name = configmap_name(cluster);
+        let owner_uid = owner.as_ref().map(|owner| owner.uid.clone());
         let mut data = progress.other.clone();
         if let Some(run) = &progress.talos {
             data.insert(
@@ -352,6 +377,7 @@ impl ProgressStore {
         match written {
             Ok(stored) => {
                 progress.resource_version = stored.metadata.resource_version;
+                progress.owner_uid = owner_uid;
                 self.remember(&name, progress);
                 Ok(())
             }
@@ -378,4 +404,49 @@ fn label_value(cluster: &str) -> String {
         value.pop();
     }
     value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record_of(owner: Option<&str>) -> Progress {
+        Progress {
+            talos: Some(Run {
+                requested: "1.12.0".to_string(),
+                target: "1.12.0".to_string(),
+                started_at: jiff::Timestamp::UNIX_EPOCH,
+                outcome: None,
+                nodes: Vec::new(),
+            }),
+            other: BTreeMap::from([("future.json".to_string(), "{}".to_string())]),
+            resource_version: Some("7".to_string()),
+            owner_uid: owner.map(str::to_string),
+            ..Progress::default()
+        }
+    }
+
+    #[test]
+    fn a_record_written_for_an_earlier_cluster_of_the_same_name_reads_as_empty() {
+        // (written for, read by, kept?)
+        let cases = [
+            (Some("u1"), Some("u1"), true),
+            (Some("u1"), Some("u2"), false),
+            // No owner to compare: a record made by hand, or an object without a uid.
+            (None, Some("u2"), true),
+            (Some("u1"), None, true),
+        ];
+        for (written_for, read_by, kept) in cases {
+            let record = record_of(written_for);
+            let read = record.clone().of_owner(read_by);
+            if kept {
+                assert_eq!(read, record, "{written_for:?} read by {read_by:?}");
+            } else {
+                assert_eq!(read.talos, None);
+                assert!(read.other.is_empty());
+                // Saved over at the version it was read at.
+                assert_eq!(read.resource_version.as_deref(), Some("7"));
+            }
+        }
+    }
 }

@@ -50,6 +50,14 @@ impl LastLooks {
             }
         }
     }
+
+    /// Drops the last look of a deleted cluster.
+    pub fn forget(&self, key: &(String, String)) {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(key);
+    }
 }
 
 #[cfg(test)]

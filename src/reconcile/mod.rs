@@ -10,11 +10,13 @@
 //!
 //! Every decision is the core's ([`talos_upgrade_core::lifecycle`]); this module and its submodules
 //! only carry them out: `acknowledge` keeps the last looks for the early `in-progress`, `flow`
-//! drives a kind's lifecycle with its IO ([`crate::kind_io`]), [`report`] writes; the cluster is
-//! reached through [`crate::cluster_access`] and the nodes in flight followed by [`crate::followers`].
+//! drives a kind's lifecycle with its IO ([`crate::kind_io`]), [`report`] writes, `forget` drops what
+//! is remembered of a deleted cluster; the cluster is reached through [`crate::cluster_access`] and the
+//! nodes in flight followed by [`crate::followers`].
 
 mod acknowledge;
 mod flow;
+mod forget;
 pub mod report;
 
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tracing::Instrument;
@@ -136,6 +139,10 @@ pub struct Context {
     /// What the last reconcile of each cluster saw of its versions, for acknowledging a new target
     /// before looking again (see [`acknowledge`]).
     last_looks: acknowledge::LastLooks,
+    /// The clusters as the controller's watch last saw them: whether one is still there.
+    clusters: Store<KubernetesCluster>,
+    /// Which object each cluster's memory above belongs to, to forget it once deleted (see [`forget`]).
+    known: forget::Known,
 }
 
 /// A cluster's key in the controller's own per-cluster memory: (namespace, name).
@@ -144,11 +151,13 @@ fn cluster_key(cluster: &KubernetesCluster) -> (String, String) {
 }
 
 impl Context {
+    /// `clusters` is the store the controller's watch of the clusters fills.
     pub fn new(
         clients: ApiClients,
         metrics: Metrics,
         mut settings: Settings,
         instance: String,
+        clusters: Store<KubernetesCluster>,
     ) -> Self {
         let ApiClients {
             main: client,
@@ -182,6 +191,81 @@ impl Context {
             wakeups: Wakeups::default(),
             progress_reads: Arc::default(),
             last_looks: Default::default(),
+            clusters,
+            known: forget::Known::default(),
+        }
+    }
+
+    /// Forgets everything remembered of the cluster `name` (see [`forget`]).
+    fn forget(&self, name: &forget::ClusterName) {
+        let remembered = self.known.take(name);
+        self.forget_memory(name, remembered.as_ref());
+    }
+
+    /// Drops the memory of `name`: its metric series, connections, Machine inventory, progress record
+    /// as last read, last look and followers.
+    fn forget_memory(&self, name: &forget::ClusterName, remembered: Option<&forget::Remembered>) {
+        let (namespace, cluster) = name;
+        tracing::info!(%namespace, %cluster, "forgetting a deleted cluster");
+        self.metrics
+            .forget_cluster(&ClusterKey::new(namespace, cluster));
+        self.connections
+            .forget(name, remembered.map(|r| r.cluster_id.as_str()));
+        self.last_looks.forget(name);
+        self.wakeups
+            .follow(&ObjectRef::new(cluster).within(namespace), Vec::new());
+        self.progress_reads.forget(&(
+            namespace.clone(),
+            crate::progress_store::configmap_name(cluster),
+        ));
+    }
+
+    /// Takes in one event of the watch of the clusters, after the store did: a deleted cluster is
+    /// forgotten, and so, after a relist, is every cluster remembered that the list no longer holds.
+    fn watched(&self, event: &watcher::Event<KubernetesCluster>) {
+        match event {
+            watcher::Event::Delete(cluster) => self.forget(&cluster_key(cluster)),
+            watcher::Event::InitDone => {
+                let listed = |(namespace, name): &forget::ClusterName| {
+                    self.clusters
+                        .get(&ObjectRef::new(name).within(namespace))
+                        .and_then(|cluster| cluster.uid())
+                };
+                for name in self.known.gone(listed) {
+                    self.forget(&name);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A reconcile of `cluster` begins: what is remembered under its name is its own from now on, and
+    /// what was remembered of an older object of that name (deleted, then created again) is dropped.
+    fn begin(&self, cluster: &KubernetesCluster) {
+        let Some(uid) = cluster.uid() else {
+            return;
+        };
+        let name = cluster_key(cluster);
+        let object = forget::Remembered {
+            uid,
+            cluster_id: cluster
+                .cluster_id()
+                .map_or_else(|| name.1.clone(), str::to_string),
+        };
+        if let Some(older) = self.known.begin(&name, object) {
+            self.forget_memory(&name, Some(&older));
+        }
+    }
+
+    /// A reconcile of `cluster` ended: if the cluster was deleted meanwhile (the store no longer holds
+    /// this object), what the reconcile remembered after the deletion was seen is dropped too.
+    fn end(&self, cluster: &KubernetesCluster) {
+        let now = self
+            .clusters
+            .get(&ObjectRef::from_obj(cluster))
+            .and_then(|now| now.uid());
+        if now.is_none() || now != cluster.uid() {
+            self.forget(&cluster_key(cluster));
         }
     }
 
@@ -278,7 +362,12 @@ pub async fn reconcile(
         namespace = %cluster.namespace().unwrap_or_default(),
         cluster = %cluster.name_any(),
     );
-    reconcile_cluster(cluster, ctx).instrument(span).await
+    ctx.begin(&cluster);
+    let result = reconcile_cluster(cluster.clone(), ctx.clone())
+        .instrument(span)
+        .await;
+    ctx.end(&cluster);
+    result
 }
 
 async fn reconcile_cluster(
@@ -295,6 +384,8 @@ async fn reconcile_cluster(
     let intake: Api<KubernetesCluster> = Api::namespaced(ctx.intake.clone(), &namespace);
     let now = jiff::Timestamp::now();
     let key = cluster_key(&cluster);
+    // A record left by an earlier cluster of this name is not this one's.
+    let uid = cluster.metadata.uid.as_deref();
     let reporter = report::Reporter {
         api: &api,
         recorder: &ctx.recorder,
@@ -334,7 +425,7 @@ async fn reconcile_cluster(
         // The record says whether this value was decided already; it is nearly always kept in memory
         // (a run was recorded), and the access is read on first use.
         Some(acknowledgement) if acknowledgement.needs_progress() => {
-            let progress = store.load(&name).await?;
+            let progress = store.load(&name).await?.of_owner(uid);
             let written = if acknowledgement
                 .still_undecided(progress.run::<Talos>(), progress.run::<Kubernetes>())
             {
@@ -352,7 +443,7 @@ async fn reconcile_cluster(
                 None => None,
             };
             let (progress, _) = tokio::join!(store.load(&name), access.get());
-            (progress?, written)
+            (progress?.of_owner(uid), written)
         }
     };
     // The acknowledged object is what later writes compare against, unless the user changed something
@@ -371,7 +462,12 @@ async fn reconcile_cluster(
 
     let note_look = |look| ctx.last_looks.note(key.clone(), look);
     let mut talos_io = TalosIo::new(&access, &note_look, now);
-    let talos_gates = Gates::for_talos(records.progress().run::<Kubernetes>());
+    let talos_gates = Gates::for_talos(
+        records.progress().run::<Kubernetes>(),
+        seen.annotations()
+            .get(UpgradeKind::Kubernetes.target_key())
+            .map(|target| target.trim()),
+    );
     let talos = flow::drive(
         Lifecycle::new(pass.inputs::<Talos>(&records, talos_gates)),
         &mut talos_io,
@@ -606,11 +702,17 @@ pub async fn run(
         Some(namespace) => Api::namespaced(clients.intake.clone(), namespace),
         None => Api::all(clients.intake.clone()),
     };
-    let ctx = Arc::new(Context::new(clients, metrics, settings, instance));
-    let _watching_reads = ctx.watch_reads(namespace.clone());
     // Readiness comes from the watch stream itself: the reflector store's readiness future wakes only
     // one waiter, which the controller's own runner already is.
     let (reader, writer) = kube::runtime::reflector::store();
+    let ctx = Arc::new(Context::new(
+        clients,
+        metrics,
+        settings,
+        instance,
+        reader.clone(),
+    ));
+    let _watching_reads = ctx.watch_reads(namespace.clone());
     let stream = kube::runtime::WatchStreamExt::default_backoff(watcher(
         clusters,
         watcher::Config::default(),
@@ -620,13 +722,18 @@ pub async fn run(
             health.set_ready();
         }
     });
+    // A deleted cluster is forgotten as the store lets it go (see `forget` for why here).
+    let watched = ctx.clone();
+    let stream = kube::runtime::WatchStreamExt::reflect(stream, writer).inspect(move |event| {
+        if let Ok(event) = event {
+            watched.watched(event);
+        }
+    });
     // The controller's own writes (report annotations, status) change the object too; only what
     // someone else changes (see `user_inputs`) starts a reconcile. The poll and the node followers wake
     // a run in flight; the store still sees every change.
     let stream = kube::runtime::WatchStreamExt::predicate_filter(
-        kube::runtime::WatchStreamExt::touched_objects(kube::runtime::WatchStreamExt::reflect(
-            stream, writer,
-        )),
+        kube::runtime::WatchStreamExt::touched_objects(stream),
         user_inputs,
         Default::default(),
     );

@@ -12,6 +12,7 @@ mod world;
 
 mod chaos;
 mod chaos_apiserver;
+mod cluster_lifecycle;
 mod deploy;
 mod kubernetes_upgrade;
 mod leader_election;
