@@ -23,11 +23,20 @@ pub struct Gates {
 }
 
 impl Gates {
-    /// The gates for the Talos part of a reconcile, which comes first.
-    pub fn for_talos(kubernetes: Option<&impl Record>) -> Gates {
+    /// The gates for the Talos part of a reconcile, which comes first. `kubernetes_target` is the
+    /// `kubernetes-target` annotation as written (trimmed).
+    ///
+    /// A Kubernetes run holds Talos back while it is wanted (its target is still the annotation) or
+    /// has a step in flight (being finished after the target changed or was removed). A run left
+    /// behind by a changed target with nothing in flight never moves again, and waiting for it would
+    /// deadlock: the new Kubernetes target waits for Talos, which would wait for the old run.
+    pub fn for_talos(kubernetes: Option<&impl Record>, kubernetes_target: Option<&str>) -> Gates {
+        let under_way = running(kubernetes).filter(|run| {
+            Some(run.requested()) == kubernetes_target || !run.in_flight().is_empty()
+        });
         Gates {
             talos_upgrading: false,
-            kubernetes_running: running(kubernetes).map(|run| run.target().to_string()),
+            kubernetes_running: under_way.map(|run| run.target().to_string()),
         }
     }
 
@@ -88,17 +97,23 @@ mod tests {
     fn talos_waits_only_for_a_kubernetes_run_under_way() {
         let completed = Some(Outcome::Completed { at: at() });
         let cases = [
-            (None, None),
-            (Some(kube_run(None, true)), Some("1.35.0")),
-            (Some(kube_run(completed, true)), None),
+            (None, Some("1.35.0"), None),
+            (Some(kube_run(None, true)), Some("1.35.0"), Some("1.35.0")),
+            (Some(kube_run(completed, true)), Some("1.35.0"), None),
             // A refused target touched nothing and holds nothing back.
-            (Some(kube_run(None, false)), None),
+            (Some(kube_run(None, false)), Some("1.35.0"), None),
+            // A run whose target changed, with nothing in flight, never moves again: waiting for it
+            // would deadlock (explorer seed 1032).
+            (Some(kube_run(None, true)), Some("1.36.0"), None),
+            (Some(kube_run(None, true)), None, None),
         ];
-        for (run, expected) in cases {
+        for (run, target, expected) in cases {
             assert_eq!(
-                Gates::for_talos(run.as_ref()).kubernetes_running.as_deref(),
+                Gates::for_talos(run.as_ref(), target)
+                    .kubernetes_running
+                    .as_deref(),
                 expected,
-                "{run:?}"
+                "{run:?} {target:?}"
             );
         }
     }
