@@ -369,17 +369,23 @@ async fn call(access: &Access, action: &Action) -> Called {
             api: UpgradeApi::Lifecycle,
             ..
         } => {
-            let install = async {
-                client.image_pull(installer_image).await?;
-                client.lifecycle_upgrade(installer_image).await
-            };
-            match install.await {
-                Ok(_) => return Called::Done,
-                // An install that did not finish has not happened: the node runs its old system
-                // untouched, so the next pass installs again.
+            match client.image_pull(installer_image).await {
+                Ok(_) => {}
+                // The pull did not get through, so the install was never asked for: the node runs
+                // its old system untouched, and the next pass installs again.
                 Err(error) if error.is_unreachable() => {
-                    tracing::warn!(node = %node_name, %error, "installing the new system");
+                    tracing::warn!(node = %node_name, %error, "pulling the installer");
                     return Called::NotReached(error.to_string());
+                }
+                Err(error) => return Called::Refused(format!("refused the installation: {error}")),
+            }
+            match client.lifecycle_upgrade(installer_image).await {
+                Ok(_) => return Called::Done,
+                // The install was asked for and its answer lost: it may have happened, so it is
+                // never asked for again before a reboot (the core drains and reboots the node).
+                Err(error) if error.is_unreachable() => {
+                    tracing::warn!(node = %node_name, %error, "the installation got no answer");
+                    return Called::Unanswered(error.to_string());
                 }
                 Err(error) => (Err(error), "the installation"),
             }
@@ -397,7 +403,7 @@ async fn call(access: &Access, action: &Action) -> Called {
         // old boot, ready, after a grace period (see `Settings::unanswered_grace`).
         Err(error) if error.is_unreachable() => {
             tracing::warn!(node = %node_name, %error, "{what} got no answer");
-            Called::NotReached(error.to_string())
+            Called::Unanswered(error.to_string())
         }
         Err(error) => Called::Refused(format!("refused {what}: {error}")),
     }

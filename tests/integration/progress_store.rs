@@ -55,6 +55,7 @@ async fn progress_round_trips_and_stale_writes_are_refused() {
         installer_image: "ghcr.io/siderolabs/installer:v1.12.0".into(),
         lifecycle: None,
         unanswered: false,
+        install_unconfirmed: false,
     };
     fresh.talos = Some(run(issued.clone()));
     store

@@ -406,6 +406,34 @@ pub fn advance(
     };
 
     let mut notes = Vec::new();
+    // Steps not started on a node that left the cluster (gone from its node list): the run goes on
+    // without them, rather than waiting for ever for a node that will not come back.
+    if !observation.nodes.is_empty() {
+        let mut gone = Vec::new();
+        run.steps.retain(|progress| {
+            let left = matches!(progress.state, StepState::Pending)
+                && progress
+                    .step
+                    .node()
+                    .is_some_and(|node| observation.node(node).is_none());
+            if left
+                && let Some(node) = progress.step.node()
+                && !gone.contains(&node.to_string())
+            {
+                gone.push(node.to_string());
+            }
+            !left
+        });
+        for node in gone {
+            notes.push(Note {
+                type_: NoteType::Normal,
+                reason: Reason::NodeLeft,
+                message: format!(
+                    "Node {node} is no longer in the cluster's node list; the run goes on without it"
+                ),
+            });
+        }
+    }
     let mut actions = Vec::new();
     let mut waiting = None;
     // Each pass settles the first step not done; a step that becomes done lets the next one go in the

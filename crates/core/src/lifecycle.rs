@@ -94,12 +94,17 @@ pub trait Kind {
     fn no_versions() -> &'static str;
     /// A failed run continues: what failed goes back to pending, what is done stays done.
     fn resume(run: &mut Self::Run, now: Timestamp);
+    /// What `previous`, a run for another target, left that keeps a new run from starting, as seen
+    /// now (Talos: a node with a new system installed for its next reboot, not rebooted since).
+    fn left_pending(previous: &Self::Run, observation: &Self::Observation) -> Option<String>;
     /// What a run stopped by a reset leaves on the nodes that the user must know of (Talos: a node
     /// left cordoned with a new system installed for its next reboot), one sentence each.
     fn left_behind(run: &Self::Run) -> Vec<String>;
     /// Whether the versions show a node below the target of this completed run: one that joined the
     /// cluster since, or one changed outside the controller. The cluster is then looked at in full.
     fn behind(run: &Self::Run, versions: &Self::Versions) -> bool;
+    /// What the user can do about a node [`Kind::behind`] a completed run.
+    fn behind_hint() -> &'static str;
     /// Takes the nodes that joined the cluster since `run` completed, and are not on its target, into
     /// the run (pending: the run goes on), with an Event for each. Nodes of the run itself below the
     /// target are taken again only when the user asks (`again`: `resume`).
@@ -130,6 +135,8 @@ pub trait Kind {
         observation: &Self::Observation,
         now: Timestamp,
     ) -> Answered<Self::Further>;
+    /// Records that `action` never reached the node (it had no effect).
+    fn not_reached(run: &mut Self::Run, action: &Self::Action);
     /// Records that `action` was refused for good: the run fails, naming the node. Returns the clean-up
     /// to do (Talos: uncordon a node the run cordoned).
     fn refused(
@@ -195,10 +202,14 @@ pub enum Answered<F> {
 pub enum Called {
     /// Answered: it did what it should.
     Done,
-    /// Not reached, or a passing failure: the node may never have got it. What happens next is the
-    /// run's rule (an install is made again, an unanswered upgrade call is repeated only once the node
-    /// is seen not to have got it, a Kubernetes step is retried until its deadline).
+    /// Not reached: the call never got to the node, so it had no effect ([`Kind::not_reached`]
+    /// records that it may be made again).
     NotReached(String),
+    /// Sent, but its answer was lost: it may or may not have taken effect. What happens next is the
+    /// run's rule (an unanswered upgrade call or reboot is repeated only once the node is seen not to
+    /// have got it; an install is never made again before a reboot; a Kubernetes step is retried
+    /// until its deadline, every call being idempotent).
+    Unanswered(String),
     /// Refused for good: the run fails with this reason.
     Refused(String),
 }
@@ -389,6 +400,9 @@ pub struct Lifecycle<'a, K: Kind> {
     /// An option made invalid while a run is under way: the run is followed as if paused, and this
     /// says why.
     held: Option<String>,
+    /// The target was changed to this value while the saved run had nodes in flight, which are
+    /// finished first.
+    changed_to: Option<String>,
     state: State<K>,
 }
 
@@ -400,6 +414,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             notes: Vec::new(),
             announced: Vec::new(),
             held: None,
+            changed_to: None,
             state: State::Start,
         }
     }
@@ -423,6 +438,11 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             .filter(|value| !value.is_empty());
         match (K::target(intent), raw) {
             (Target::Absent, _) | (_, None) => self.absent(),
+            (Target::Invalid { .. } | Target::Version(_), Some(raw))
+                if let Some(step) = self.changed_mid_run(&raw) =>
+            {
+                step
+            }
             (Target::Invalid { reason, .. }, Some(raw)) => {
                 // Nothing to resume while the value is not a version: the key is consumed, not left
                 // behind to act on some later target.
@@ -532,7 +552,12 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 ));
                 run
             }
-            Some(run) => run,
+            // Nothing failed to resume: the key is consumed now, not left to resume a later
+            // failure the user never saw.
+            Some(run) => {
+                self.consume_resume();
+                run
+            }
             None => {
                 self.consume_resume();
                 match K::check_start(&versions, &target) {
@@ -555,6 +580,24 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                         );
                         return self.refuse(&raw, &message, Some(&versions));
                     }
+                }
+                // A run for another target that left a node with a new system installed for its
+                // next reboot: a new run would install over it.
+                let pending = self
+                    .inputs
+                    .record
+                    .as_ref()
+                    .filter(|previous| previous.requested() != raw)
+                    .and_then(|previous| K::left_pending(previous, &observation));
+                if let Some(why) = pending {
+                    let hold = Hold {
+                        status: UpgradeStatus::InProgress,
+                        condition: ConditionReason::InProgress,
+                        message: format!("Waiting: {why}"),
+                        reason: Reason::UpgradeWaiting,
+                        revisit: Revisit::Poll,
+                    };
+                    return self.hold(hold, &versions);
                 }
                 if let Some(hold) = K::hold_start(&observation, &target, &self.inputs.gates) {
                     return self.hold(hold, &versions);
@@ -632,6 +675,12 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
 
     /// No target: the work in flight is finished, then the run is forgotten.
     fn absent(&mut self) -> Step<K> {
+        self.finish_in_flight().unwrap_or_else(|| self.forget(None))
+    }
+
+    /// The saved run's nodes in flight, finished before anything else (the target was removed or
+    /// changed): `None` when it has none.
+    fn finish_in_flight(&mut self) -> Option<Step<K>> {
         let in_flight = self
             .inputs
             .record
@@ -646,9 +695,34 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 existing: Some(run.clone()),
                 reopen: false,
             });
-            return Step::Look(Look::Cluster(request));
+            return Some(Step::Look(Look::Cluster(request)));
         }
-        self.forget(None)
+        None
+    }
+
+    /// A target other than the saved run's, while that run has nodes in flight: they are finished
+    /// first (a node is never left half-upgraded, cordoned or with an install pending for its next
+    /// reboot, nor installed again over it), then the new value is decided.
+    fn changed_mid_run(&mut self, raw: &str) -> Option<Step<K>> {
+        let changed = self
+            .inputs
+            .record
+            .as_ref()
+            .is_some_and(|run| run.requested() != raw);
+        if !changed {
+            return None;
+        }
+        let step = self.finish_in_flight()?;
+        self.changed_to = Some(raw.to_string());
+        Some(step)
+    }
+
+    /// Why the work in flight is being finished, for the messages.
+    fn stopping_why(&self) -> String {
+        match &self.changed_to {
+            Some(raw) => format!("{} target changed to {raw}", K::KIND.name()),
+            None => format!("{} target removed", K::KIND.name()),
+        }
     }
 
     /// Forgets the run (if any) and reports the versions: from `versions` when the pass already
@@ -799,9 +873,10 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         {
             report.message = format!(
                 "{kind} upgrade to {target} completed, but a node runs {kind} {current} since \
-                 (changed outside this controller; set resume to upgrade it again)",
+                 (changed outside this controller; {hint})",
                 kind = K::KIND.name(),
                 target = run.target(),
+                hint = K::behind_hint(),
             );
         }
         report.current = current.map(|v| v.to_string());
@@ -839,6 +914,9 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         let mut report = KindReport::new(K::KIND, UpgradeStatus::Failed, recorded);
         report.condition_reason = Some(ConditionReason::Failed);
         report.current = versions.and_then(K::current).map(|v| v.to_string());
+        report.available = versions
+            .and_then(|v| K::available(v, self.inputs.catalog))
+            .map(|v| v.map(|v| v.to_string()));
         self.done(self.inputs.record.clone(), report, Revisit::Idle)
     }
 
@@ -851,8 +929,8 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             (None, _) => (
                 UpgradeStatus::InProgress,
                 format!(
-                    "{} target removed: finishing the node(s) in flight before stopping ({problem})",
-                    K::KIND.name()
+                    "{}: finishing the node(s) in flight before stopping ({problem})",
+                    self.stopping_why()
                 ),
                 ConditionReason::InProgress,
                 Revisit::Poll,
@@ -961,7 +1039,8 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                     Answered::DecideAgain => decide_again = true,
                     Answered::LookFurther(look) => further.push(look),
                 },
-                Called::NotReached(_) => {}
+                Called::NotReached(_) => K::not_reached(&mut run, action),
+                Called::Unanswered(_) => {}
                 Called::Refused(reason) => {
                     let cleanup = K::refused(&mut run, action, &reason, now);
                     if run.failure().is_none() {
@@ -1008,8 +1087,8 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         let mut report = KindReport::of_decision(K::KIND, &decision.report);
         if pass.stopping && !decision.report.in_flight.is_empty() {
             report.message = format!(
-                "{} target removed: finishing {} before stopping",
-                K::KIND.name(),
+                "{}: finishing {} before stopping",
+                self.stopping_why(),
                 decision.report.in_flight.join(", ")
             );
             report.condition_reason = Some(ConditionReason::InProgress);
@@ -1037,11 +1116,9 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             report.condition_reason = Some(ConditionReason::InProgress);
             report.status = UpgradeStatus::InProgress;
         }
-        report.current = if decision.report.state == RunState::Completed {
-            Some(decision.run.target().to_string())
-        } else {
-            K::current(&pass.versions).map(|v| v.to_string())
-        };
+        // What the look saw, also when the run completes: a node outside the run (one that joined
+        // meanwhile) may still run an older version.
+        report.current = K::current(&pass.versions).map(|v| v.to_string());
         report.available =
             K::available(&pass.versions, self.inputs.catalog).map(|v| v.map(|v| v.to_string()));
         report.consumed = self.consumed.clone();
@@ -1049,7 +1126,30 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
     }
 
     fn conclude(&mut self, pass: Pass<K>, decision: Decision<K>) -> Step<K> {
-        if pass.stopping && decision.report.in_flight.is_empty() {
+        // A run that failed while being finished is shown failed, like any other: its failure says
+        // what it left on the nodes. The next pass forgets it (or decides the new target).
+        let stopped = pass.stopping
+            && decision.report.in_flight.is_empty()
+            && decision.report.state != RunState::Failed;
+        if stopped && let Some(raw) = self.changed_to.clone() {
+            // The old run's nodes are done: it is forgotten, and the new value is decided at once.
+            self.inputs.record = None;
+            self.notes.extend(decision.report.notes);
+            let mut report = KindReport::new(
+                K::KIND,
+                UpgradeStatus::InProgress,
+                format!(
+                    "{}: the node(s) in flight are done; deciding {raw}",
+                    self.stopping_why()
+                ),
+            );
+            report.condition_reason = Some(ConditionReason::InProgress);
+            report.current = K::current(&pass.versions).map(|v| v.to_string());
+            report.available =
+                K::available(&pass.versions, self.inputs.catalog).map(|v| v.map(|v| v.to_string()));
+            return self.done(None, report, Revisit::Now);
+        }
+        if stopped {
             // Nothing left in flight: the run is forgotten, and its last look gives the versions.
             self.inputs.record = Some(decision.run);
             self.notes.extend(decision.report.notes);

@@ -148,12 +148,14 @@ pub enum Reason {
     NodeRebootResent,
     /// A node joined the cluster below the target of a completed run, which takes it in.
     NodeJoined,
+    /// A node not started yet left the cluster's node list; the run goes on without it.
+    NodeLeft,
     /// One step of a Kubernetes upgrade started.
     StepStarted,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -169,6 +171,7 @@ impl Reason {
         Reason::NodeDrained,
         Reason::NodeRebootResent,
         Reason::NodeJoined,
+        Reason::NodeLeft,
         Reason::StepStarted,
     ];
 
@@ -189,6 +192,7 @@ impl Reason {
             Reason::NodeDrained => "NodeDrained",
             Reason::NodeRebootResent => "NodeRebootResent",
             Reason::NodeJoined => "NodeJoined",
+            Reason::NodeLeft => "NodeLeft",
             Reason::StepStarted => "StepStarted",
         }
     }
@@ -211,6 +215,7 @@ impl Reason {
             | Reason::NodeDrained
             | Reason::NodeRebootResent
             | Reason::NodeJoined
+            | Reason::NodeLeft
             | Reason::StepStarted => None,
         }
     }

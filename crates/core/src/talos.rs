@@ -243,12 +243,27 @@ pub fn fail_node(run: &mut Run, node: &str, reason: &str, now: Timestamp) -> Opt
             installed,
         };
     }
-    run.outcome = Some(Outcome::Failed {
-        at: now,
-        node: Some(node.to_string()),
-        reason: format!("node {node} {reason}"),
-    });
+    // Other nodes in flight are finished first (see `advance`), which then fails the run.
+    if run.in_flight().is_empty() {
+        run.outcome = Some(Outcome::Failed {
+            at: now,
+            node: Some(node.to_string()),
+            reason: failure_reason(run),
+        });
+    }
     cleanup
+}
+
+/// Every failed node of `run`, with why, in run order: what the run's failure says.
+fn failure_reason(run: &Run) -> String {
+    run.nodes
+        .iter()
+        .filter_map(|n| match &n.step {
+            NodeStep::Failed { reason, .. } => Some(format!("node {} {reason}", n.name)),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The new system installed on a node in flight that has not rebooted into it: drained or being
@@ -268,7 +283,9 @@ fn pending_install(step: &NodeStep) -> Option<PendingInstall> {
         LifecycleStage::Draining { uncordon, .. } | LifecycleStage::Rebooting { uncordon, .. } => {
             *uncordon
         }
-        LifecycleStage::Installing => return None,
+        LifecycleStage::Installing { .. }
+        | LifecycleStage::Uncordoning { .. }
+        | LifecycleStage::Failing { .. } => return None,
     };
     Some(PendingInstall {
         boot_id: boot_id.clone(),
@@ -297,7 +314,7 @@ pub fn installed(run: &mut Run, node: &str, already_cordoned: bool, now: Timesta
     for progress in &mut run.nodes {
         if progress.name == node
             && let NodeStep::Issued { lifecycle, .. } = &mut progress.step
-            && *lifecycle == Some(LifecycleStage::Installing)
+            && matches!(lifecycle, Some(LifecycleStage::Installing { .. }))
         {
             *lifecycle = Some(LifecycleStage::Draining {
                 since: now,
@@ -371,6 +388,26 @@ pub fn advance(
         return finish(run, Vec::new(), notes, None, false);
     }
 
+    // 0. Nodes not started that left the cluster (gone from its node list): the run goes on without
+    // them, rather than waiting for ever for a node that will not come back. A node that returns
+    // later is taken in like one that joined (see `Kind::join`).
+    if !observation.nodes.is_empty() {
+        run.nodes.retain(|progress| {
+            let gone = matches!(progress.step, NodeStep::Pending)
+                && observation.node(&progress.name).is_none();
+            if gone {
+                notes.push(Note::normal(
+                    Reason::NodeLeft,
+                    format!(
+                        "Node {} is no longer in the cluster's node list; the run goes on without it",
+                        progress.name
+                    ),
+                ));
+            }
+            !gone
+        });
+    }
+
     // 1. Nodes in flight: done, still going, or failed.
     let mut actions = Vec::new();
     let mut details = Vec::new();
@@ -383,6 +420,7 @@ pub fn advance(
             installer_image,
             lifecycle,
             unanswered,
+            install_unconfirmed,
         } = &mut progress.step
         else {
             continue;
@@ -404,7 +442,7 @@ pub fn advance(
         // Where the deadline counts from, and whether the node must be uncordoned once back.
         let (since, uncordon) = match lifecycle {
             None => (*at, false),
-            Some(LifecycleStage::Installing) => {
+            Some(LifecycleStage::Installing { .. }) => {
                 // An install that keeps failing on the way (pull or install unreachable) does not
                 // hold the run for ever: past the node deadline the node fails, untouched.
                 if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
@@ -419,18 +457,58 @@ pub fn advance(
                     };
                     continue;
                 }
-                // The controller stopped during the install call, or the call did not get through;
-                // the node still runs its old system untouched, so installing again is safe.
-                actions.push(Action::Upgrade {
-                    node: name,
-                    installer_image: installer_image.clone(),
-                    api: UpgradeApi::Lifecycle,
+                if matches!(lifecycle, Some(LifecycleStage::Installing { retry: true })) {
+                    // The last attempt reached nothing (its pull did not get through): the node
+                    // runs its old system untouched, so installing again is safe.
+                    *lifecycle = Some(LifecycleStage::Installing { retry: false });
+                    actions.push(Action::Upgrade {
+                        node: name,
+                        installer_image: installer_image.clone(),
+                        api: UpgradeApi::Lifecycle,
+                    });
+                    continue;
+                }
+                // The install's answer was never recorded (the controller stopped during it, or it
+                // got no answer): it may have happened. Installing again could flip the bootloader
+                // back onto the running slot, so the node goes on as if installed: drained, then
+                // rebooted. Back on its old version, the install had not taken, and it is made again.
+                let cordoned = observed.is_some_and(|n| n.cordoned);
+                *install_unconfirmed = true;
+                *lifecycle = Some(LifecycleStage::Draining {
+                    since: now,
+                    uncordon: !cordoned,
                 });
+                details.push(format!(
+                    "{name}'s install got no answer, so it is drained and rebooted rather than \
+                     installed again"
+                ));
                 continue;
             }
             Some(LifecycleStage::Draining { since, uncordon }) => {
                 let status = observed.and_then(|n| n.drain.as_ref());
                 match status {
+                    // Drained, and a control plane: its reboot is what takes it down, so etcd
+                    // must be healthy and leadership off it now, not only when its install began
+                    // (another control plane may have gone down since). It holds, drained, until
+                    // then; a drain that is done is not timed out.
+                    Some(status)
+                        if status.remaining == 0
+                            && progress.role == NodeRole::ControlPlane
+                            && (observation.etcd.problem.is_some()
+                                || observation.etcd.leader.as_deref() == Some(name.as_str())) =>
+                    {
+                        match &observation.etcd.problem {
+                            Some(problem) => details.push(format!(
+                                "{name} is drained; holding its reboot: etcd is not healthy ({problem})"
+                            )),
+                            None => {
+                                details.push(format!(
+                                    "{name} is drained; moving etcd leadership off it before its reboot"
+                                ));
+                                actions.push(Action::ForfeitEtcdLeadership { node: name });
+                            }
+                        }
+                    }
                     Some(status) if status.remaining == 0 => {
                         notes.push(Note::normal(
                             Reason::NodeDrained,
@@ -506,17 +584,65 @@ pub fn advance(
                 }
                 (*at, *uncordon)
             }
+            Some(LifecycleStage::Uncordoning { since }) => (*since, true),
+            Some(LifecycleStage::Failing { reason, since }) => {
+                // Failed, and cordoned by the run: uncordoned before the failure is recorded, so a
+                // controller that stops in between uncordons it again rather than forgetting it.
+                let cordoned = observed.is_some_and(|n| n.cordoned);
+                if cordoned
+                    && now.duration_since(*since).unsigned_abs() <= settings.unanswered_grace
+                {
+                    actions.push(Action::Uncordon { node: name.clone() });
+                    details.push(format!("uncordoning {name} after its failure"));
+                } else {
+                    let mut reason = reason.clone();
+                    if cordoned {
+                        reason.push_str(
+                            "; it is left cordoned: uncordoning it did not take, uncordon it",
+                        );
+                    }
+                    progress.step = NodeStep::Failed {
+                        at: now,
+                        reason,
+                        installed: None,
+                    };
+                }
+                continue;
+            }
+        };
+        // A node that fails, cordoned by the run, is uncordoned first (see `Failing`).
+        let cordoned = observed.is_some_and(|n| n.cordoned);
+        let fail = |lifecycle: &mut Option<LifecycleStage>, reason: String| {
+            if uncordon && cordoned {
+                *lifecycle = Some(LifecycleStage::Failing { reason, since: now });
+                None
+            } else {
+                Some(NodeStep::Failed {
+                    at: now,
+                    reason,
+                    installed: None,
+                })
+            }
         };
         match check_in_flight(observed, &target, boot_id, from_version) {
             InFlight::Done if uncordon && observed.is_some_and(|n| n.cordoned) => {
                 // Back on the target and Ready: it only has to take pods again. An uncordon that
-                // does not take (someone cordons it again, the API refuses) ends at the deadline.
+                // does not take (someone cordons it again, the API refuses) ends at the deadline,
+                // counted from when the node was first seen back (not from its reboot: a controller
+                // that was away meanwhile has not tried yet).
                 actions.push(Action::Uncordon { node: name.clone() });
+                let since = match lifecycle {
+                    Some(LifecycleStage::Uncordoning { since }) => *since,
+                    _ => {
+                        *lifecycle = Some(LifecycleStage::Uncordoning { since: now });
+                        now
+                    }
+                };
                 if now.duration_since(since).unsigned_abs() > settings.node_deadline {
                     progress.step = NodeStep::Failed {
                         at: now,
                         reason: format!(
-                            "runs Talos {target} but is still cordoned {} after its reboot: \
+                            "runs Talos {target} but is still cordoned {} after it came back: \
                              uncordoning it did not take (is something else cordoning it?); \
                              uncordon it once it may take pods",
                             human_duration(settings.node_deadline)
@@ -538,15 +664,31 @@ pub fn advance(
                     started_at: Some(started),
                 };
             }
-            InFlight::Failed(reason) => {
-                if uncordon {
+            InFlight::Failed(_) if *install_unconfirmed => {
+                // Back on its old version after an install whose answer was never recorded: either
+                // the install did not take or the new system did not boot. Either way nothing is
+                // pending now, and the node is not upgraded again unasked.
+                let running = match observed.map(|n| &n.talos) {
+                    Some(TalosState::Up { version, .. }) => version.to_string(),
+                    _ => from_version.clone(),
+                };
+                let reason = format!(
+                    "came back on Talos {running} instead of {target} after a reboot whose install \
+                     got no answer: either the install did not take or the new system did not boot \
+                     (A/B fallback); it was not upgraded again: set resume to install it again"
+                );
+                if let Some(step) = fail(lifecycle, reason) {
+                    progress.step = step;
+                } else {
                     actions.push(Action::Uncordon { node: name.clone() });
                 }
-                progress.step = NodeStep::Failed {
-                    at: now,
-                    reason,
-                    installed: None,
-                };
+            }
+            InFlight::Failed(reason) => {
+                if let Some(step) = fail(lifecycle, reason) {
+                    progress.step = step;
+                } else {
+                    actions.push(Action::Uncordon { node: name.clone() });
+                }
             }
             InFlight::Waiting(waiting_for) => {
                 let elapsed = now.duration_since(since).unsigned_abs();
@@ -565,57 +707,54 @@ pub fn advance(
                             human_duration(settings.node_deadline)
                         ),
                     };
-                    if uncordon {
+                    if let Some(step) = fail(lifecycle, reason) {
+                        progress.step = step;
+                    } else {
                         actions.push(Action::Uncordon { node: name.clone() });
                     }
-                    progress.step = NodeStep::Failed {
-                        at: now,
-                        reason,
-                        installed: None,
-                    };
                 }
             }
         }
     }
-    if let Some(failed) = run.nodes.iter().find_map(|n| match &n.step {
-        NodeStep::Failed { reason, .. } => Some((n.name.clone(), reason.clone())),
-        _ => None,
-    }) {
-        // The run touches no further node. What it leaves behind on the other nodes in flight is
-        // cleaned up or said: a node it cordoned for a reboot already sent is made schedulable again;
-        // a node it was draining has its new system installed, so it stays cordoned, named.
-        let mut reason = format!("node {} {}", failed.0, failed.1);
-        actions.retain(|action| matches!(action, Action::Uncordon { .. }));
-        for progress in &run.nodes {
-            let NodeStep::Issued {
-                lifecycle: Some(stage),
+    // Failed nodes, and failed ones being uncordoned before they are recorded as failed.
+    let failed: Vec<(String, String)> = run
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.step {
+            NodeStep::Failed { reason, .. }
+            | NodeStep::Issued {
+                lifecycle: Some(LifecycleStage::Failing { reason, .. }),
                 ..
-            } = &progress.step
-            else {
-                continue;
-            };
-            let name = &progress.name;
-            match stage {
-                LifecycleStage::Draining { .. } => {
-                    if let Some(pending) = pending_install(&progress.step) {
-                        reason.push_str(&format!(
-                            ". Node {name} was being drained: {}",
-                            left_with_install(&pending, &run.target)
-                        ));
-                    }
-                }
-                LifecycleStage::Rebooting { uncordon: true, .. } => {
-                    let uncordon = Action::Uncordon { node: name.clone() };
-                    if !actions.contains(&uncordon) {
-                        actions.push(uncordon);
-                    }
-                }
-                LifecycleStage::Rebooting { .. } | LifecycleStage::Installing => {}
-            }
+            } => Some((n.name.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect();
+    // A failure stops the run: no node starts after it. The nodes still in flight (their calls made)
+    // are finished first, as after a removed target, so none is left half-upgraded, cordoned or
+    // unfollowed; then the run fails, naming every node that failed.
+    if let Some(first) = failed.first().cloned() {
+        let in_flight = run.in_flight();
+        if !in_flight.is_empty() {
+            let mut decision = finish(run, actions, notes, None, false);
+            decision.report.message = format!(
+                "Stopping after a failure: node {} {}; finishing {} first ({}/{} done)",
+                first.0,
+                first.1,
+                in_flight.join(", "),
+                decision.report.done,
+                decision.report.total
+            );
+            return decision;
         }
+        let reason = failed
+            .iter()
+            .map(|(node, why)| format!("node {node} {why}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        actions.retain(|action| matches!(action, Action::Uncordon { .. }));
         run.outcome = Some(Outcome::Failed {
             at: now,
-            node: Some(failed.0.clone()),
+            node: Some(first.0.clone()),
             reason,
         });
         return finish(run, actions, notes, None, true);
@@ -884,10 +1023,11 @@ impl Pass<'_> {
                 installer_image: image.clone(),
                 lifecycle: match api {
                     UpgradeApi::Legacy => None,
-                    UpgradeApi::Lifecycle => Some(LifecycleStage::Installing),
+                    UpgradeApi::Lifecycle => Some(LifecycleStage::Installing { retry: false }),
                 },
                 // Until its answer is recorded (see [`answered`]).
                 unanswered: api == UpgradeApi::Legacy,
+                install_unconfirmed: false,
             };
             notes.push(Note::normal(
                 Reason::NodeUpgradeStarted,

@@ -222,18 +222,33 @@ impl Kind for Kubernetes {
         super::resume(run);
     }
 
+    fn left_pending(_: &KubeRun, _: &Observation) -> Option<String> {
+        None
+    }
+
     fn left_behind(_: &KubeRun) -> Vec<String> {
         // Every step is idempotent and leaves no node cordoned: a step cut short by the reset is
         // made again by the next run.
         Vec::new()
     }
 
-    fn behind(_: &KubeRun, _: &KubernetesVersions) -> bool {
-        // A node that joins later brings the kubelet its Talos configures; a later target takes it.
-        false
+    fn behind(run: &KubeRun, versions: &KubernetesVersions) -> bool {
+        let Ok(target) = KubernetesVersion::parse(&run.target) else {
+            return false;
+        };
+        versions
+            .range
+            .as_ref()
+            .is_some_and(|(lowest, _)| *lowest < target)
+    }
+
+    fn behind_hint() -> &'static str {
+        // A run's steps are fixed at its start; a new run takes the node (every step is idempotent).
+        "remove kubernetes-target and set it again to upgrade it"
     }
 
     fn join(_: &mut KubeRun, _: &Observation, _: bool, _: Timestamp) -> Vec<Note> {
+        // Told by the completed run's message instead (see `behind_hint`).
         Vec::new()
     }
 
@@ -276,6 +291,10 @@ impl Kind for Kubernetes {
             // A patch is done only when its effect is observed, in a later pass.
             Action::PatchImage { .. } => Answered::Nothing,
         }
+    }
+
+    fn not_reached(_: &mut KubeRun, _: &Action) {
+        // Every call is idempotent: the step's rule makes it again until its deadline.
     }
 
     fn refused(run: &mut KubeRun, _: &Action, reason: &str, now: Timestamp) -> Vec<Action> {

@@ -92,6 +92,7 @@ fn talos_run_in_flight() -> Run {
                     installer_image: "ghcr.io/siderolabs/installer:v1.12.0".into(),
                     lifecycle: None,
                     unanswered: false,
+                    install_unconfirmed: false,
                 },
             },
             NodeProgress {
@@ -755,6 +756,7 @@ fn a_refused_reboot_leaves_the_installed_node_cordoned_and_says_so() {
             uncordon: true,
         }),
         unanswered: false,
+        install_unconfirmed: false,
     };
     run.target = "1.13.1".into();
     run.requested = "1.13.1".into();
@@ -1191,6 +1193,7 @@ fn a_removed_target_still_finishes_a_drain_and_its_reboot() {
             uncordon: true,
         }),
         unanswered: false,
+        install_unconfirmed: false,
     };
     let (asked, conclusion) = drive::<Talos>(
         &annotations(&[]),
@@ -1453,6 +1456,7 @@ fn a_reset_mid_drain_says_which_node_it_leaves_cordoned() {
             uncordon: true,
         }),
         unanswered: false,
+        install_unconfirmed: false,
     };
     let (asked, conclusion) = drive::<Talos>(
         &annotations(&[

@@ -361,6 +361,7 @@ impl Kind for Talos {
                             uncordon: pending.uncordon,
                         }),
                         unanswered: false,
+                        install_unconfirmed: false,
                     };
                 }
                 NodeStep::Failed { .. } => node.step = NodeStep::Pending,
@@ -372,6 +373,35 @@ impl Kind for Talos {
             }
         }
         run.outcome = None;
+    }
+
+    fn left_pending(previous: &Run, observation: &Observation) -> Option<String> {
+        previous.nodes.iter().find_map(|node| {
+            let NodeStep::Failed {
+                installed: Some(pending),
+                ..
+            } = &node.step
+            else {
+                return None;
+            };
+            // Rebooted since (a new boot): the pending system was booted, nothing is pending now.
+            let observed = observation.node(&node.name)?;
+            let TalosState::Up { boot_id, .. } = &observed.talos else {
+                return None;
+            };
+            (*boot_id == pending.boot_id).then(|| {
+                format!(
+                    "node {} has Talos {} installed for its next reboot, left by the run to {}; a \
+                     new run would install over it: reboot the node (it boots Talos {}), or set \
+                     talos-target back to {} and resume",
+                    node.name,
+                    previous.target,
+                    previous.requested,
+                    previous.target,
+                    previous.requested
+                )
+            })
+        })
     }
 
     fn left_behind(run: &Run) -> Vec<String> {
@@ -387,7 +417,7 @@ impl Kind for Talos {
                     None => format!(
                         "Node {name} had its upgrade call to Talos {target} and finishes it by itself"
                     ),
-                    Some(LifecycleStage::Installing) => format!(
+                    Some(LifecycleStage::Installing { .. }) => format!(
                         "Node {name} may have Talos {target} installed for its next reboot (its \
                          install was under way)"
                     ),
@@ -408,6 +438,13 @@ impl Kind for Talos {
                     Some(LifecycleStage::Rebooting {
                         uncordon: false, ..
                     }) => format!("Node {name} was rebooting into Talos {target}"),
+                    Some(LifecycleStage::Failing { reason, .. }) => format!(
+                        "Node {name} is left cordoned (its upgrade failed: it {reason}): uncordon it"
+                    ),
+                    Some(LifecycleStage::Uncordoning { .. }) => format!(
+                        "Node {name} is left cordoned (it runs Talos {target}, and the run was \
+                         uncordoning it): uncordon it"
+                    ),
                 })
             })
             .collect()
@@ -421,6 +458,10 @@ impl Kind for Talos {
             .range
             .as_ref()
             .is_some_and(|(lowest, _)| *lowest.semver() < target)
+    }
+
+    fn behind_hint() -> &'static str {
+        "set resume to upgrade it again"
     }
 
     fn join(run: &mut Run, observation: &Observation, again: bool, _: Timestamp) -> Vec<Note> {
@@ -563,6 +604,24 @@ impl Kind for Talos {
                 Answered::Nothing
             }
             Action::Uncordon { .. } => Answered::Nothing,
+        }
+    }
+
+    fn not_reached(run: &mut Run, action: &Action) {
+        // An install that never got to the node may be made again as it is; nothing else needs a
+        // record (an unanswered upgrade call or reboot has its own rule).
+        if let Action::Upgrade {
+            node,
+            api: UpgradeApi::Lifecycle,
+            ..
+        } = action
+            && let Some(progress) = run.nodes.iter_mut().find(|n| n.name == *node)
+            && let NodeStep::Issued {
+                lifecycle: Some(LifecycleStage::Installing { retry }),
+                ..
+            } = &mut progress.step
+        {
+            *retry = true;
         }
     }
 

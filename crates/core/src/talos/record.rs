@@ -62,6 +62,12 @@ pub enum NodeStep {
         /// ready, on the same boot, for a while, the call never took and is made again.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         unanswered: bool,
+        /// Talos ≥ 1.13: the install may have happened without its answer being recorded (the
+        /// controller stopped during it, or it got no answer). It is never made again over a
+        /// possible pending one: the node is drained and rebooted, and if it comes back on its old
+        /// version the install had not taken, and is made again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        install_unconfirmed: bool,
     },
     /// On the target, rebooted, ready and Ready in Kubernetes.
     Done {
@@ -104,9 +110,14 @@ pub struct PendingInstall {
     tag = "stage"
 )]
 pub enum LifecycleStage {
-    /// Pull and install sent (or about to be). Found at the start of a reconcile, it means the controller
-    /// stopped mid-install: installing again is harmless, since the running system is untouched.
-    Installing,
+    /// Pull and install sent (or about to be). Found in a later pass, the install's answer was never
+    /// recorded: unless `retry` says the last attempt reached nothing (its pull did not get through),
+    /// it may have happened, and installing again before a reboot would flip the bootloader back
+    /// onto the running slot (talos-1.14.md §4.5).
+    Installing {
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        retry: bool,
+    },
     /// Installed; the node is cordoned and its pods are being evicted since `since`. `uncordon` is false
     /// when the node was already cordoned before (by someone else), so it is left as it was found.
     Draining { since: Timestamp, uncordon: bool },
@@ -121,15 +132,22 @@ pub enum LifecycleStage {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         unanswered: bool,
     },
+    /// Back on the target and Ready, and cordoned by the run: uncordoned since `since`, when it was
+    /// first seen back. Done once schedulable; past the node deadline from `since`, it fails.
+    Uncordoning { since: Timestamp },
+    /// Failed for `reason`, and cordoned by the run: it is uncordoned before the failure is
+    /// recorded (a controller stopped in between uncordons it again), then it is `Failed`.
+    Failing { reason: String, since: Timestamp },
 }
 
 impl LifecycleStage {
     /// Whether the controller cordoned the node and so must make it schedulable again.
     pub fn must_uncordon(&self) -> bool {
         match self {
-            LifecycleStage::Installing => false,
+            LifecycleStage::Installing { .. } => false,
             LifecycleStage::Draining { uncordon, .. }
             | LifecycleStage::Rebooting { uncordon, .. } => *uncordon,
+            LifecycleStage::Uncordoning { .. } | LifecycleStage::Failing { .. } => true,
         }
     }
 }
@@ -202,6 +220,7 @@ mod tests {
                         installer_image: "ghcr.io/siderolabs/installer:v1.12.0".into(),
                         lifecycle: None,
                         unanswered: false,
+                        install_unconfirmed: false,
                     },
                 },
                 NodeProgress {
@@ -217,6 +236,7 @@ mod tests {
                             uncordon: true,
                         }),
                         unanswered: false,
+                        install_unconfirmed: false,
                     },
                 },
             ],

@@ -710,7 +710,7 @@ fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
     );
     assert_eq!(
         lifecycle_stage(&first.run, "worker-1"),
-        Some(LifecycleStage::Installing)
+        Some(LifecycleStage::Installing { retry: false })
     );
 
     // The install went through: draining starts; a node someone else had cordoned stays cordoned after.
@@ -729,20 +729,86 @@ fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
 }
 
 #[test]
-fn an_install_found_unfinished_is_made_again() {
+fn an_install_whose_answer_was_lost_is_never_made_again_before_a_reboot() {
     let obs = cluster("1.13.0");
     let run = workers_first("1.14.0", &obs);
     let first = decide(&run, &settings(), &obs, t0());
-    // A controller restarted mid-install: the node still runs its old system, untouched.
-    let again = decide(&first.run, &settings(), &obs, t0() + 1.minutes());
+
+    // Its pull never got through: nothing was installed, so it is installed again.
+    let mut not_reached = first.run.clone();
+    <Talos as crate::lifecycle::Kind>::not_reached(&mut not_reached, &first.actions[0]);
+    let again = decide(&not_reached, &settings(), &obs, t0() + 1.minutes());
+    assert_eq!(again.actions, first.actions);
     assert_eq!(
-        again.actions,
-        vec![Action::Upgrade {
-            node: "worker-1".into(),
-            installer_image: "factory.talos.dev/installer/abc123:v1.14.0".into(),
-            api: UpgradeApi::Lifecycle,
+        lifecycle_stage(&again.run, "worker-1"),
+        Some(LifecycleStage::Installing { retry: false }),
+        "recorded before it is made again"
+    );
+
+    // A controller restarted mid-install (or an install without an answer): it may have happened,
+    // so the node is drained and rebooted instead of installed again over a pending install.
+    let found = decide(&first.run, &settings(), &obs, t0() + 1.minutes());
+    assert_eq!(found.actions, vec![]);
+    assert!(
+        found.report.message.contains("install got no answer"),
+        "{}",
+        found.report.message
+    );
+    assert_eq!(draining(&found.run), vec!["worker-1"]);
+    let mut drained_obs = obs.clone();
+    drain(&mut drained_obs, "worker-1", 0, None);
+    let rebooting = decide(&found.run, &settings(), &drained_obs, t0() + 2.minutes());
+    assert_eq!(
+        rebooting.actions,
+        vec![Action::Reboot {
+            node: "worker-1".into()
         }]
     );
+    let mut rebooting_run = rebooting.run.clone();
+    answered(&mut rebooting_run, "worker-1");
+
+    // Back on the target: the install had taken; the node is done once uncordoned.
+    let mut on_target = drained_obs.clone();
+    rebooted(&mut on_target, "worker-1", "1.14.0", true);
+    set(&mut on_target, "worker-1", |n| n.drain = None);
+    let back = decide(&rebooting_run, &settings(), &on_target, t0() + 3.minutes());
+    assert_eq!(
+        back.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
+
+    // Back on its old version: the install did not take, or the new system did not boot; either
+    // way the node is not upgraded again unasked, and the failure says both.
+    let mut old = drained_obs.clone();
+    rebooted(&mut old, "worker-1", "1.13.0", true);
+    set(&mut old, "worker-1", |n| n.drain = None);
+    let failing = decide(&rebooting_run, &settings(), &old, t0() + 3.minutes());
+    assert_eq!(
+        failing.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
+    assert!(
+        upgraded_nodes(&failing.actions).is_empty(),
+        "nothing starts"
+    );
+    let failed = uncordoned_then(
+        &failing,
+        &mut old,
+        "worker-1",
+        t0() + 3.minutes() + 5.seconds(),
+    );
+    assert_eq!(failed.report.state, RunState::Failed);
+    assert_eq!(
+        failed.report.message,
+        "Talos upgrade failed: node worker-1 came back on Talos 1.13.0 instead of 1.14.0 after a \
+         reboot whose install got no answer: either the install did not take or the new system did \
+         not boot (A/B fallback); it was not upgraded again: set resume to install it again"
+    );
+    assert_eq!(failed.actions, vec![]);
 }
 
 #[test]
@@ -841,17 +907,36 @@ fn a_reboot_without_an_answer_is_sent_again_only_if_the_node_never_got_it() {
         &obs,
         t0() + 2.minutes() + DEADLINE + 1.seconds(),
     );
-    assert_eq!(late.report.state, RunState::Failed);
+    // Uncordoned before the failure is recorded, so a restart in between cannot forget it.
+    assert_eq!(late.report.state, RunState::InProgress);
     assert_eq!(
         late.actions,
         vec![Action::Uncordon {
             node: "worker-1".into()
         }]
     );
+    let failed = uncordoned_then(
+        &late,
+        &mut obs,
+        "worker-1",
+        t0() + 2.minutes() + DEADLINE + 5.seconds(),
+    );
+    assert_eq!(failed.report.state, RunState::Failed);
     assert_eq!(
-        late.report.message,
+        failed.report.message,
         "Talos upgrade failed: node worker-1 did not reboot into the new version within 15m"
     );
+}
+
+/// The node was uncordoned as `decision` asked: the next decision, at `now`.
+fn uncordoned_then(
+    decision: &Decision,
+    obs: &mut Observation,
+    node: &str,
+    now: Timestamp,
+) -> Decision {
+    set(obs, node, |n| n.cordoned = false);
+    decide(&decision.run, &settings(), obs, now)
 }
 
 #[test]
@@ -927,7 +1012,10 @@ fn a_drain_past_its_timeout_fails_the_run_and_leaves_the_installed_node_cordoned
 fn an_install_that_never_gets_through_fails_at_the_node_deadline() {
     let obs = cluster("1.13.0");
     let fresh = workers_first("1.14.0", &obs);
-    let installing = decide(&fresh, &settings(), &obs, t0()).run;
+    let first = decide(&fresh, &settings(), &obs, t0());
+    // Its pull does not get through, again and again.
+    let mut installing = first.run.clone();
+    <Talos as crate::lifecycle::Kind>::not_reached(&mut installing, &first.actions[0]);
     // Within the deadline the install is made again; past it the node fails, untouched.
     let retried = decide(&installing, &settings(), &obs, t0() + 10.minutes());
     assert_eq!(upgraded_nodes(&retried.actions), vec!["worker-1"]);
@@ -955,14 +1043,24 @@ fn a_node_that_stays_cordoned_after_its_upgrade_fails_at_the_node_deadline() {
         n.drain = None;
         n.cordoned = true;
     });
+    // First seen back (late: the controller was away for a while): the uncordon is sent, and the
+    // deadline counts from now, not from the reboot.
+    let back = decide(&rebooting, &settings(), &obs, t0() + 30.minutes());
+    assert_eq!(back.report.state, RunState::InProgress);
+    assert_eq!(
+        back.actions,
+        vec![Action::Uncordon {
+            node: "worker-1".into()
+        }]
+    );
     // Something cordons it again after every uncordon.
-    let soon = decide(&rebooting, &settings(), &obs, t0() + 10.minutes());
+    let soon = decide(&back.run, &settings(), &obs, t0() + 40.minutes());
     assert_eq!(soon.report.state, RunState::InProgress);
     let late = decide(
-        &rebooting,
+        &back.run,
         &settings(),
         &obs,
-        t0() + 17.minutes() + 1.seconds(),
+        t0() + 45.minutes() + 1.seconds(),
     );
     assert_eq!(late.report.state, RunState::Failed);
     assert_eq!(
@@ -974,7 +1072,7 @@ fn a_node_that_stays_cordoned_after_its_upgrade_fails_at_the_node_deadline() {
     assert!(
         late.report
             .message
-            .contains("still cordoned 15m after its reboot"),
+            .contains("still cordoned 15m after it came back"),
         "{}",
         late.report.message
     );
@@ -1019,6 +1117,7 @@ fn a_rebooted_node_is_done_only_once_uncordoned() {
             unanswered: false,
         }),
         unanswered: false,
+        install_unconfirmed: false,
     };
     rebooted(&mut obs, "worker-1", "1.14.0", true);
     set(&mut obs, "worker-1", |n| n.cordoned = true);
@@ -1040,20 +1139,39 @@ fn the_deadline_counts_from_the_reboot_and_a_late_node_is_uncordoned() {
     let rebooting = decide(&run, &settings(), &obs, t0() + 10.minutes()).run;
     down(&mut obs, "worker-1");
     let cases = [
-        (t0() + 20.minutes(), RunState::InProgress, vec![]),
+        (t0() + 20.minutes(), vec![]),
         (
             t0() + 25.minutes() + 1.seconds(),
-            RunState::Failed,
             vec![Action::Uncordon {
                 node: "worker-1".into(),
             }],
         ),
     ];
-    for (now, state, actions) in cases {
+    for (now, actions) in cases {
         let decision = decide(&rebooting, &settings(), &obs, now);
-        assert_eq!(decision.report.state, state, "{}", decision.report.message);
+        assert_eq!(
+            decision.report.state,
+            RunState::InProgress,
+            "{}",
+            decision.report.message
+        );
         assert_eq!(decision.actions, actions);
     }
+    // Late: uncordoned first, then failed.
+    let late = decide(
+        &rebooting,
+        &settings(),
+        &obs,
+        t0() + 25.minutes() + 1.seconds(),
+    );
+    let failed = uncordoned_then(
+        &late,
+        &mut obs,
+        "worker-1",
+        t0() + 25.minutes() + 5.seconds(),
+    );
+    assert_eq!(failed.report.state, RunState::Failed);
+    assert_eq!(failed.actions, vec![]);
 }
 
 #[test]
