@@ -22,6 +22,9 @@ use talos_upgrade_core::talos::{Run, Talos};
 
 const TALOS_KEY: &str = "talos.json";
 const KUBERNETES_KEY: &str = "kubernetes.json";
+/// The cluster's `status.phase` as a provisioning operator wrote it when one of the controller's runs
+/// replaced it, given back when the run ends (see [`talos_upgrade_core::report::PhaseChange`]).
+const PHASE_BEFORE_UPGRADE_KEY: &str = "phase-before-upgrade";
 const MANAGED_BY: &str = "talos-upgrade-controller";
 /// Label naming the cluster a progress ConfigMap belongs to.
 pub const CLUSTER_LABEL: &str = "upgrade.vitistack.io/cluster";
@@ -52,6 +55,8 @@ pub enum StoreError {
 pub struct Progress {
     pub talos: Option<Run>,
     pub kubernetes: Option<KubeRun>,
+    /// The phase to give back when the controller's own phase goes (see [`PHASE_BEFORE_UPGRADE_KEY`]).
+    phase_before_upgrade: Option<String>,
     /// Keys written by other versions of the controller are kept as they are.
     other: BTreeMap<String, String>,
     resource_version: Option<String>,
@@ -63,6 +68,12 @@ impl Progress {
     /// The run of kind `K`.
     pub fn run<K: Stored>(&self) -> Option<&K::Run> {
         K::slot(self).as_ref()
+    }
+
+    /// The `status.phase` a provisioning operator had written when a run of this controller replaced
+    /// it, to give back when the controller's own phase goes.
+    pub fn phase_before_upgrade(&self) -> Option<&str> {
+        self.phase_before_upgrade.as_deref()
     }
 
     /// The record as the cluster whose uid is `owner` may use it. A record written for another object
@@ -152,6 +163,20 @@ impl<'a> Records<'a> {
             return Ok(());
         }
         *K::slot_mut(&mut self.progress) = run;
+        self.store
+            .save(&self.cluster, self.owner.clone(), &mut self.progress)
+            .await
+    }
+
+    /// Keeps `phase` as the phase to give back, saving the record when that changes it.
+    pub async fn keep_phase_before_upgrade(
+        &mut self,
+        phase: Option<String>,
+    ) -> Result<(), StoreError> {
+        if self.progress.phase_before_upgrade == phase {
+            return Ok(());
+        }
+        self.progress.phase_before_upgrade = phase;
         self.store
             .save(&self.cluster, self.owner.clone(), &mut self.progress)
             .await
@@ -297,9 +322,11 @@ impl ProgressStore {
         let mut data = configmap.data.unwrap_or_default();
         let talos = self.decode(name, &mut data, TALOS_KEY)?;
         let kubernetes = self.decode(name, &mut data, KUBERNETES_KEY)?;
+        let phase_before_upgrade = data.remove(PHASE_BEFORE_UPGRADE_KEY);
         Ok(Progress {
             talos,
             kubernetes,
+            phase_before_upgrade,
             other: data,
             resource_version: configmap.metadata.resource_version,
             owner_uid,
@@ -347,6 +374,9 @@ impl ProgressStore {
                 KUBERNETES_KEY.to_string(),
                 serde_json::to_string_pretty(run).expect("a run always serializes"),
             );
+        }
+        if let Some(phase) = &progress.phase_before_upgrade {
+            data.insert(PHASE_BEFORE_UPGRADE_KEY.to_string(), phase.clone());
         }
         let configmap = ConfigMap {
             metadata: ObjectMeta {
@@ -419,6 +449,7 @@ mod tests {
                 outcome: None,
                 nodes: Vec::new(),
             }),
+            phase_before_upgrade: Some("Provisioning".to_string()),
             other: BTreeMap::from([("future.json".to_string(), "{}".to_string())]),
             resource_version: Some("7".to_string()),
             owner_uid: owner.map(str::to_string),
@@ -443,6 +474,7 @@ mod tests {
                 assert_eq!(read, record, "{written_for:?} read by {read_by:?}");
             } else {
                 assert_eq!(read.talos, None);
+                assert_eq!(read.phase_before_upgrade(), None);
                 assert!(read.other.is_empty());
                 // Saved over at the version it was read at.
                 assert_eq!(read.resource_version.as_deref(), Some("7"));

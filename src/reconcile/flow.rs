@@ -10,6 +10,7 @@
 
 use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::lifecycle::{Conclusion, Lifecycle, Look, Step};
+use talos_upgrade_core::report;
 
 use super::Error;
 use super::report::Reporter;
@@ -55,9 +56,18 @@ where
                 // write-ahead). Should the save fail, no call is made and the next reconcile decides,
                 // reports and announces again.
                 let baseline = reported.as_ref().unwrap_or(cluster);
+                // The phase this kind's report shows, unless a phase must be kept before it is
+                // replaced: the record is saved beside this write, not before it, so that is left to
+                // the reconcile's own report.
+                let kept = records
+                    .progress()
+                    .phase_before_upgrade()
+                    .map(str::to_string);
                 let early = report.as_ref().map(|report| async move {
+                    let phase = report::phase_change(&[report], baseline.phase(), kept.as_deref())
+                        .without_keeping(kept.as_deref());
                     reporter
-                        .write(baseline, &[report])
+                        .write(baseline, &[report], phase.as_deref())
                         .await
                         // Not fatal: the report after the calls says it all again.
                         .inspect_err(|error| tracing::warn!(%error, "reporting before the calls"))

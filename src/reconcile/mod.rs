@@ -48,7 +48,7 @@ use talos_upgrade_core::gates::Gates;
 use talos_upgrade_core::intent::UpgradeIntent;
 use talos_upgrade_core::kubernetes::Kubernetes;
 use talos_upgrade_core::lifecycle::{self, Inputs, Lifecycle, Limits, Revisit};
-use talos_upgrade_core::report::combined_phase;
+use talos_upgrade_core::report::phase_change;
 use talos_upgrade_core::talos::Talos;
 
 /// How often a run whose nodes in flight are all rebooting, and all followed, is looked at anyway. The
@@ -499,10 +499,23 @@ async fn reconcile_cluster(
         .or(talos.reported.as_ref())
         .unwrap_or(seen);
     let reports = [&talos.conclusion.report, &kubernetes.conclusion.report];
+    // The phase shows the controller's runs and failures; one it did not write is kept in the record
+    // before it is replaced, and forgotten only once it is written back (so a controller stopped in
+    // between still gives it back).
+    let kept = records.progress().phase_before_upgrade().map(str::to_string);
+    let phase = phase_change(&reports, baseline.phase(), kept.as_deref());
+    if phase.keeps_first(kept.as_deref()) {
+        records
+            .keep_phase_before_upgrade(phase.give_back.clone())
+            .await?;
+    }
     reporter
-        .write(baseline, &reports)
+        .write(baseline, &reports, phase.phase.as_deref())
         .await
         .map_err(Error::Report)?;
+    records
+        .keep_phase_before_upgrade(phase.give_back.clone())
+        .await?;
     let invalid_flags = lifecycle::invalid_flag_notes(&intent);
     let talos_notes = [talos.conclusion.notes.as_slice(), &invalid_flags].concat();
     reporter
@@ -517,13 +530,7 @@ async fn reconcile_cluster(
         .await;
 
     let metrics_key = ClusterKey::new(&namespace, &name);
-    let phase = combined_phase(
-        &reports,
-        baseline.status.as_ref().and_then(|s| s.phase.as_deref()),
-    )
-    .map(|p| p.as_str().to_string())
-    .or_else(|| baseline.status.as_ref().and_then(|s| s.phase.clone()));
-    if let Some(phase) = phase {
+    if let Some(phase) = phase.phase.or_else(|| baseline.phase().map(str::to_string)) {
         ctx.metrics.set_cluster_phase(&metrics_key, &phase);
     }
     export_metrics(&ctx.metrics, &cluster, &metrics_key, &talos, now);

@@ -19,18 +19,19 @@ pub struct Reporter<'a> {
 }
 
 impl Reporter<'_> {
-    /// Writes `reports` to `cluster` (as last seen): annotations, then status, each touching only its
-    /// own part of the object and only when something changes. Returns the object as the API server
-    /// returned it (`None`: nothing changed), so a later write in the same reconcile compares against
-    /// what is really there.
+    /// Writes `reports` to `cluster` (as last seen): annotations, then status (with `phase`, if one is
+    /// given: see [`report::phase_change`]), each touching only its own part of the object and only
+    /// when something changes. Returns the object as the API server returned it (`None`: nothing
+    /// changed), so a later write in the same reconcile compares against what is really there.
     pub async fn write(
         &self,
         cluster: &KubernetesCluster,
         reports: &[&KindReport],
+        phase: Option<&str>,
     ) -> Result<Option<KubernetesCluster>, kube::Error> {
         let name = cluster.name_any();
         let annotations_patch = report::annotations_patch(cluster, reports);
-        let status_patch = report::status_patch(cluster, reports, self.now);
+        let status_patch = report::status_patch(cluster, reports, phase, self.now);
         // The annotations first, then the status: `kubectl wait` and the user's tools read the
         // annotations, so they go out at once. Sent together, the two patches of one object collide
         // in the API server (its optimistic concurrency makes one of them read the object again and

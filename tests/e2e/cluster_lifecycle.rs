@@ -1,13 +1,15 @@
 //! A cluster's life around its upgrades, end to end: what the controller keeps of a cluster after the
 //! `KubernetesCluster` is deleted (nothing: its metric series go, and one re-created under the same
-//! name starts clean).
+//! name starts clean), and the `status.phase` of a cluster a provisioning operator owns (the
+//! controller shows its own runs and failures, then gives the operator's phase back).
 //!
 //! No timing assertions: every wait is `kubectl wait` or polling with generous bounds.
 
 use std::time::{Duration, Instant};
 
-use crate::world::{World, WorldSpec};
+use crate::world::{PHASE_KEY, World, WorldSpec};
 use talos_sim::Fault;
+use talos_upgrade_core::crd::KubernetesClusterStatus;
 
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -64,6 +66,38 @@ async fn wait_until_forgotten(world: &World) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Writes `status.phase` as a provisioning operator would (through the status subresource, with the
+/// fields vitistack's schema requires once a status exists).
+async fn set_phase(world: &World, phase: &str) {
+    let current = world.jsonpath("{.status}").await;
+    let current: Option<KubernetesClusterStatus> =
+        (!current.trim().is_empty()).then(|| serde_json::from_str(&current).expect("status JSON"));
+    let desired = KubernetesClusterStatus {
+        phase: Some(phase.to_string()),
+        conditions: current
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default(),
+        ..KubernetesClusterStatus::default()
+    };
+    let patch =
+        KubernetesClusterStatus::merge_patch(current.as_ref(), &desired, jiff::Timestamp::now())
+            .expect("a phase to write");
+    world
+        .ns
+        .kubectl_ok(&[
+            "patch",
+            "kubernetescluster",
+            &world.cluster,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ])
+        .await;
+    assert_eq!(world.jsonpath("{.status.phase}").await, phase);
 }
 
 /// The cluster as its owner wrote it, for creating it again: its spec, labels and every annotation but
@@ -211,4 +245,87 @@ async fn a_deleted_cluster_is_forgotten_and_one_recreated_under_its_name_starts_
     let calls = world.upgrade_calls();
     assert_eq!(calls.len(), 6, "{calls:?}");
     assert_eq!(calls[0], node, "{calls:?}");
+}
+
+#[tokio::test]
+async fn a_provisioning_phase_is_given_back_when_the_run_ends_and_when_a_failure_is_cleared() {
+    let world = World::start("lc-phase", WorldSpec::default()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    // The provisioning operator owns the phase.
+    set_phase(&world, "Provisioning").await;
+    let log = world.record_annotations().await;
+    world.poke_and_wait(1).await;
+    assert_eq!(world.jsonpath("{.status.phase}").await, "Provisioning");
+
+    // A run shows as UpgradingTalos while it goes on, and the operator's phase is back once it is done.
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
+        .await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    world
+        .poll(PATIENCE, "the phase Provisioning again", || async {
+            world.jsonpath("{.status.phase}").await == "Provisioning"
+        })
+        .await;
+    assert_eq!(
+        world
+            .jsonpath("{.status.conditions[?(@.type==\"TalosUpgrade\")].reason}")
+            .await,
+        "Completed"
+    );
+    wait_for_series(
+        &world,
+        &[sample(
+            &world,
+            "talos_upgrade_cluster_phase",
+            "phase=\"Provisioning\"",
+            "1",
+        )],
+    )
+    .await;
+    world.poke_and_wait(2).await;
+    assert_eq!(world.jsonpath("{.status.phase}").await, "Provisioning");
+
+    // A failure shows as UpgradeFailed until it is cleared; then the operator's phase is back.
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.11.6")
+        .await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    world
+        .poll(PATIENCE, "the phase UpgradeFailed", || async {
+            world.jsonpath("{.status.phase}").await == "UpgradeFailed"
+        })
+        .await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target-")
+        .await;
+    world
+        .wait_for_annotation("talos-status", "idle", "60s")
+        .await;
+    world
+        .poll(
+            PATIENCE,
+            "the phase Provisioning after the failure",
+            || async { world.jsonpath("{.status.phase}").await == "Provisioning" },
+        )
+        .await;
+
+    assert_eq!(
+        log.values(PHASE_KEY),
+        [
+            "Provisioning",
+            "UpgradingTalos",
+            "Provisioning",
+            "UpgradeFailed",
+            "Provisioning"
+        ],
+        "the phase never went Ready: {:#?}",
+        log.states()
+    );
 }

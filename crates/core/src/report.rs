@@ -123,11 +123,12 @@ pub fn annotations_patch(cluster: &KubernetesCluster, reports: &[&KindReport]) -
     })
 }
 
-/// The status merge patch for `reports`: the phase both kinds put the cluster in and their conditions;
-/// `None` when the status already says it all.
+/// The status merge patch for `reports`: `phase` (decided by [`phase_change`]; `None` leaves the phase
+/// as it is) and the kinds' conditions; `None` when the status already says it all.
 pub fn status_patch(
     cluster: &KubernetesCluster,
     reports: &[&KindReport],
+    phase: Option<&str>,
     now: jiff::Timestamp,
 ) -> Option<Value> {
     let current = cluster.status.as_ref();
@@ -136,8 +137,8 @@ pub fn status_patch(
         conditions: current.map(|s| s.conditions.clone()).unwrap_or_default(),
         ..KubernetesClusterStatus::default()
     };
-    if let Some(phase) = combined_phase(reports, current.and_then(|s| s.phase.as_deref())) {
-        desired.phase = Some(phase.as_str().to_string());
+    if let Some(phase) = phase {
+        desired.phase = Some(phase.to_string());
     }
     for report in reports {
         if let Some(reason) = report.condition_reason {
@@ -205,6 +206,77 @@ pub fn combined_phase(reports: &[&KindReport], current: Option<&str>) -> Option<
             .any(|r| matches!(r.status, UpgradeStatus::Failed | UpgradeStatus::InProgress));
         (!held && phases.contains(&Phase::Ready)).then_some(Phase::Ready)
     })
+}
+
+/// What a reconcile does with `status.phase`, and the phase it keeps to give back.
+///
+/// The controller changes the phase only to show its own runs and failures (`UpgradingTalos`,
+/// `UpgradingKubernetes`, `UpgradeFailed`). When one of them replaces a phase it did not write (a
+/// provisioning operator's, such as `Provisioning`), that phase is kept (the shell keeps it in the
+/// progress record, since vitistack's schema prunes unknown status fields) and written back when the
+/// controller's own phase goes: the run completed or stopped, the failure was cleared or reset. A
+/// cluster whose phase was the controller's own, or empty, goes back to `Ready`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseChange {
+    /// The phase to write; `None` leaves it as it is.
+    pub phase: Option<String>,
+    /// The phase to give back once the controller's own phase goes, as the record must hold it from now
+    /// on (`None`: nothing to give back).
+    pub give_back: Option<String>,
+}
+
+impl PhaseChange {
+    /// Whether the record must be made to hold [`PhaseChange::give_back`] before the phase is written:
+    /// a phase is kept before it is replaced, so that a controller stopped in between still gives it
+    /// back. (Forgetting one goes the other way: after the write that gave it back.)
+    pub fn keeps_first(&self, kept: Option<&str>) -> bool {
+        self.give_back.is_some() && self.give_back.as_deref() != kept
+    }
+
+    /// The phase a write may set when the record is not saved before it (one kind's report written
+    /// beside its calls): the change's phase, unless a phase must be kept first, which the reconcile's
+    /// own report does.
+    pub fn without_keeping(self, kept: Option<&str>) -> Option<String> {
+        if self.keeps_first(kept) {
+            None
+        } else {
+            self.phase
+        }
+    }
+}
+
+/// The phase `reports` put the cluster in, from the phase it has (`current`) and the one the record
+/// keeps to give back (`kept`); see [`PhaseChange`].
+pub fn phase_change(
+    reports: &[&KindReport],
+    current: Option<&str>,
+    kept: Option<&str>,
+) -> PhaseChange {
+    let current = current.filter(|phase| !phase.is_empty());
+    // The controller's own phase, showing one of its runs or failures.
+    let showing = current
+        .and_then(Phase::parse)
+        .is_some_and(|phase| phase != Phase::Ready);
+    let kept_while_showing = || kept.filter(|_| showing).map(str::to_string);
+    match combined_phase(reports, current) {
+        // The controller's phase is no longer true (only ever from a phase it shows).
+        Some(Phase::Ready) => PhaseChange {
+            phase: Some(kept.unwrap_or(Phase::Ready.as_str()).to_string()),
+            give_back: None,
+        },
+        Some(shown) => PhaseChange {
+            phase: Some(shown.as_str().to_string()),
+            give_back: match current {
+                // Someone else's phase, replaced now: the one to give back.
+                Some(foreign) if Phase::parse(foreign).is_none() => Some(foreign.to_string()),
+                _ => kept_while_showing(),
+            },
+        },
+        None => PhaseChange {
+            phase: None,
+            give_back: kept_while_showing(),
+        },
+    }
 }
 
 /// The `action` of an Event. kube's recorder folds events with the same type, reason and action into
@@ -298,6 +370,195 @@ mod tests {
                 phase_for(UpgradeKind::Talos, status, current),
                 expected,
                 "{status:?} from {current:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_phase_the_controller_did_not_write_is_kept_during_its_run_and_given_back_after() {
+        use UpgradeStatus::*;
+        let reports = |talos, kubernetes| {
+            [
+                KindReport::new(UpgradeKind::Talos, talos, String::new()),
+                KindReport::new(UpgradeKind::Kubernetes, kubernetes, String::new()),
+            ]
+        };
+        // ((Talos, Kubernetes), phase now, phase kept) -> (phase written, phase kept from now on)
+        let cases = [
+            // A run starts over the operator's phase: shown, and kept.
+            (
+                (InProgress, Idle),
+                Some("Provisioning"),
+                None,
+                (Some("UpgradingTalos"), Some("Provisioning")),
+            ),
+            (
+                (InProgress, Idle),
+                Some("UpgradingTalos"),
+                Some("Provisioning"),
+                (Some("UpgradingTalos"), Some("Provisioning")),
+            ),
+            // Talos hands over to Kubernetes: still the controller's phase, still kept.
+            (
+                (Completed, InProgress),
+                Some("UpgradingTalos"),
+                Some("Provisioning"),
+                (Some("UpgradingKubernetes"), Some("Provisioning")),
+            ),
+            // The run completes: the kept phase is given back, not Ready.
+            (
+                (Completed, Idle),
+                Some("UpgradingTalos"),
+                Some("Provisioning"),
+                (Some("Provisioning"), None),
+            ),
+            (
+                (Completed, Completed),
+                Some("UpgradingKubernetes"),
+                Some("Provisioning"),
+                (Some("Provisioning"), None),
+            ),
+            // Given back: left alone, and no longer kept.
+            ((Completed, Idle), Some("Provisioning"), None, (None, None)),
+            (
+                (Completed, Idle),
+                Some("Provisioning"),
+                Some("Provisioning"),
+                (None, None),
+            ),
+            // A failure over the operator's phase: shown and kept until it is cleared (target removed or
+            // reset: idle), then given back.
+            (
+                (Failed, Idle),
+                Some("Provisioning"),
+                None,
+                (Some("UpgradeFailed"), Some("Provisioning")),
+            ),
+            (
+                (Failed, Idle),
+                Some("UpgradeFailed"),
+                Some("Provisioning"),
+                (Some("UpgradeFailed"), Some("Provisioning")),
+            ),
+            (
+                (Idle, Idle),
+                Some("UpgradeFailed"),
+                Some("Provisioning"),
+                (Some("Provisioning"), None),
+            ),
+            // A run stopped (target removed): given back too.
+            (
+                (Idle, Idle),
+                Some("UpgradingTalos"),
+                Some("Provisioning"),
+                (Some("Provisioning"), None),
+            ),
+            // The operator wrote another phase during the run: that one is given back.
+            (
+                (InProgress, Idle),
+                Some("ConfigApplied"),
+                Some("Provisioning"),
+                (Some("UpgradingTalos"), Some("ConfigApplied")),
+            ),
+            // Blocked and idle leave a foreign phase alone, and keep nothing.
+            ((Idle, Blocked), Some("Provisioning"), None, (None, None)),
+            ((Idle, Idle), Some("Provisioning"), None, (None, None)),
+            // A phase of the controller's own, or none, goes back to Ready, whatever was kept before.
+            (
+                (InProgress, Idle),
+                Some("Ready"),
+                None,
+                (Some("UpgradingTalos"), None),
+            ),
+            (
+                (InProgress, Idle),
+                Some("Ready"),
+                Some("Provisioning"),
+                (Some("UpgradingTalos"), None),
+            ),
+            (
+                (InProgress, Idle),
+                None,
+                None,
+                (Some("UpgradingTalos"), None),
+            ),
+            (
+                (InProgress, Idle),
+                Some(""),
+                None,
+                (Some("UpgradingTalos"), None),
+            ),
+            (
+                (Completed, Idle),
+                Some("UpgradingTalos"),
+                None,
+                (Some("Ready"), None),
+            ),
+            (
+                (Idle, Idle),
+                Some("UpgradeFailed"),
+                None,
+                (Some("Ready"), None),
+            ),
+            ((Completed, Idle), Some("Ready"), None, (None, None)),
+            ((Idle, Idle), None, None, (None, None)),
+        ];
+        for ((talos, kubernetes), current, kept, (phase, give_back)) in cases {
+            let [talos_report, kubernetes_report] = reports(talos, kubernetes);
+            let change = phase_change(&[&talos_report, &kubernetes_report], current, kept);
+            assert_eq!(
+                (change.phase.as_deref(), change.give_back.as_deref()),
+                (phase, give_back),
+                "{talos:?}/{kubernetes:?} from {current:?}, keeping {kept:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_phase_is_kept_before_it_is_replaced_and_forgotten_after_it_is_given_back() {
+        let change = |phase: Option<&str>, give_back: Option<&str>| PhaseChange {
+            phase: phase.map(str::to_string),
+            give_back: give_back.map(str::to_string),
+        };
+        // (change, kept) -> (keep first?, what a write without keeping first may set)
+        let cases = [
+            (
+                change(Some("UpgradingTalos"), Some("Provisioning")),
+                None,
+                (true, None),
+            ),
+            (
+                change(Some("UpgradingTalos"), Some("Provisioning")),
+                Some("Provisioning"),
+                (false, Some("UpgradingTalos")),
+            ),
+            (
+                change(Some("UpgradingTalos"), Some("ConfigApplied")),
+                Some("Provisioning"),
+                (true, None),
+            ),
+            (
+                change(Some("Provisioning"), None),
+                Some("Provisioning"),
+                (false, Some("Provisioning")),
+            ),
+            (
+                change(Some("UpgradingTalos"), None),
+                None,
+                (false, Some("UpgradingTalos")),
+            ),
+            (change(None, None), Some("Provisioning"), (false, None)),
+        ];
+        for (change, kept, (first, early)) in cases {
+            assert_eq!(
+                change.keeps_first(kept),
+                first,
+                "{change:?} keeping {kept:?}"
+            );
+            assert_eq!(
+                change.clone().without_keeping(kept).as_deref(),
+                early,
+                "{change:?} keeping {kept:?}"
             );
         }
     }
