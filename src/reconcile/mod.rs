@@ -502,7 +502,10 @@ async fn reconcile_cluster(
     // The phase shows the controller's runs and failures; one it did not write is kept in the record
     // before it is replaced, and forgotten only once it is written back (so a controller stopped in
     // between still gives it back).
-    let kept = records.progress().phase_before_upgrade().map(str::to_string);
+    let kept = records
+        .progress()
+        .phase_before_upgrade()
+        .map(str::to_string);
     let phase = phase_change(&reports, baseline.phase(), kept.as_deref());
     if phase.keeps_first(kept.as_deref()) {
         records
