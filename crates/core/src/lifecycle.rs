@@ -97,6 +97,10 @@ pub trait Kind {
     /// What `previous`, a run for another target, left that keeps a new run from starting, as seen
     /// now (Talos: a node with a new system installed for its next reboot, not rebooted since).
     fn left_pending(previous: &Self::Run, observation: &Self::Observation) -> Option<String>;
+    /// What must outlive `run` when it is dropped (reset, target removed): the nodes it may have left
+    /// with a new system installed for their next reboot, kept as a record that matches no target,
+    /// so that a later run does not install over them (see [`Kind::left_pending`]).
+    fn remember(run: &Self::Run, now: Timestamp) -> Option<Self::Run>;
     /// What a run stopped by a reset leaves on the nodes that the user must know of (Talos: a node
     /// left cordoned with a new system installed for its next reboot), one sentence each.
     fn left_behind(run: &Self::Run) -> Vec<String>;
@@ -670,7 +674,12 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         report.consumed = vec![kind.reset_key(), kind.target_key()];
         self.notes
             .push(Note::normal(Reason::UpgradeReset, report.message.clone()));
-        self.done(None, report, Revisit::Idle)
+        let kept = self
+            .inputs
+            .record
+            .as_ref()
+            .and_then(|run| K::remember(run, self.inputs.now));
+        self.done(kept, report, Revisit::Idle)
     }
 
     /// No target: the work in flight is finished, then the run is forgotten.
@@ -729,6 +738,10 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
     /// looked, otherwise after a look at them.
     fn forget(&mut self, versions: Option<K::Versions>) -> Step<K> {
         let dropped = self.inputs.record.take();
+        // What must outlive the run is kept (a node left with an install pending).
+        self.inputs.record = dropped
+            .as_ref()
+            .and_then(|run| K::remember(run, self.inputs.now));
         let stopped = dropped.as_ref().is_some_and(|run| !run.is_finished());
         // Removing the target of a failed run is the documented way to clear the failure: the
         // condition must not go on saying `Failed` while the status is `idle` and the phase `Ready`.
@@ -774,7 +787,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         report.current = current.map(|v| v.to_string());
         report.available = available.map(|v| v.map(|v| v.to_string()));
         report.condition_reason = reason;
-        self.done(None, report, Revisit::Idle)
+        self.done(self.inputs.record.clone(), report, Revisit::Idle)
     }
 
     fn requested(&mut self, raw: String, target: K::Version) -> Step<K> {

@@ -222,6 +222,11 @@ impl Kind for Kubernetes {
         super::resume(run);
     }
 
+    fn remember(_: &KubeRun, _: Timestamp) -> Option<KubeRun> {
+        // Nothing a Kubernetes run does outlives it on the nodes.
+        None
+    }
+
     fn left_pending(_: &KubeRun, _: &Observation) -> Option<String> {
         None
     }

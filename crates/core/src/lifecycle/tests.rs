@@ -1474,7 +1474,42 @@ fn a_reset_mid_drain_says_which_node_it_leaves_cordoned() {
         "Talos upgrade state was reset; no node was touched. Node worker-1 is left cordoned, with \
          Talos 1.13.1 installed for its next reboot: reboot it to finish its upgrade, or uncordon it"
     );
-    assert_eq!(conclusion.record, None);
+    // What outlives the reset: worker-1 may boot 1.13.1 at its next reboot. A new run would install
+    // over it (explorer seed 3738), so it waits until the node has rebooted.
+    let kept = conclusion
+        .record
+        .expect("the pending install is remembered");
+    assert_eq!(kept.requested, "", "matches no target");
+    let (asked, waiting) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.13.1")]),
+        Some(kept.clone()),
+        Gates::default(),
+        talos_answers("1.13.0"),
+    );
+    assert_eq!(asked, [Asked::Cluster], "no call");
+    assert_eq!(waiting.report.status, UpgradeStatus::InProgress);
+    assert_eq!(
+        waiting.report.message,
+        "Waiting: node worker-1 may have Talos 1.13.1 installed for its next reboot, left by a run \
+         that was reset or stopped; a new run would install over it: reboot the node first (it \
+         boots what is installed)"
+    );
+    assert_eq!(waiting.record, Some(kept.clone()));
+    // Rebooted since: nothing is pending, and the run starts.
+    let mut rebooted_cluster = talos_cluster("1.13.0");
+    rebooted_cluster.nodes[1] = rebooted("worker-1", NodeRole::Worker, "1.13.1");
+    let mut answers = talos_answers("1.13.0");
+    answers.cluster = Ok(rebooted_cluster);
+    let (_, started) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.13.1")]),
+        Some(kept),
+        Gates::default(),
+        answers,
+    );
+    assert!(
+        told(&started).contains(&Reason::UpgradeStarted),
+        "{started:?}"
+    );
 }
 
 /// Every Event reason of a pass: published with the calls, and still to publish.

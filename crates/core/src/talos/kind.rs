@@ -375,6 +375,62 @@ impl Kind for Talos {
         run.outcome = None;
     }
 
+    fn remember(run: &Run, now: Timestamp) -> Option<Run> {
+        // Nodes that may have a new system installed for their next reboot: left failed with one,
+        // being drained or rebooted (the reboot may not have reached them), or mid-install.
+        let nodes: Vec<super::NodeProgress> = run
+            .nodes
+            .iter()
+            .filter_map(|node| {
+                let installed = match &node.step {
+                    NodeStep::Failed {
+                        installed: Some(pending),
+                        ..
+                    } => pending.clone(),
+                    NodeStep::Issued {
+                        boot_id,
+                        from_version,
+                        installer_image,
+                        lifecycle:
+                            Some(
+                                LifecycleStage::Installing { .. }
+                                | LifecycleStage::Draining { .. }
+                                | LifecycleStage::Rebooting { .. },
+                            ),
+                        ..
+                    } => super::PendingInstall {
+                        boot_id: boot_id.clone(),
+                        from_version: from_version.clone(),
+                        installer_image: installer_image.clone(),
+                        uncordon: false,
+                    },
+                    _ => return None,
+                };
+                Some(super::NodeProgress {
+                    name: node.name.clone(),
+                    role: node.role,
+                    step: NodeStep::Failed {
+                        at: now,
+                        reason: "was left with an install pending for its next reboot".into(),
+                        installed: Some(installed),
+                    },
+                })
+            })
+            .collect();
+        (!nodes.is_empty()).then(|| Run {
+            // Matches no target: it only keeps new runs from installing over these nodes.
+            requested: String::new(),
+            target: run.target.clone(),
+            started_at: run.started_at,
+            outcome: Some(Outcome::Failed {
+                at: now,
+                node: None,
+                reason: "kept after the run was dropped: nodes with an install pending".into(),
+            }),
+            nodes,
+        })
+    }
+
     fn left_pending(previous: &Run, observation: &Observation) -> Option<String> {
         previous.nodes.iter().find_map(|node| {
             let NodeStep::Failed {
@@ -390,6 +446,14 @@ impl Kind for Talos {
                 return None;
             };
             (*boot_id == pending.boot_id).then(|| {
+                if previous.requested.is_empty() {
+                    return format!(
+                        "node {} may have Talos {} installed for its next reboot, left by a run \
+                         that was reset or stopped; a new run would install over it: reboot the \
+                         node first (it boots what is installed)",
+                        node.name, previous.target
+                    );
+                }
                 format!(
                     "node {} has Talos {} installed for its next reboot, left by the run to {}; a \
                      new run would install over it: reboot the node (it boots Talos {}), or set \

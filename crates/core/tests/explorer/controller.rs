@@ -12,7 +12,7 @@ use talos_upgrade_core::kubernetes::{Kubernetes, KubernetesVersions};
 use talos_upgrade_core::lifecycle::{
     self, Called, Conclusion, Inputs, Kind, Lifecycle, Limits, Look, Step,
 };
-use talos_upgrade_core::report::{annotation_changes, combined_phase};
+use talos_upgrade_core::report::{annotation_changes, phase_change};
 use talos_upgrade_core::talos::{self, Talos, TalosVersions};
 
 use crate::model::World;
@@ -268,9 +268,20 @@ fn reconcile_into(w: &mut World, catalog: &Catalog, limits: Limits, looked: &mut
             None => w.annotations.remove(key),
         };
     }
-    if let Some(phase) = combined_phase(&reports, w.phase.as_deref()) {
-        w.phase = Some(phase.as_str().to_string());
+    // The phase as src/reconcile/mod.rs writes it: a foreign phase is kept in the record before it is
+    // replaced, and forgotten after it was given back.
+    let kept = w.store.phase_kept.clone();
+    let change = phase_change(&reports, w.phase.as_deref(), kept.as_deref());
+    if change.keeps_first(kept.as_deref()) {
+        if std::mem::take(&mut w.conflict_next_save) {
+            return Ended::Conflict;
+        }
+        w.store.phase_kept = change.give_back.clone();
     }
+    if let Some(phase) = &change.phase {
+        w.phase = Some(phase.clone());
+    }
+    w.store.phase_kept = change.give_back;
     publish(w, &talos.notes);
     publish(w, &lifecycle::invalid_flag_notes(&intent));
     publish(w, &kubernetes.notes);

@@ -104,6 +104,31 @@ impl Watch {
             }
         }
 
+        // The phase shows the controller's runs and failures only, and a phase it did not write is
+        // given back when they end.
+        let running =
+            |kind: UpgradeKind| matches!(get(kind.status_key()), Some("in-progress" | "failed"));
+        if !running(UpgradeKind::Talos) && !running(UpgradeKind::Kubernetes) {
+            let phase = w.phase.as_deref();
+            if matches!(
+                phase,
+                Some("UpgradingTalos" | "UpgradingKubernetes" | "UpgradeFailed")
+            ) {
+                broken.push(format!(
+                    "phase: {phase:?} with no run going or failed ({:?}, {:?})",
+                    get(keys::TALOS_STATUS),
+                    get(keys::KUBERNETES_STATUS)
+                ));
+            }
+            if let Some(foreign) = &w.foreign_phase
+                && phase == Some("Ready")
+            {
+                broken.push(format!(
+                    "phase: Ready where the provisioning operator's {foreign:?} should have been given back"
+                ));
+            }
+        }
+
         // Progress never goes back within a run (unless the user resumed it).
         if let Some(run) = &w.store.talos
             && let Some((done, _)) = get(keys::TALOS_PROGRESS).and_then(|p| p.split_once('/'))
@@ -143,7 +168,10 @@ impl Watch {
         let get = |key: &str| w.annotations.get(key).map(String::as_str);
         // `paused` holds with any value but "false" (an unrecognised one reads as paused).
         let held = get(keys::PAUSED).is_some_and(|p| p.trim() != "false")
-            || get(keys::TALOS_MESSAGE).is_some_and(|m| m.contains(" upgrade held: "));
+            || get(keys::TALOS_MESSAGE).is_some_and(|m| {
+                // An option to fix, or a node to reboot before a new run may install on it.
+                m.contains(" upgrade held: ") || m.contains("a new run would install over it")
+            });
         let going = |kind: UpgradeKind| get(kind.status_key()) == Some("in-progress");
         held || !(going(UpgradeKind::Talos) || going(UpgradeKind::Kubernetes))
     }

@@ -144,6 +144,8 @@ impl Node {
 pub struct Store {
     pub talos: Option<Run>,
     pub kubernetes: Option<KubeRun>,
+    /// A phase the controller did not write, to give back when its run ends.
+    pub phase_kept: Option<String>,
 }
 
 /// A call that reached a node.
@@ -161,6 +163,8 @@ pub struct World {
     pub leader: Option<String>,
     pub annotations: BTreeMap<String, String>,
     pub phase: Option<String>,
+    /// The phase the provisioning operator wrote last, if it did.
+    pub foreign_phase: Option<String>,
     /// Events as (reason, message).
     pub events: Vec<(String, String)>,
     pub store: Store,
@@ -193,6 +197,7 @@ impl World {
             leader,
             annotations: BTreeMap::new(),
             phase: None,
+            foreign_phase: None,
             events: Vec::new(),
             store: Store::default(),
             reached: Vec::new(),

@@ -98,6 +98,8 @@ pub enum Event {
     Crash(usize),
     /// The next save of the progress record conflicts.
     Conflict,
+    /// The provisioning operator writes its own phase.
+    ForeignPhase,
 }
 
 #[derive(Debug, Clone)]
@@ -174,8 +176,9 @@ fn event(rng: &mut Rng) -> Event {
                 }
             }
         }
-        88..=93 => Event::Crash(rng.below(3) as usize),
-        _ => Event::Conflict,
+        88..=92 => Event::Crash(rng.below(3) as usize),
+        93..=96 => Event::Conflict,
+        _ => Event::ForeignPhase,
     }
 }
 
@@ -398,6 +401,10 @@ fn apply(world: &mut World, event: &Event, watch: &mut Watch) {
         }
         Event::Crash(after) => world.crash_after_calls = Some(*after),
         Event::Conflict => world.conflict_next_save = true,
+        Event::ForeignPhase => {
+            world.phase = Some("Provisioning".into());
+            world.foreign_phase = world.phase.clone();
+        }
     }
 }
 
