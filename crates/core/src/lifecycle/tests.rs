@@ -1518,3 +1518,68 @@ fn told<K: Kind>(conclusion: &Conclusion<K>) -> Vec<Reason> {
     all.extend(reasons(&conclusion.notes));
     all
 }
+
+#[test]
+fn a_target_changed_mid_run_finishes_the_nodes_in_flight_before_deciding_the_new_one() {
+    // Explorer seed 13: the old run's node in flight was dropped (left cordoned, installed over).
+    let mut rebooting = talos_cluster("1.11.6");
+    rebooting.nodes[1].talos = TalosState::Unreachable {
+        reason: "connection refused".into(),
+    };
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Ok(rebooting);
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.1")]),
+        Some(talos_run_in_flight()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(asked, [Asked::Cluster], "no call for the new target");
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert_eq!(
+        conclusion.report.message,
+        "Talos target changed to 1.12.1: finishing worker-1 before stopping"
+    );
+    assert_eq!(conclusion.record, Some(talos_run_in_flight()));
+
+    // worker-1 back: the old run is forgotten and the new value decided at once.
+    let mut back = talos_cluster("1.11.6");
+    back.nodes[1] = rebooted("worker-1", NodeRole::Worker, "1.12.0");
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Ok(back);
+    let (_, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.1")]),
+        Some(talos_run_in_flight()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(
+        conclusion.report.message,
+        "Talos target changed to 1.12.1: the node(s) in flight are done; deciding 1.12.1"
+    );
+    assert_eq!(conclusion.record, None);
+    assert_eq!(conclusion.revisit, Revisit::Now);
+}
+
+#[test]
+fn a_resume_set_while_nothing_failed_is_consumed() {
+    // Explorer seed 797: left in place, it resumed a later failure the user never saw.
+    let mut rebooting = talos_cluster("1.11.6");
+    rebooting.nodes[1].talos = TalosState::Unreachable {
+        reason: "connection refused".into(),
+    };
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Ok(rebooting);
+    let (_, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.0"), ("resume", "true")]),
+        Some(talos_run_in_flight()),
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(conclusion.report.status, UpgradeStatus::InProgress);
+    assert!(
+        conclusion.report.consumed.contains(&annotations::RESUME),
+        "{:?}",
+        conclusion.report.consumed
+    );
+}

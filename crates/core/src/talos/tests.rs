@@ -1377,3 +1377,76 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
         "Waiting: node worker-1's machine config was not read; holding before upgrading it (0/5 done)"
     );
 }
+
+/// A 1.13 run with every worker done and cp-1 installed and draining.
+fn control_plane_draining() -> (Run, Observation) {
+    let obs = cluster("1.13.0");
+    let mut run = workers_done("1.14.0", &obs);
+    run = decide(&run, &settings(), &obs, t0()).run;
+    installed(&mut run, "cp-1", false, t0());
+    (run, obs)
+}
+
+#[test]
+fn a_drained_control_plane_reboots_only_with_etcd_healthy_and_leadership_off_it() {
+    // Explorer seed 2141: cp-3 went down while cp-1 drained; rebooting cp-1 then took two down.
+    let (run, mut obs) = control_plane_draining();
+    assert_eq!(draining(&run), vec!["cp-1"]);
+    drain(&mut obs, "cp-1", 0, None);
+    down(&mut obs, "cp-3");
+    obs.etcd.problem = Some("control plane cp-3 does not answer for etcd".into());
+    let held = decide(&run, &settings(), &obs, t0() + 10.minutes());
+    assert_eq!(held.actions, vec![]);
+    assert!(
+        held.report.message.contains(
+            "cp-1 is drained; holding its reboot: etcd is not healthy (control plane cp-3 does not \
+             answer for etcd)"
+        ),
+        "{}",
+        held.report.message
+    );
+    // A drain that is done is not timed out while it holds.
+    assert_eq!(held.report.state, RunState::InProgress);
+
+    // etcd healthy again, but cp-1 leads now: leadership moves first, then the reboot.
+    rebooted(&mut obs, "cp-3", "1.13.0", true);
+    obs.etcd = EtcdObservation {
+        problem: None,
+        leader: Some("cp-1".into()),
+    };
+    let moving = decide(&run, &settings(), &obs, t0() + 11.minutes());
+    assert_eq!(
+        moving.actions,
+        vec![Action::ForfeitEtcdLeadership {
+            node: "cp-1".into()
+        }]
+    );
+    obs.etcd.leader = Some("cp-2".into());
+    let rebooting = decide(&run, &settings(), &obs, t0() + 11.minutes());
+    assert_eq!(
+        rebooting.actions,
+        vec![Action::Reboot {
+            node: "cp-1".into()
+        }]
+    );
+}
+
+#[test]
+fn a_node_not_started_that_leaves_the_node_list_is_dropped_from_the_run() {
+    // Explorer seed 147: the run waited for ever for a node that was gone.
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let mut gone = obs.clone();
+    gone.nodes.retain(|n| n.name != "worker-2");
+    let decision = decide(&run, &settings(), &gone, t0());
+    assert!(decision.run.node("worker-2").is_none());
+    assert_eq!(decision.report.total, 4);
+    assert_eq!(upgraded_nodes(&decision.actions), vec!["worker-1"]);
+    assert!(
+        decision.report.notes.iter().any(|n| n.reason == Reason::NodeLeft
+            && n.message
+                == "Node worker-2 is no longer in the cluster's node list; the run goes on without it"),
+        "{:?}",
+        decision.report.notes
+    );
+}
