@@ -913,7 +913,14 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             .record
             .as_ref()
             .is_some_and(|run| run.requested() == raw && run.failure().is_some());
-        if !already {
+        // A record that remembers what an earlier run left pending on the nodes is not replaced by a
+        // refusal (which would forget it); the refusal is told once by its message instead.
+        let remembers = self.inputs.record.as_ref().is_some_and(|run| {
+            run.requested() != raw && K::remember(run, self.inputs.now).is_some()
+        });
+        if remembers {
+            self.note_once(NoteType::Warning, Reason::InvalidTarget, message);
+        } else if !already {
             self.inputs.record = Some(K::Run::refused(raw, message, self.inputs.now));
             self.notes
                 .push(Note::warning(Reason::InvalidTarget, message.to_string()));

@@ -19,8 +19,8 @@ use crate::model::World;
 pub struct Watch {
     /// The Talos progress shown last, per run (requested, started).
     progress: BTreeMap<(String, String), usize>,
-    /// `talos-status` after the reconcile before.
-    talos_status: Option<String>,
+    /// The saved Talos run (requested, started) when it was under way after the reconcile before.
+    talos_running: Option<(String, String)>,
 }
 
 impl Watch {
@@ -85,12 +85,15 @@ impl Watch {
         }
 
         // A node the controller cordoned is uncordoned when the run ends, or the end names it.
-        let ended = self.talos_status.as_deref() == Some("in-progress")
-            && matches!(
-                get(keys::TALOS_STATUS),
-                Some("completed" | "failed" | "idle")
-            );
-        self.talos_status = get(keys::TALOS_STATUS).map(str::to_string);
+        // A run ends when the saved run under way is finished, dropped or replaced.
+        let running = w
+            .store
+            .talos
+            .as_ref()
+            .filter(|run| run.outcome.is_none())
+            .map(|run| (run.requested.clone(), run.started_at.to_string()));
+        let ended = self.talos_running.is_some() && running != self.talos_running;
+        self.talos_running = running;
         if ended {
             let message = get(keys::TALOS_MESSAGE).unwrap_or_default();
             for node in w.nodes.iter().filter(|n| n.present) {
