@@ -93,11 +93,11 @@ impl Watch {
             .filter(|run| run.outcome.is_none())
             .map(|run| (run.requested.clone(), run.started_at.to_string()));
         let ended = self.talos_running.is_some() && running != self.talos_running;
-        self.talos_running = running;
+        let ended_run = std::mem::replace(&mut self.talos_running, running);
         if ended {
             let message = get(keys::TALOS_MESSAGE).unwrap_or_default();
             for node in w.nodes.iter().filter(|n| n.present) {
-                if node.cordoned_by_controller && node.cordoned && !message.contains(&node.name) {
+                if node.cordoned_by == ended_run && node.cordoned && !message.contains(&node.name) {
                     broken.push(format!(
                         "left cordoned: the Talos run ended ({:?}: {message:?}) with {} cordoned by it, unnamed",
                         get(keys::TALOS_STATUS),

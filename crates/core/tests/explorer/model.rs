@@ -59,8 +59,8 @@ pub struct Node {
     pub back_at: Option<u64>,
     pub ready: bool,
     pub cordoned: bool,
-    /// The controller's drain cordoned it (it was schedulable before).
-    pub cordoned_by_controller: bool,
+    /// The run (requested, started) whose drain cordoned it (it was schedulable before).
+    pub cordoned_by: Option<(String, String)>,
     pub pods: usize,
     /// A new system installed and not booted yet.
     pub staged: Option<Version>,
@@ -89,7 +89,7 @@ impl Node {
             back_at: None,
             ready: true,
             cordoned: false,
-            cordoned_by_controller: false,
+            cordoned_by: None,
             pods: 2,
             staged: None,
             behaviour: Behaviour::default(),
@@ -374,6 +374,11 @@ impl World {
     /// The drain pass: cordon, evict, say what is left.
     pub fn drain(&mut self, names: &[String]) -> Vec<(String, Option<DrainStatus>)> {
         let mut drained = Vec::new();
+        let run = self
+            .store
+            .talos
+            .as_ref()
+            .map(|run| (run.requested.clone(), run.started_at.to_string()));
         for name in names {
             let Some(node) = self.node_mut(name).filter(|n| n.present) else {
                 drained.push((name.clone(), None));
@@ -381,7 +386,7 @@ impl World {
             };
             if !node.cordoned {
                 node.cordoned = true;
-                node.cordoned_by_controller = true;
+                node.cordoned_by = run.clone();
             }
             let status = if node.behaviour.drain_blocked && node.pods > 0 {
                 DrainStatus {
@@ -408,7 +413,7 @@ impl World {
         if let talos::Action::Uncordon { .. } = action {
             if let Some(node) = self.node_mut(&name) {
                 node.cordoned = false;
-                node.cordoned_by_controller = false;
+                node.cordoned_by = None;
                 node.pods = 2;
             }
             return Called::Done;
