@@ -493,21 +493,11 @@ pub fn advance(
                     // then; a drain that is done is not timed out.
                     Some(status)
                         if status.remaining == 0
-                            && progress.role == NodeRole::ControlPlane
-                            && (observation.etcd.problem.is_some()
-                                || observation.etcd.leader.as_deref() == Some(name.as_str())) =>
+                            && let Some((detail, action)) =
+                                reboot_held(progress.role, &name, observation) =>
                     {
-                        match &observation.etcd.problem {
-                            Some(problem) => details.push(format!(
-                                "{name} is drained; holding its reboot: etcd is not healthy ({problem})"
-                            )),
-                            None => {
-                                details.push(format!(
-                                    "{name} is drained; moving etcd leadership off it before its reboot"
-                                ));
-                                actions.push(Action::ForfeitEtcdLeadership { node: name });
-                            }
-                        }
+                        details.push(detail);
+                        actions.extend(action);
                     }
                     Some(status) if status.remaining == 0 => {
                         notes.push(Note::normal(
@@ -571,6 +561,12 @@ pub fn advance(
                     && now.duration_since(*at).unsigned_abs() > settings.unanswered_grace
                     && untouched_since(observed, boot_id)
                 {
+                    // The same gate as the first reboot: etcd may have changed since.
+                    if let Some((detail, action)) = reboot_held(progress.role, &name, observation) {
+                        details.push(detail);
+                        actions.extend(action);
+                        continue;
+                    }
                     notes.push(Note::normal(
                         Reason::NodeRebootResent,
                         format!(
@@ -803,6 +799,33 @@ pub fn advance(
         };
     }
     decision
+}
+
+/// Why a drained control plane's reboot waits, and the call that lets it go on: its reboot is what
+/// takes it down, so etcd must be healthy and its leadership off it at that moment, not only when its
+/// install began (another control plane may have gone down while it drained). `None` for workers.
+fn reboot_held(
+    role: NodeRole,
+    name: &str,
+    observation: &Observation,
+) -> Option<(String, Option<Action>)> {
+    if role != NodeRole::ControlPlane {
+        return None;
+    }
+    if let Some(problem) = &observation.etcd.problem {
+        return Some((
+            format!("{name} is drained; holding its reboot: etcd is not healthy ({problem})"),
+            None,
+        ));
+    }
+    (observation.etcd.leader.as_deref() == Some(name)).then(|| {
+        (
+            format!("{name} is drained; moving etcd leadership off it before its reboot"),
+            Some(Action::ForfeitEtcdLeadership {
+                node: name.to_string(),
+            }),
+        )
+    })
 }
 
 /// The node is up on the boot recorded before its call, running and ready: nothing the call would have
