@@ -662,7 +662,6 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             .inputs
             .record
             .as_ref()
-            .filter(|run| !run.is_finished())
             .map(K::left_behind)
             .unwrap_or_default();
         for sentence in left {

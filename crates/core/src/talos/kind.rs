@@ -473,10 +473,29 @@ impl Kind for Talos {
         run.nodes
             .iter()
             .filter_map(|node| {
-                let NodeStep::Issued { lifecycle, .. } = &node.step else {
-                    return None;
-                };
                 let name = &node.name;
+                let lifecycle = match &node.step {
+                    NodeStep::Issued { lifecycle, .. } => lifecycle,
+                    // Failed with its new system installed (a drain past its timeout, a refused
+                    // reboot): left cordoned by the run, with the install pending.
+                    NodeStep::Failed {
+                        installed: Some(pending),
+                        ..
+                    } => {
+                        let cordoned = if pending.uncordon {
+                            "is left cordoned, with"
+                        } else {
+                            "has"
+                        };
+                        return Some(format!(
+                            "Node {name} {cordoned} Talos {target} installed for its next reboot: \
+                             reboot it to finish its upgrade, or uncordon it"
+                        ));
+                    }
+                    NodeStep::Pending | NodeStep::Done { .. } | NodeStep::Failed { .. } => {
+                        return None;
+                    }
+                };
                 Some(match lifecycle {
                     None => format!(
                         "Node {name} had its upgrade call to Talos {target} and finishes it by itself"
