@@ -443,21 +443,21 @@ pub fn advance(
         let (since, uncordon) = match lifecycle {
             None => (*at, false),
             Some(LifecycleStage::Installing { .. }) => {
-                // An install that keeps failing on the way (pull or install unreachable) does not
-                // hold the run for ever: past the node deadline the node fails, untouched.
-                if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
-                    progress.step = NodeStep::Failed {
-                        at: now,
-                        reason: format!(
-                            "could not install Talos {target} within {}; it was not rebooted and \
-                             runs its old version",
-                            human_duration(settings.node_deadline)
-                        ),
-                        installed: None,
-                    };
-                    continue;
-                }
                 if matches!(lifecycle, Some(LifecycleStage::Installing { retry: true })) {
+                    // An install that keeps failing on the way (its pull unreachable) does not
+                    // hold the run for ever: past the node deadline the node fails, untouched.
+                    if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
+                        progress.step = NodeStep::Failed {
+                            at: now,
+                            reason: format!(
+                                "could not install Talos {target} within {}; it was not rebooted \
+                                 and runs its old version",
+                                human_duration(settings.node_deadline)
+                            ),
+                            installed: None,
+                        };
+                        continue;
+                    }
                     // The last attempt reached nothing (its pull did not get through): the node
                     // runs its old system untouched, so installing again is safe.
                     *lifecycle = Some(LifecycleStage::Installing { retry: false });

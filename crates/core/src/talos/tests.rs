@@ -749,6 +749,11 @@ fn an_install_whose_answer_was_lost_is_never_made_again_before_a_reboot() {
     // so the node is drained and rebooted instead of installed again over a pending install.
     let found = decide(&first.run, &settings(), &obs, t0() + 1.minutes());
     assert_eq!(found.actions, vec![]);
+    // Found only after the node deadline (the controller was away): still possibly installed, so
+    // never "runs its old version" (explorer seed 30063), and drained as well.
+    let found_late = decide(&first.run, &settings(), &obs, t0() + 20.minutes());
+    assert_eq!(found_late.report.state, RunState::InProgress);
+    assert_eq!(draining(&found_late.run), vec!["worker-1"]);
     assert!(
         found.report.message.contains("install got no answer"),
         "{}",
