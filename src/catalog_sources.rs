@@ -216,6 +216,23 @@ impl CatalogHandle {
     pub async fn changed(&mut self) -> bool {
         self.state.changed().await.is_ok()
     }
+
+    /// Yields each time the catalog's releases change (not on every refresh round): what makes the
+    /// controller look at every cluster again, so a newly published release is offered in
+    /// `*-available` without waiting for the idle refresh. Ends when the refresher stops.
+    pub fn release_changes(&self) -> impl futures::Stream<Item = ()> + Send + Sync + 'static {
+        let state = self.state.clone();
+        let last = self.snapshot();
+        futures::stream::unfold((state, last), |(mut state, last)| async move {
+            loop {
+                state.changed().await.ok()?;
+                let now = state.borrow_and_update().catalog.clone();
+                if now != last {
+                    return Some(((), (state, now)));
+                }
+            }
+        })
+    }
 }
 
 /// The validated source URLs and the client that fetches them.

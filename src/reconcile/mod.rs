@@ -747,7 +747,12 @@ pub async fn run(
         user_inputs,
         Default::default(),
     );
-    let controller = Controller::for_stream(stream, reader).reconcile_on(ctx.wakeups.triggers());
+    // A catalog with new releases (live sources) is shown on every cluster at once, not at each one's
+    // idle refresh.
+    let releases = ctx.settings.catalog.release_changes();
+    let controller = Controller::for_stream(stream, reader)
+        .reconcile_on(ctx.wakeups.triggers())
+        .reconcile_all_on(releases);
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

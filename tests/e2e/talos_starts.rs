@@ -428,8 +428,8 @@ async fn releases_published_by_live_sources_are_offered_and_newer_ones_picked_up
         "starts-live",
         WorldSpec {
             catalog: Some(catalog.clone()),
-            // The idle refresh is what brings a new catalog to an idle cluster.
-            idle_interval: Duration::from_secs(1),
+            // The controller's own idle refresh (10 minutes): a new catalog reaches the idle cluster
+            // because the catalog's change starts a reconcile of every cluster, not by a short poll.
             ..WorldSpec::default()
         },
     )
