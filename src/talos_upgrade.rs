@@ -364,21 +364,22 @@ async fn call(access: &Access, action: &Action) -> Called {
                 .map(|_| ()),
             "the upgrade",
         ),
+        Action::Pull {
+            installer_image, ..
+        } => match client.image_pull(installer_image).await {
+            Ok(_) => return Called::Done,
+            // A pull changes nothing the node boots: the next pass pulls again.
+            Err(error) if error.is_unreachable() => {
+                tracing::warn!(node = %node_name, %error, "pulling the installer");
+                return Called::NotReached(error.to_string());
+            }
+            Err(error) => return Called::Refused(format!("refused the installation: {error}")),
+        },
         Action::Upgrade {
             installer_image,
             api: UpgradeApi::Lifecycle,
             ..
         } => {
-            match client.image_pull(installer_image).await {
-                Ok(_) => {}
-                // The pull did not get through, so the install was never asked for: the node runs
-                // its old system untouched, and the next pass installs again.
-                Err(error) if error.is_unreachable() => {
-                    tracing::warn!(node = %node_name, %error, "pulling the installer");
-                    return Called::NotReached(error.to_string());
-                }
-                Err(error) => return Called::Refused(format!("refused the installation: {error}")),
-            }
             match client.lifecycle_upgrade(installer_image).await {
                 Ok(_) => return Called::Done,
                 // The install was asked for and its answer lost: it may have happened, so it is

@@ -140,8 +140,14 @@ impl UpgradeApi {
 pub enum Action {
     /// Move etcd leadership off a control plane before it is upgraded.
     ForfeitEtcdLeadership { node: String },
-    /// Upgrade a node; the run already records it as issued. With [`UpgradeApi::Lifecycle`] this pulls
-    /// and installs the new system only: draining and [`Action::Reboot`] follow.
+    /// Pull the installer image on a node (Talos ≥ 1.13), before its install.
+    Pull {
+        node: String,
+        installer_image: String,
+    },
+    /// Upgrade a node; the run already records it as issued. With [`UpgradeApi::Lifecycle`] this
+    /// installs the new system only (pulled first by [`Action::Pull`]): draining and
+    /// [`Action::Reboot`] follow.
     Upgrade {
         node: String,
         installer_image: String,
@@ -157,6 +163,7 @@ impl Action {
     pub fn node(&self) -> &str {
         match self {
             Action::ForfeitEtcdLeadership { node }
+            | Action::Pull { node, .. }
             | Action::Upgrade { node, .. }
             | Action::Reboot { node }
             | Action::Uncordon { node } => node,
@@ -283,7 +290,9 @@ fn pending_install(step: &NodeStep) -> Option<PendingInstall> {
         LifecycleStage::Draining { uncordon, .. } | LifecycleStage::Rebooting { uncordon, .. } => {
             *uncordon
         }
-        LifecycleStage::Installing { .. }
+        LifecycleStage::Pulling
+        | LifecycleStage::Pulled
+        | LifecycleStage::Installing { .. }
         | LifecycleStage::Uncordoning { .. }
         | LifecycleStage::Failing { .. } => return None,
     };
@@ -305,6 +314,19 @@ fn left_with_install(pending: &PendingInstall, target: &str) -> String {
          next reboot. It is left cordoned: set resume to drain and reboot it, or uncordon it to keep it \
          on {from} until it reboots"
     )
+}
+
+/// Records that the installer is pulled on `node` (Talos ≥ 1.13): the install is next.
+pub fn pulled(run: &mut Run, node: &str) {
+    for progress in run.nodes.iter_mut().filter(|n| n.name == node) {
+        if let NodeStep::Issued {
+            lifecycle: lifecycle @ Some(LifecycleStage::Pulling),
+            ..
+        } = &mut progress.step
+        {
+            *lifecycle = Some(LifecycleStage::Pulled);
+        }
+    }
 }
 
 /// Records that the new system is installed on `node` (Talos ≥ 1.13): draining starts now.
@@ -442,10 +464,40 @@ pub fn advance(
         // Where the deadline counts from, and whether the node must be uncordoned once back.
         let (since, uncordon) = match lifecycle {
             None => (*at, false),
+            // The pull changes nothing the node boots: made again (found in a later pass), or
+            // followed by the install (in the pass that pulled), each recorded before it is sent.
+            Some(LifecycleStage::Pulling | LifecycleStage::Pulled) => {
+                if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
+                    progress.step = NodeStep::Failed {
+                        at: now,
+                        reason: format!(
+                            "could not install Talos {target} within {}; it was not rebooted and \
+                             runs its old version",
+                            human_duration(settings.node_deadline)
+                        ),
+                        installed: None,
+                    };
+                    continue;
+                }
+                if matches!(lifecycle, Some(LifecycleStage::Pulled)) {
+                    *lifecycle = Some(LifecycleStage::Installing { retry: false });
+                    actions.push(Action::Upgrade {
+                        node: name,
+                        installer_image: installer_image.clone(),
+                        api: UpgradeApi::Lifecycle,
+                    });
+                } else {
+                    actions.push(Action::Pull {
+                        node: name,
+                        installer_image: installer_image.clone(),
+                    });
+                }
+                continue;
+            }
             Some(LifecycleStage::Installing { .. }) => {
                 if matches!(lifecycle, Some(LifecycleStage::Installing { retry: true })) {
-                    // An install that keeps failing on the way (its pull unreachable) does not
-                    // hold the run for ever: past the node deadline the node fails, untouched.
+                    // An install that keeps not getting through does not hold the run for ever:
+                    // past the node deadline the node fails, untouched.
                     if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
                         progress.step = NodeStep::Failed {
                             at: now,
@@ -458,8 +510,8 @@ pub fn advance(
                         };
                         continue;
                     }
-                    // The last attempt reached nothing (its pull did not get through): the node
-                    // runs its old system untouched, so installing again is safe.
+                    // The last attempt reached nothing: the node runs its old system untouched, so
+                    // installing again is safe.
                     *lifecycle = Some(LifecycleStage::Installing { retry: false });
                     actions.push(Action::Upgrade {
                         node: name,
@@ -1046,7 +1098,7 @@ impl Pass<'_> {
                 installer_image: image.clone(),
                 lifecycle: match api {
                     UpgradeApi::Legacy => None,
-                    UpgradeApi::Lifecycle => Some(LifecycleStage::Installing { retry: false }),
+                    UpgradeApi::Lifecycle => Some(LifecycleStage::Pulling),
                 },
                 // Until its answer is recorded (see [`answered`]).
                 unanswered: api == UpgradeApi::Legacy,
@@ -1056,10 +1108,16 @@ impl Pass<'_> {
                 Reason::NodeUpgradeStarted,
                 format!("Upgrading node {name} from Talos {version} to {target} with {image}"),
             ));
-            actions.push(Action::Upgrade {
-                node: name.clone(),
-                installer_image: image,
-                api,
+            actions.push(match api {
+                UpgradeApi::Legacy => Action::Upgrade {
+                    node: name.clone(),
+                    installer_image: image,
+                    api,
+                },
+                UpgradeApi::Lifecycle => Action::Pull {
+                    node: name.clone(),
+                    installer_image: image,
+                },
             });
             free -= 1;
         }

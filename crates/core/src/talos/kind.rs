@@ -497,6 +497,7 @@ impl Kind for Talos {
                     }
                 };
                 Some(match lifecycle {
+                    Some(LifecycleStage::Pulling | LifecycleStage::Pulled) => return None,
                     None => format!(
                         "Node {name} had its upgrade call to Talos {target} and finishes it by itself"
                     ),
@@ -667,6 +668,11 @@ impl Kind for Talos {
             // upgrade needs: Talos's legacy upgrade checks every etcd member when it gets the call,
             // and an election still in progress would fail it.)
             Action::ForfeitEtcdLeadership { .. } => Answered::LookFurther(Further::Etcd),
+            // Pulled: the install follows in the same pass, recorded (as sent) before it is made.
+            Action::Pull { node, .. } => {
+                super::pulled(run, node);
+                Answered::DecideAgain
+            }
             Action::Upgrade {
                 node,
                 api: UpgradeApi::Legacy,
@@ -715,6 +721,7 @@ impl Kind for Talos {
     }
 
     fn reports_before(actions: &[Action]) -> bool {
+        // (A pull, too, can take minutes.)
         // An install (Talos ≥ 1.13 pulls and writes the new image first) can take minutes; moving etcd
         // leadership changes no node and takes a moment.
         actions.iter().any(|action| !Talos::looks_further(action))

@@ -110,10 +110,15 @@ pub struct PendingInstall {
     tag = "stage"
 )]
 pub enum LifecycleStage {
-    /// Pull and install sent (or about to be). Found in a later pass, the install's answer was never
-    /// recorded: unless `retry` says the last attempt reached nothing (its pull did not get through),
-    /// it may have happened, and installing again before a reboot would flip the bootloader back
-    /// onto the running slot (talos-1.14.md §4.5).
+    /// `ImageService.Pull` of the installer sent (or about to be). Pulling changes nothing the node
+    /// boots, so found in a later pass it is simply made again.
+    Pulling,
+    /// The installer is pulled; the install is next (within the same pass).
+    Pulled,
+    /// `LifecycleService.Upgrade` sent (or about to be). Found in a later pass, the install's answer
+    /// was never recorded: unless `retry` says the call reached nothing, it may have happened (Talos
+    /// finishes an install whose client went away), and installing again before a reboot would flip
+    /// the bootloader back onto the running slot (talos-1.14.md §4.5).
     Installing {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         retry: bool,
@@ -144,7 +149,9 @@ impl LifecycleStage {
     /// Whether the controller cordoned the node and so must make it schedulable again.
     pub fn must_uncordon(&self) -> bool {
         match self {
-            LifecycleStage::Installing { .. } => false,
+            LifecycleStage::Pulling
+            | LifecycleStage::Pulled
+            | LifecycleStage::Installing { .. } => false,
             LifecycleStage::Draining { uncordon, .. }
             | LifecycleStage::Rebooting { uncordon, .. } => *uncordon,
             LifecycleStage::Uncordoning { .. } | LifecycleStage::Failing { .. } => true,

@@ -111,7 +111,9 @@ fn upgraded_nodes(actions: &[Action]) -> Vec<&str> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::Upgrade { node, .. } => Some(node.as_str()),
+            // A node's upgrade starts with its call: the legacy upgrade, or (Talos ≥ 1.13) the pull
+            // of its installer.
+            Action::Upgrade { node, .. } | Action::Pull { node, .. } => Some(node.as_str()),
             _ => None,
         })
         .collect()
@@ -491,11 +493,13 @@ fn the_api_generation_follows_the_running_version() {
         let obs = cluster(from);
         let run = start_run(to, &v(to), UpgradeOrder::WorkersFirst, &obs, t0());
         let decision = decide(&run, &settings(), &obs, t0());
-        assert!(
-            matches!(&decision.actions[0], Action::Upgrade { api: a, .. } if *a == api),
-            "{from} -> {to}: {:?}",
-            decision.actions
-        );
+        // Talos ≥ 1.13 starts with the pull of the installer, then installs.
+        let first = match &decision.actions[0] {
+            Action::Upgrade { api, .. } => Some(*api),
+            Action::Pull { .. } => Some(UpgradeApi::Lifecycle),
+            _ => None,
+        };
+        assert_eq!(first, Some(api), "{from} -> {to}: {:?}", decision.actions);
     }
 }
 
@@ -597,6 +601,7 @@ fn whole_run(from: &str, to: &str, order: UpgradeOrder, parallel: usize) {
                     // The next pass cordons and evicts; this cluster has nothing to evict.
                     drain(&mut obs, node, 0, None);
                 }
+                Action::Pull { node, .. } => pulled(&mut run, node),
                 Action::Reboot { node } => {
                     reboots.push(node.clone());
                     going_down.push(node.clone());
@@ -680,9 +685,16 @@ fn lifecycle_stage(run: &Run, name: &str) -> Option<LifecycleStage> {
 fn draining_run() -> (Run, Observation) {
     let obs = cluster("1.13.0");
     let run = workers_first("1.14.0", &obs);
-    let mut run = decide(&run, &settings(), &obs, t0()).run;
+    let mut run = installing(&run, "worker-1", &obs);
     installed(&mut run, "worker-1", false, t0());
     (run, obs)
+}
+
+/// `run` decided at t0, `node`'s installer pulled, and decided again: its install is sent.
+fn installing(run: &Run, node: &str, obs: &Observation) -> Run {
+    let mut run = decide(run, &settings(), obs, t0()).run;
+    pulled(&mut run, node);
+    decide(&run, &settings(), obs, t0()).run
 }
 
 fn drain(obs: &mut Observation, name: &str, remaining: usize, blocked: Option<&str>) {
@@ -699,7 +711,25 @@ fn drain(obs: &mut Observation, name: &str, remaining: usize, blocked: Option<&s
 fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
     let obs = cluster("1.13.0");
     let run = workers_first("1.14.0", &obs);
-    let first = decide(&run, &settings(), &obs, t0());
+    // The installer is pulled first, each step recorded before it is sent: a pull found unfinished
+    // is made again (it changes nothing the node boots), an install never is (see below).
+    let pull = decide(&run, &settings(), &obs, t0());
+    assert_eq!(
+        pull.actions,
+        vec![Action::Pull {
+            node: "worker-1".into(),
+            installer_image: "factory.talos.dev/installer/abc123:v1.14.0".into(),
+        }]
+    );
+    assert_eq!(
+        lifecycle_stage(&pull.run, "worker-1"),
+        Some(LifecycleStage::Pulling)
+    );
+    let again = decide(&pull.run, &settings(), &obs, t0() + 1.minutes());
+    assert_eq!(again.actions, pull.actions, "a pull found unfinished");
+    let mut pulled_run = pull.run.clone();
+    pulled(&mut pulled_run, "worker-1");
+    let first = decide(&pulled_run, &settings(), &obs, t0());
     assert_eq!(
         first.actions,
         vec![Action::Upgrade {
@@ -732,9 +762,11 @@ fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
 fn an_install_whose_answer_was_lost_is_never_made_again_before_a_reboot() {
     let obs = cluster("1.13.0");
     let run = workers_first("1.14.0", &obs);
+    let mut run = decide(&run, &settings(), &obs, t0()).run;
+    pulled(&mut run, "worker-1");
     let first = decide(&run, &settings(), &obs, t0());
 
-    // Its pull never got through: nothing was installed, so it is installed again.
+    // The install call never got to the node: nothing was installed, so it is installed again.
     let mut not_reached = first.run.clone();
     <Talos as crate::lifecycle::Kind>::not_reached(&mut not_reached, &first.actions[0]);
     let again = decide(&not_reached, &settings(), &obs, t0() + 1.minutes());
@@ -1386,8 +1418,8 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
 /// A 1.13 run with every worker done and cp-1 installed and draining.
 fn control_plane_draining() -> (Run, Observation) {
     let obs = cluster("1.13.0");
-    let mut run = workers_done("1.14.0", &obs);
-    run = decide(&run, &settings(), &obs, t0()).run;
+    let run = workers_done("1.14.0", &obs);
+    let mut run = installing(&run, "cp-1", &obs);
     installed(&mut run, "cp-1", false, t0());
     (run, obs)
 }

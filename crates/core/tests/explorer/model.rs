@@ -436,6 +436,7 @@ impl World {
             return Called::NotReached("connection refused".into());
         }
         let what = match action {
+            talos::Action::Pull { .. } => "the installation",
             talos::Action::Upgrade {
                 api: UpgradeApi::Legacy,
                 ..
@@ -450,6 +451,15 @@ impl World {
         let lost = node.behaviour.unavailable;
         if lost && !self.flip() {
             return Called::NotReached("rpc error: code = Unavailable".into());
+        }
+        if let talos::Action::Pull { .. } = action {
+            // A pull changes nothing the node boots; a lost answer is a pull not reached.
+            self.reach(action, &node);
+            return if lost {
+                Called::NotReached("rpc error: code = Unavailable".into())
+            } else {
+                Called::Done
+            };
         }
         if let talos::Action::Upgrade {
             api: UpgradeApi::Lifecycle,
@@ -557,7 +567,9 @@ impl World {
                 node.staged = target(installer_image);
             }
             talos::Action::Reboot { .. } => node.go_down(now),
-            talos::Action::ForfeitEtcdLeadership { .. } | talos::Action::Uncordon { .. } => {}
+            talos::Action::Pull { .. }
+            | talos::Action::ForfeitEtcdLeadership { .. }
+            | talos::Action::Uncordon { .. } => {}
         }
         self.move_leader_off_down_nodes();
     }
