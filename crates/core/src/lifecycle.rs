@@ -109,6 +109,9 @@ pub trait Kind {
     fn behind(run: &Self::Run, versions: &Self::Versions) -> bool;
     /// What the user can do about a node [`Kind::behind`] a completed run.
     fn behind_hint() -> &'static str;
+    /// Whether a completed run takes in nodes that joined since ([`Kind::join`]); only then is a
+    /// completed run with a node behind looked at in full.
+    const JOINS: bool;
     /// Takes the nodes that joined the cluster since `run` completed, and are not on its target, into
     /// the run (pending: the run goes on), with an Event for each. Nodes of the run itself below the
     /// target are taken again only when the user asks (`again`: `resume`).
@@ -478,7 +481,8 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 run,
                 settings,
             } => {
-                if matches!(run.outcome(), Some(Outcome::Completed { .. }))
+                if K::JOINS
+                    && matches!(run.outcome(), Some(Outcome::Completed { .. }))
                     && versions.as_ref().is_some_and(|v| K::behind(&run, v))
                 {
                     // Nodes below the target of a completed run: which, and whether they joined

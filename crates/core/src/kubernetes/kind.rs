@@ -252,8 +252,11 @@ impl Kind for Kubernetes {
         "remove kubernetes-target and set it again to upgrade it"
     }
 
+    // A run's steps are fixed at its start: a node behind is told by the completed run's message
+    // (see `behind_hint`), not taken in.
+    const JOINS: bool = false;
+
     fn join(_: &mut KubeRun, _: &Observation, _: bool, _: Timestamp) -> Vec<Note> {
-        // Told by the completed run's message instead (see `behind_hint`).
         Vec::new()
     }
 

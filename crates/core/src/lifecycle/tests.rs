@@ -793,12 +793,7 @@ fn a_refused_reboot_leaves_the_installed_node_cordoned_and_says_so() {
 #[test]
 fn a_removed_target_finishes_the_nodes_in_flight_then_forgets_the_run() {
     // Still rebooting: the run is kept and shown as stopping.
-    let mut rebooting = talos_cluster("1.11.6");
-    rebooting.nodes[1].talos = TalosState::Unreachable {
-        reason: "connection refused".into(),
-    };
-    let mut answers = talos_answers("1.11.6");
-    answers.cluster = Ok(rebooting);
+    let answers = worker_1_rebooting();
     let (asked, conclusion) = drive::<Talos>(
         &annotations(&[]),
         Some(talos_run_in_flight()),
@@ -1373,12 +1368,7 @@ fn a_completed_run_stands_shows_what_changed_since_and_takes_in_nodes_that_joine
 fn an_option_made_invalid_mid_run_holds_it_and_follows_the_nodes_in_flight() {
     let pairs = [("talos-target", "1.12.0"), ("upgrade-order", "sideways")];
     // worker-1 rebooting: followed, nothing new starts.
-    let mut rebooting = talos_cluster("1.11.6");
-    rebooting.nodes[1].talos = TalosState::Unreachable {
-        reason: "connection refused".into(),
-    };
-    let mut answers = talos_answers("1.11.6");
-    answers.cluster = Ok(rebooting);
+    let answers = worker_1_rebooting();
     let (asked, conclusion) = drive::<Talos>(
         &annotations(&pairs),
         Some(talos_run_in_flight()),
@@ -1522,12 +1512,7 @@ fn told<K: Kind>(conclusion: &Conclusion<K>) -> Vec<Reason> {
 #[test]
 fn a_target_changed_mid_run_finishes_the_nodes_in_flight_before_deciding_the_new_one() {
     // Explorer seed 13: the old run's node in flight was dropped (left cordoned, installed over).
-    let mut rebooting = talos_cluster("1.11.6");
-    rebooting.nodes[1].talos = TalosState::Unreachable {
-        reason: "connection refused".into(),
-    };
-    let mut answers = talos_answers("1.11.6");
-    answers.cluster = Ok(rebooting);
+    let answers = worker_1_rebooting();
     let (asked, conclusion) = drive::<Talos>(
         &annotations(&[("talos-target", "1.12.1")]),
         Some(talos_run_in_flight()),
@@ -1564,12 +1549,7 @@ fn a_target_changed_mid_run_finishes_the_nodes_in_flight_before_deciding_the_new
 #[test]
 fn a_resume_set_while_nothing_failed_is_consumed() {
     // Explorer seed 797: left in place, it resumed a later failure the user never saw.
-    let mut rebooting = talos_cluster("1.11.6");
-    rebooting.nodes[1].talos = TalosState::Unreachable {
-        reason: "connection refused".into(),
-    };
-    let mut answers = talos_answers("1.11.6");
-    answers.cluster = Ok(rebooting);
+    let answers = worker_1_rebooting();
     let (_, conclusion) = drive::<Talos>(
         &annotations(&[("talos-target", "1.12.0"), ("resume", "true")]),
         Some(talos_run_in_flight()),
@@ -1582,4 +1562,15 @@ fn a_resume_set_while_nothing_failed_is_consumed() {
         "{:?}",
         conclusion.report.consumed
     );
+}
+
+/// [`talos_answers`] on 1.11.6 with worker-1 down (rebooting).
+fn worker_1_rebooting() -> Answers<Talos> {
+    let mut rebooting = talos_cluster("1.11.6");
+    rebooting.nodes[1].talos = TalosState::Unreachable {
+        reason: "connection refused".into(),
+    };
+    let mut answers = talos_answers("1.11.6");
+    answers.cluster = Ok(rebooting);
+    answers
 }

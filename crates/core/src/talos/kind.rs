@@ -548,6 +548,8 @@ impl Kind for Talos {
         "set resume to upgrade it again"
     }
 
+    const JOINS: bool = true;
+
     fn join(run: &mut Run, observation: &Observation, again: bool, _: Timestamp) -> Vec<Note> {
         let Ok(target) = Version::parse(&run.target) else {
             return Vec::new();
