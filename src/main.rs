@@ -43,6 +43,11 @@ struct RunArgs {
     /// catalog behind talos-available and kubernetes-available. See docs/releases.md.
     #[arg(long, env = "TUC_RELEASE_CATALOG")]
     release_catalog: Option<std::path::PathBuf>,
+    /// Accept targets newer than every release the catalog knows (built in, --release-catalog, live
+    /// sources). Their rules are then the pattern of the known lines, not facts; off by default, so an
+    /// unknown release is refused ("unknown release; the newest known is X").
+    #[arg(long, env = "TUC_ALLOW_UNKNOWN_RELEASES", default_value_t = false)]
+    allow_unknown_releases: bool,
     /// Also learn releases from the Talos Image Factory and the Kubernetes image registry (off by
     /// default: the controller needs no outbound access).
     #[arg(long, env = "TUC_LIVE_RELEASES", default_value_t = false)]
@@ -142,7 +147,8 @@ fn release_catalog(
 ) -> anyhow::Result<talos_upgrade_controller::catalog_sources::CatalogHandle> {
     use talos_upgrade_controller::catalog_sources::{self, CatalogHandle, LiveConfig};
     let base = catalog_sources::builtin_with_file(args.release_catalog.as_deref())
-        .context("reading the release catalog")?;
+        .context("reading the release catalog")?
+        .allowing_unknown(args.allow_unknown_releases);
     let live = LiveConfig {
         enabled: args.live_releases,
         talos_factory_url: Some(args.talos_factory_url.clone()),

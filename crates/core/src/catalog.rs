@@ -27,9 +27,10 @@ use crate::versions::{self, KubernetesStep, KubernetesVersion, TalosStep, TalosV
 pub use file::{CatalogFileError, CatalogOverride};
 
 /// Known Talos releases: for each release line of the reference tables (talos-api.md header and §5)
-/// its `.0` and the newest patch the reference names. Intermediate patches are left out rather than
-/// guessed; the newest patch of a line is the one worth advertising anyway.
-const BUILTIN_TALOS: [(u64, u64, u64); 14] = [
+/// its `.0` and the newest patch the reference names; for 1.13 and 1.14 every patch the Go module
+/// proxy serves of `github.com/siderolabs/talos/pkg/machinery` (1.13.0–1.13.9, 1.14.1; its 1.14.0 is
+/// the GA of the line that 1.14.1 patches). Nothing is guessed.
+const BUILTIN_TALOS: [(u64, u64, u64); 24] = [
     (1, 7, 0),
     (1, 7, 7),
     (1, 8, 0),
@@ -43,13 +44,23 @@ const BUILTIN_TALOS: [(u64, u64, u64); 14] = [
     (1, 12, 0),
     (1, 12, 11),
     (1, 13, 0),
+    (1, 13, 1),
+    (1, 13, 2),
+    (1, 13, 3),
+    (1, 13, 4),
+    (1, 13, 5),
+    (1, 13, 6),
+    (1, 13, 7),
+    (1, 13, 8),
     (1, 13, 9),
+    (1, 14, 0),
+    (1, 14, 1),
 ];
 
-/// Known Kubernetes releases: the `.0` of every minor in the §5 support matrix (1.25 to 1.36) and the
-/// patches §5 names as Talos defaults (the newest known per minor). 1.37 is only known as a release
-/// candidate, so it is not listed.
-const BUILTIN_KUBERNETES: [(u64, u64, u64); 20] = [
+/// Known Kubernetes releases: the `.0` of every minor in the §5 support matrix (1.25 to 1.37) and the
+/// patches Talos names as its defaults (`constants.DefaultKubernetesVersion` of machinery 1.13.0,
+/// 1.13.5, 1.13.9 and 1.14.1: 1.36.0, 1.36.2, 1.36.3 and 1.37.0).
+const BUILTIN_KUBERNETES: [(u64, u64, u64); 22] = [
     (1, 25, 0),
     (1, 26, 0),
     (1, 27, 0),
@@ -69,7 +80,9 @@ const BUILTIN_KUBERNETES: [(u64, u64, u64); 20] = [
     (1, 35, 0),
     (1, 35, 4),
     (1, 36, 0),
+    (1, 36, 2),
     (1, 36, 3),
+    (1, 37, 0),
 ];
 
 /// A set of known releases. Holds releases only: pre-releases are never advertised, so they are
@@ -78,6 +91,9 @@ const BUILTIN_KUBERNETES: [(u64, u64, u64); 20] = [
 pub struct Catalog {
     talos: BTreeSet<TalosVersion>,
     kubernetes: BTreeSet<KubernetesVersion>,
+    /// The operator allows targets newer than every release known (`--allow-unknown-releases`):
+    /// their rules are then the pattern of the known lines, not facts.
+    allow_unknown: bool,
 }
 
 impl Catalog {
@@ -131,6 +147,34 @@ impl Catalog {
         true
     }
 
+    /// The same releases, with targets newer than all of them allowed (see [`Catalog::unknown`]).
+    pub fn allowing_unknown(mut self, allow: bool) -> Catalog {
+        self.allow_unknown = allow;
+        self
+    }
+
+    /// Why `target` cannot be a target: newer than every release of its kind this catalog knows
+    /// (built in, from the operator's file or from live sources), unless the operator allows that.
+    /// `kind` names the kind in the sentence ("Talos", "Kubernetes").
+    pub fn unknown<V: Ord + std::fmt::Display>(
+        &self,
+        kind: &str,
+        target: &V,
+        known: impl DoubleEndedIterator<Item = V>,
+    ) -> Option<String> {
+        if self.allow_unknown {
+            return None;
+        }
+        let newest = known.max()?;
+        (*target > newest).then(|| {
+            format!(
+                "{kind} {target} is an unknown release; the newest known is {newest}. Set a known \
+                 release, add it to the release catalog (--release-catalog, or live sources), or \
+                 start the controller with --allow-unknown-releases"
+            )
+        })
+    }
+
     /// Known Talos releases, oldest first.
     pub fn talos(&self) -> impl DoubleEndedIterator<Item = &TalosVersion> {
         self.talos.iter()
@@ -145,6 +189,7 @@ impl Catalog {
     pub fn merge(&mut self, other: &Catalog) {
         self.talos.extend(other.talos.iter().cloned());
         self.kubernetes.extend(other.kubernetes.iter().cloned());
+        self.allow_unknown |= other.allow_unknown;
     }
 
     /// Apply an operator's file: each list the file gives is merged into this catalog, or replaces

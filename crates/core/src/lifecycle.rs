@@ -75,6 +75,8 @@ pub trait Kind {
 
     /// The version rules of a new run.
     fn check_start(versions: &Self::Versions, target: &Self::Version) -> StartCheck;
+    /// Why `target` is not a release the catalog knows ([`Catalog::unknown`]).
+    fn unknown(catalog: &Catalog, target: &Self::Version) -> Option<String>;
     /// Why a valid target cannot start yet: the other kind's run, or (Kubernetes) a node's Talos.
     fn hold_start(
         observation: &Self::Observation,
@@ -568,6 +570,15 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             }
             None => {
                 self.consume_resume();
+                // A release newer than any the controller knows has no known rules: refused unless
+                // the operator allows unknown releases.
+                if let Some(why) = K::unknown(self.inputs.catalog, &target) {
+                    let message = format!(
+                        "{} upgrade refused: {why}. No node was touched.",
+                        K::KIND.name()
+                    );
+                    return self.refuse(&raw, &message, Some(&versions));
+                }
                 match K::check_start(&versions, &target) {
                     StartCheck::Go => {}
                     StartCheck::NoVersions => {

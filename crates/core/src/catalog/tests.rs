@@ -144,26 +144,34 @@ fn talos_available_table() {
             kubernetes_list(&["1.31.4"]),
             Some("1.10.9"),
         ),
-        // Only a newer patch is left.
+        // The next line's newest patch (Talos 1.14 accepts hosts from 1.12.0).
         (
             &builtin,
             "1.13.2",
             "1.13.2",
             kubernetes_list(&["1.36.0"]),
-            Some("1.13.9"),
+            Some("1.14.1"),
+        ),
+        // Only a newer patch is left.
+        (
+            &builtin,
+            "1.14.0",
+            "1.14.0",
+            kubernetes_list(&["1.37.0"]),
+            Some("1.14.1"),
         ),
         (
             &builtin,
-            "1.13.9",
-            "1.13.9",
-            kubernetes_list(&["1.36.3"]),
+            "1.14.1",
+            "1.14.1",
+            kubernetes_list(&["1.37.0"]),
             None,
         ),
         // A node beyond every catalog entry: nothing (anything would downgrade it).
         (
             &builtin,
             "1.13.0",
-            "1.14.0",
+            "1.14.9",
             kubernetes_list(&["1.36.3"]),
             None,
         ),
@@ -173,7 +181,7 @@ fn talos_available_table() {
             "1.12.0-beta.1",
             "1.12.0-beta.1",
             kubernetes_list(&["1.34.1"]),
-            Some("1.13.9"),
+            Some("1.14.1"),
         ),
         // A host older than the tables still reaches the lines whose installers accept it
         // (1.7 and 1.8 accept hosts from 1.4.0 and 1.5.0).
@@ -429,4 +437,34 @@ fn override_merges_or_replaces_each_given_list() {
     )
     .expect("valid");
     assert_eq!(Catalog::builtin().with_override(&seed), seed_catalog());
+}
+
+#[test]
+fn a_target_newer_than_every_known_release_is_unknown_unless_allowed() {
+    let builtin = Catalog::builtin();
+    let talos = |v: &str| TalosVersion::parse(v).expect("version");
+    let known = || builtin.talos().cloned();
+    assert_eq!(builtin.unknown("Talos", &talos("1.14.1"), known()), None);
+    // Below the newest but not listed (an intermediate patch): not "newer than every release".
+    assert_eq!(builtin.unknown("Talos", &talos("1.12.5"), known()), None);
+    assert_eq!(
+        builtin
+            .unknown("Talos", &talos("1.15.0"), known())
+            .as_deref(),
+        Some(
+            "Talos 1.15.0 is an unknown release; the newest known is 1.14.1. Set a known release, \
+             add it to the release catalog (--release-catalog, or live sources), or start the \
+             controller with --allow-unknown-releases"
+        )
+    );
+    let allowed = Catalog::builtin().allowing_unknown(true);
+    assert_eq!(
+        allowed.unknown("Talos", &talos("1.15.0"), allowed.talos().cloned()),
+        None
+    );
+    // An empty list knows nothing to compare with: nothing is called unknown.
+    assert_eq!(
+        Catalog::empty().unknown("Talos", &talos("1.15.0"), std::iter::empty()),
+        None
+    );
 }

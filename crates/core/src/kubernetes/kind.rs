@@ -165,6 +165,10 @@ impl Kind for Kubernetes {
         Some(catalog::kubernetes_available(catalog, current, talos))
     }
 
+    fn unknown(catalog: &Catalog, target: &KubernetesVersion) -> Option<String> {
+        catalog.unknown("Kubernetes", target, catalog.kubernetes().cloned())
+    }
+
     fn check_start(versions: &KubernetesVersions, target: &KubernetesVersion) -> StartCheck {
         let Some((lowest, highest)) = &versions.range else {
             return StartCheck::NoVersions;

@@ -272,10 +272,20 @@ fn drive<K: Kind>(
     annotations: &BTreeMap<String, String>,
     record: Option<K::Run>,
     gates: Gates,
+    answers: Answers<K>,
+) -> (Vec<Asked>, Conclusion<K>) {
+    drive_with(guide_catalog(), annotations, record, gates, answers)
+}
+
+/// [`drive`] with the release catalog `catalog`.
+fn drive_with<K: Kind>(
+    catalog: Catalog,
+    annotations: &BTreeMap<String, String>,
+    record: Option<K::Run>,
+    gates: Gates,
     mut answers: Answers<K>,
 ) -> (Vec<Asked>, Conclusion<K>) {
     let intent = UpgradeIntent::from_annotations(annotations);
-    let catalog = guide_catalog();
     let mut lifecycle = Lifecycle::new(inputs::<K>(&intent, annotations, record, gates, &catalog));
     let mut asked = Vec::new();
     let mut step = lifecycle.start();
@@ -309,8 +319,14 @@ fn drive<K: Kind>(
     }
 }
 
-/// The user guide's releases: Talos 1.11.6 → 1.12.0, Kubernetes 1.34.1 → 1.35.0.
+/// The user guide's releases: Talos 1.11.6 → 1.12.0, Kubernetes 1.34.1 → 1.35.0. Targets beyond
+/// them are allowed here: the tables use 1.13 targets to reach the lifecycle API's stages.
 fn guide_catalog() -> Catalog {
+    strict_guide_catalog().allowing_unknown(true)
+}
+
+/// The guide's releases, and nothing newer allowed (the controller's default).
+fn strict_guide_catalog() -> Catalog {
     Catalog::new(
         [TalosVersion::new(1, 11, 6), TalosVersion::new(1, 12, 0)],
         [
@@ -1573,4 +1589,53 @@ fn worker_1_rebooting() -> Answers<Talos> {
     let mut answers = talos_answers("1.11.6");
     answers.cluster = Ok(rebooting);
     answers
+}
+
+#[test]
+fn a_release_newer_than_every_known_one_is_refused_unless_allowed() {
+    // Talos 1.13.0 is newer than the guide's releases (1.11.6, 1.12.0).
+    let pairs = [("talos-target", "1.13.0")];
+    let (asked, refused) = drive_with::<Talos>(
+        strict_guide_catalog(),
+        &annotations(&pairs),
+        None,
+        Gates::default(),
+        talos_answers("1.12.0"),
+    );
+    assert_eq!(asked, [Asked::Cluster], "no call");
+    assert_eq!(refused.report.status, UpgradeStatus::Failed);
+    assert_eq!(
+        refused.report.message,
+        "Talos upgrade refused: Talos 1.13.0 is an unknown release; the newest known is 1.12.0. Set \
+         a known release, add it to the release catalog (--release-catalog, or live sources), or \
+         start the controller with --allow-unknown-releases. No node was touched."
+    );
+    assert_eq!(reasons(&refused.notes), [Reason::InvalidTarget]);
+    let (_, started) = drive_with::<Talos>(
+        strict_guide_catalog().allowing_unknown(true),
+        &annotations(&pairs),
+        None,
+        Gates::default(),
+        talos_answers("1.12.0"),
+    );
+    assert!(
+        told(&started).contains(&Reason::UpgradeStarted),
+        "{started:?}"
+    );
+    // The same for Kubernetes: 1.36.0 is newer than the guide's 1.35.0.
+    let (_, refused) = drive_with::<Kubernetes>(
+        strict_guide_catalog(),
+        &annotations(&[("kubernetes-target", "1.36.0")]),
+        None,
+        Gates::default(),
+        kube_answers("1.13.0", "1.35.0"),
+    );
+    assert!(
+        refused
+            .report
+            .message
+            .contains("Kubernetes 1.36.0 is an unknown release; the newest known is 1.35.0"),
+        "{}",
+        refused.report.message
+    );
 }

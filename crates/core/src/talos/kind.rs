@@ -290,6 +290,10 @@ impl Kind for Talos {
         Some(catalog::talos_available(catalog, lowest, highest, &running))
     }
 
+    fn unknown(catalog: &Catalog, target: &TalosVersion) -> Option<String> {
+        catalog.unknown("Talos", target, catalog.talos().cloned())
+    }
+
     fn check_start(versions: &TalosVersions, target: &TalosVersion) -> StartCheck {
         match check_new_run(versions, target) {
             None => StartCheck::NoVersions,
