@@ -34,6 +34,11 @@ pub const UPGRADE_ORDER: &str = "upgrade.vitistack.io/upgrade-order";
 pub const MAX_PARALLEL_WORKERS: &str = "upgrade.vitistack.io/max-parallel-workers";
 /// Name of the credentials Secret, overriding the configured name template.
 pub const CREDENTIALS_SECRET: &str = "upgrade.vitistack.io/credentials-secret";
+/// Any non-empty value: the controller touches nothing on this cluster (no look at its nodes, no
+/// call, no progress record written, no run advanced) and only says once that it is excluded.
+/// vitistack's talos-operator reads the same key the same way (it skips the whole reconcile), so one
+/// annotation excludes a cluster from both (see [`crate::coexistence`]).
+pub const DO_NOT_RECONCILE: &str = "upgrade.vitistack.io/do-not-reconcile";
 
 // ----- written by the controller -----
 
@@ -61,7 +66,7 @@ pub const KUBERNETES_PROGRESS: &str = "upgrade.vitistack.io/kubernetes-progress"
 pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 9] = [
+pub const USER_KEYS: [&str; 10] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -71,6 +76,7 @@ pub const USER_KEYS: [&str; 9] = [
     UPGRADE_ORDER,
     MAX_PARALLEL_WORKERS,
     CREDENTIALS_SECRET,
+    DO_NOT_RECONCILE,
 ];
 
 /// Every key the controller writes. The controller must never rewrite a key outside this list
@@ -340,7 +346,7 @@ mod tests {
             assert!(!name.is_empty() && !name.contains('/'), "{key}");
             assert!(seen.insert(*key), "duplicate key {key}");
         }
-        assert_eq!(seen.len(), 20);
+        assert_eq!(seen.len(), 21);
     }
 
     #[test]
@@ -358,6 +364,7 @@ mod tests {
             (UPGRADE_ORDER, "upgrade-order"),
             (MAX_PARALLEL_WORKERS, "max-parallel-workers"),
             (CREDENTIALS_SECRET, "credentials-secret"),
+            (DO_NOT_RECONCILE, "do-not-reconcile"),
             (TALOS_CURRENT, "talos-current"),
             (KUBERNETES_CURRENT, "kubernetes-current"),
             (TALOS_AVAILABLE, "talos-available"),

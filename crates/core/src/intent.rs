@@ -93,6 +93,9 @@ pub struct UpgradeIntent {
     pub max_parallel_workers: Result<NonZeroU32, InvalidOption>,
     /// `credentials-secret`: `Ok(None)` means "use the configured name template".
     pub credentials_secret: Result<Option<String>, InvalidOption>,
+    /// `do-not-reconcile` holds a non-empty value (any value, even `"false"`, as vitistack's
+    /// talos-operator reads it): the controller touches nothing on the cluster.
+    pub do_not_reconcile: bool,
     /// Unrecognised values of the flag annotations (`resume`, the resets, `paused`), whose fields above
     /// hold the safe reading.
     pub invalid_flags: Vec<InvalidOption>,
@@ -127,6 +130,9 @@ impl UpgradeIntent {
             order: read_order(annotations),
             max_parallel_workers: read_max_parallel_workers(annotations),
             credentials_secret: read_credentials_secret(annotations),
+            do_not_reconcile: annotations
+                .get(annotations::DO_NOT_RECONCILE)
+                .is_some_and(|value| !value.is_empty()),
             invalid_flags,
         }
     }
@@ -612,5 +618,32 @@ mod tests {
             intent.talos_target.version(),
             Some(&TalosVersion::new(1, 12, 0))
         );
+    }
+
+    /// `do-not-reconcile` is read as vitistack's talos-operator reads it: any non-empty value excludes
+    /// the cluster (even "false": both controllers must agree on which clusters they leave alone);
+    /// missing or empty does not. It leaves every other reading as it is.
+    #[test]
+    fn do_not_reconcile_is_any_non_empty_value() {
+        let cases: [(Option<&str>, bool); 7] = [
+            (None, false),
+            (Some(""), false),
+            (Some("true"), true),
+            (Some("yes"), true),
+            (Some("false"), true),
+            (Some(" "), true),
+            (Some("maintenance by team-a until Friday"), true),
+        ];
+        for (raw, excluded) in cases {
+            let mut pairs = vec![(TALOS_TARGET, "1.12.0")];
+            pairs.extend(raw.map(|raw| (DO_NOT_RECONCILE, raw)));
+            let intent = intent(&pairs);
+            assert_eq!(intent.do_not_reconcile, excluded, "{raw:?}");
+            assert_eq!(
+                intent.talos_target.version(),
+                Some(&TalosVersion::new(1, 12, 0))
+            );
+            assert!(intent.invalid_options().is_empty(), "{raw:?}");
+        }
     }
 }

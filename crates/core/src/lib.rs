@@ -17,6 +17,7 @@
 pub mod acknowledgement;
 pub mod annotations;
 pub mod catalog;
+pub mod coexistence;
 pub mod crd;
 pub mod gates;
 pub mod intent;
