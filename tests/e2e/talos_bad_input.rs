@@ -262,6 +262,45 @@ async fn a_downgrade_and_a_path_talos_cannot_take_in_one_step_are_refused() {
 }
 
 #[tokio::test]
+async fn a_release_newer_than_every_known_one_is_refused() {
+    // The built-in catalog, as the controller runs by default, knows Talos up to 1.14.1: 1.15.0 has
+    // no known rules, so it is refused before any node is touched (issue 22, item 5).
+    let world = World::start(
+        "tb-unknown",
+        WorldSpec {
+            talos: "1.13.0",
+            catalog: Some(
+                talos_upgrade_controller::catalog_sources::CatalogHandle::fixed(
+                    talos_upgrade_core::catalog::Catalog::builtin(),
+                ),
+            ),
+            ..Default::default()
+        },
+    )
+    .await;
+    world
+        .wait_for_annotation("talos-current", "1.13.0", "60s")
+        .await;
+    world
+        .annotate_raw("upgrade.vitistack.io/talos-target=1.15.0")
+        .await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    assert_refused(
+        &world,
+        "Talos upgrade refused: Talos 1.15.0 is an unknown release; the newest known is 1.14.1. Set \
+         a known release, add it to the release catalog (--release-catalog, or live sources), or \
+         start the controller with --allow-unknown-releases. No node was touched.",
+        "InvalidTarget",
+    )
+    .await;
+    world.poke_and_wait(1).await;
+    assert_eq!(world.event_count("InvalidTarget").await, 1);
+    assert!(world.sim.record().is_empty());
+}
+
+#[tokio::test]
 async fn a_target_that_does_not_support_the_running_kubernetes_is_refused() {
     // Talos 1.11 runs Kubernetes 1.29 to 1.34; Talos 1.12 needs 1.30 or newer.
     let world = World::start(

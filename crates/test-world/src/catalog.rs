@@ -20,6 +20,13 @@ pub fn guide_catalog() -> CatalogHandle {
     CatalogHandle::fixed(guide_releases())
 }
 
+/// [`guide_catalog`] with targets newer than its releases allowed (`--allow-unknown-releases`): the
+/// end-to-end suites keep the guide's `*-available` while they upgrade to releases beyond it (Talos
+/// 1.13, 1.14) to reach the lifecycle API.
+pub fn guide_catalog_allowing_unknown() -> CatalogHandle {
+    CatalogHandle::fixed(guide_releases().allowing_unknown(true))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

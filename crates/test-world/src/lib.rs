@@ -32,7 +32,7 @@ mod cluster;
 pub mod crds;
 mod workload;
 
-pub use catalog::{guide_catalog, guide_releases};
+pub use catalog::{guide_catalog, guide_catalog_allowing_unknown, guide_releases};
 pub use cluster::{
     ClusterShape, Registration, SpecData, create_credentials_secret, create_kubernetes_cluster,
     register_cluster, register_machines,
