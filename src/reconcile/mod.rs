@@ -15,6 +15,7 @@
 //! nodes in flight followed by [`crate::followers`].
 
 mod acknowledge;
+mod coexist;
 mod flow;
 mod forget;
 pub mod report;
@@ -43,6 +44,7 @@ use talos_api::ConnectOptions;
 use talos_upgrade_core::acknowledgement;
 use talos_upgrade_core::annotations::UpgradeKind;
 use talos_upgrade_core::catalog::Catalog;
+use talos_upgrade_core::coexistence::{self, Standing};
 use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::gates::Gates;
 use talos_upgrade_core::intent::UpgradeIntent;
@@ -143,6 +145,8 @@ pub struct Context {
     clusters: Store<KubernetesCluster>,
     /// Which object each cluster's memory above belongs to, to forget it once deleted (see [`forget`]).
     known: forget::Known,
+    /// What was last said of each cluster the controller stands aside from (see [`coexist`]).
+    said: coexist::Said,
 }
 
 /// A cluster's key in the controller's own per-cluster memory: (namespace, name).
@@ -193,6 +197,7 @@ impl Context {
             last_looks: Default::default(),
             clusters,
             known: forget::Known::default(),
+            said: coexist::Said::default(),
         }
     }
 
@@ -212,6 +217,7 @@ impl Context {
         self.connections
             .forget(name, remembered.map(|r| r.cluster_id.as_str()));
         self.last_looks.forget(name);
+        self.said.forget(name);
         self.wakeups
             .follow(&ObjectRef::new(cluster).within(namespace), Vec::new());
         self.progress_reads.forget(&(
@@ -377,13 +383,19 @@ async fn reconcile_cluster(
     let _timer = ctx.metrics.reconcile_timer();
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
+    let key = cluster_key(&cluster);
+    // First of all, before any progress read or node access: may the controller act on it at all?
+    let standing = coexistence::standing(cluster.annotations(), &coexist::writers(&cluster));
+    if standing != Standing::Act {
+        return stand_aside(&cluster, &ctx, &standing).await;
+    }
+    ctx.said.forget(&key);
     let intent = UpgradeIntent::from_annotations(cluster.annotations());
     let store =
         ProgressStore::new(ctx.client.clone(), &namespace).with_cache(ctx.progress_reads.clone());
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let intake: Api<KubernetesCluster> = Api::namespaced(ctx.intake.clone(), &namespace);
     let now = jiff::Timestamp::now();
-    let key = cluster_key(&cluster);
     // A record left by an earlier cluster of this name is not this one's.
     let uid = cluster.metadata.uid.as_deref();
     let reporter = report::Reporter {
@@ -552,6 +564,34 @@ async fn reconcile_cluster(
     .min()
     .unwrap_or(ctx.settings.idle_interval);
     Ok(Action::requeue(requeue))
+}
+
+/// How often a cluster whose upgrade fields another controller writes is looked at again: reading its
+/// managedFields costs nothing (the watch holds the object), and the other controller's writes, which
+/// are of controller keys, do not wake a reconcile (see [`user_inputs`]), nor does a user removing
+/// them to hand the cluster over.
+const CONTESTED_POLL_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The reconcile of a cluster the controller does not act on: nothing read, no node looked at, no
+/// record written, nothing followed; only said, once (see [`coexist`]).
+async fn stand_aside(
+    cluster: &KubernetesCluster,
+    ctx: &Context,
+    standing: &Standing,
+) -> Result<Action, Error> {
+    tracing::info!(?standing, "not acting on the cluster");
+    // Nodes in flight when it was excluded are no longer followed.
+    ctx.wakeups
+        .follow(&ObjectRef::from_obj(cluster), Vec::new());
+    let api: Api<KubernetesCluster> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    coexist::stand_aside(&api, &ctx.recorder, &ctx.said, cluster, standing)
+        .await
+        .map_err(Error::Report)?;
+    Ok(Action::requeue(match standing {
+        Standing::Contested(_) => CONTESTED_POLL_INTERVAL.max(ctx.settings.poll_interval),
+        Standing::Act | Standing::Excluded => ctx.settings.idle_interval,
+    }))
 }
 
 /// What both kinds' lifecycles start from in one reconcile.

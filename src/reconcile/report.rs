@@ -7,9 +7,20 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 
 use talos_upgrade_core::annotations::UpgradeKind;
+use talos_upgrade_core::coexistence;
 use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::report::{self, KindReport};
 use talos_upgrade_core::run::{Note, NoteType};
+
+/// Every write to a KubernetesCluster names the controller's field manager, so its fields in
+/// `metadata.managedFields` tell it from another controller writing the same keys (see
+/// [`talos_upgrade_core::coexistence`]).
+pub fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(coexistence::FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
+}
 
 /// Where a reconcile's reports and Events go.
 pub struct Reporter<'a> {
@@ -36,7 +47,7 @@ impl Reporter<'_> {
         // annotations, so they go out at once. Sent together, the two patches of one object collide
         // in the API server (its optimistic concurrency makes one of them read the object again and
         // redo its work), which under load delayed the annotations by seconds.
-        let (name, params) = (&name, &PatchParams::default());
+        let (name, params) = (&name, &patch_params());
         let with_annotations = match annotations_patch {
             Some(patch) => Some(self.api.patch(name, params, &Patch::Merge(patch)).await),
             None => None,
@@ -72,11 +83,7 @@ impl Reporter<'_> {
             return Ok(None);
         };
         self.api
-            .patch(
-                &cluster.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
+            .patch(&cluster.name_any(), &patch_params(), &Patch::Merge(patch))
             .await
             .map(Some)
     }

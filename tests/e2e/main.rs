@@ -13,6 +13,7 @@ mod world;
 mod chaos;
 mod chaos_apiserver;
 mod cluster_lifecycle;
+mod coexistence;
 mod deploy;
 mod kubernetes_upgrade;
 mod leader_election;
