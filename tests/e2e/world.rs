@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 // The releases of the user guide's example: Talos 1.11.6 → 1.12.0, Kubernetes 1.34.1 → 1.35.0.
-pub use test_world::{guide_catalog, guide_releases};
+pub use test_world::guide_releases;
 
 /// Selects the KubernetesCluster CRD the end-to-end suites run under: `project` (deploy/crd.yaml, the
 /// default) or `vitistack` (vitistack's own, which prunes unknown fields and requires `phase`,

@@ -234,10 +234,18 @@ mod tests {
         })
     }
 
+    /// (what, annotations, writers, expected standing)
+    type Case<'a> = (
+        &'a str,
+        &'a [(&'a str, &'a str)],
+        Vec<FieldWriter>,
+        Standing,
+    );
+
     #[test]
     fn standings() {
         let excluded = [(DO_NOT_RECONCILE, "true")];
-        let cases: Vec<(&str, &[(&str, &str)], Vec<FieldWriter>, Standing)> = vec![
+        let cases: Vec<Case> = vec![
             ("nothing written", &[], vec![], Standing::Act),
             (
                 "only this controller",
