@@ -31,7 +31,7 @@ fi
 # the project's (the two cannot be installed in one API server, so a test world uses one; see
 # tests/e2e/world.rs). deploy and prometheus install the project's CRD and are not run twice.
 if [[ $# -eq 0 ]]; then
-  suites=(talos_upgrade coexistence talos_failures talos_bad_input talos_drain talos_ordering talos_refresh talos_stops talos_starts cluster_lifecycle kubernetes_upgrade chaos chaos_apiserver leader_election)
+  suites=(talos_upgrade talos_1_14 coexistence talos_failures talos_bad_input talos_drain talos_ordering talos_refresh talos_stops talos_starts cluster_lifecycle kubernetes_upgrade chaos chaos_apiserver leader_election)
   filters=()
   for suite in "${suites[@]}"; do
     filters+=("$suite::")

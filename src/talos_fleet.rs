@@ -362,20 +362,61 @@ pub fn parse_talos_tag(tag: &str) -> Result<Version, String> {
 /// `machine.install.image` from a (multi-document) machine config.
 pub fn installer_image_from_config(config: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(config).ok()?;
-    serde_yaml::Deserializer::from_str(text).find_map(|document| {
-        let value = serde_yaml::Value::deserialize(document).ok()?;
+    let documents: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(text)
+        .filter_map(|document| serde_yaml::Value::deserialize(document).ok())
+        .collect();
+    let image = |value: Option<&serde_yaml::Value>| {
         value
-            .get("machine")?
-            .get("install")?
-            .get("image")?
-            .as_str()
+            .and_then(serde_yaml::Value::as_str)
+            .map(str::trim)
+            .filter(|image| !image.is_empty())
             .map(str::to_string)
+    };
+    // Talos 1.14 takes the install image from an `UnattendedInstallConfig` document where the config
+    // has one (machinery v1.14.1 `config/types/runtime/unattended_install.go`, `installer.image`);
+    // configs from before keep `machine.install.image`, still supported.
+    let unattended = documents.iter().find_map(|document| {
+        (document.get("kind")?.as_str()? == "UnattendedInstallConfig")
+            .then(|| image(document.get("installer")?.get("image")))
+            .flatten()
+    });
+    unattended.or_else(|| {
+        documents
+            .iter()
+            .find_map(|document| image(document.get("machine")?.get("install")?.get("image")))
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_install_image_comes_from_unattended_install_config_where_a_config_has_one() {
+        let legacy = b"version: v1alpha1\nmachine:\n  type: worker\n  install:\n    image: ghcr.io/siderolabs/installer:v1.13.0\n";
+        assert_eq!(
+            installer_image_from_config(legacy).as_deref(),
+            Some("ghcr.io/siderolabs/installer:v1.13.0")
+        );
+        // Created on 1.14: no machine.install, the image in its own document.
+        let documents = b"version: v1alpha1\nmachine:\n  type: worker\n---\napiVersion: v1alpha1\nkind: TimeSyncConfig\n---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller:\n  image: factory.talos.dev/metal-installer/abc:v1.14.0\n";
+        assert_eq!(
+            installer_image_from_config(documents).as_deref(),
+            Some("factory.talos.dev/metal-installer/abc:v1.14.0")
+        );
+        // Both: the document wins, as it does in Talos.
+        let both = b"version: v1alpha1\nmachine:\n  type: worker\n  install:\n    image: ghcr.io/siderolabs/installer:v1.13.0\n---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller:\n  image: factory.talos.dev/metal-installer/abc:v1.14.0\n";
+        assert_eq!(
+            installer_image_from_config(both).as_deref(),
+            Some("factory.talos.dev/metal-installer/abc:v1.14.0")
+        );
+        // A document with no image leaves machine.install.image.
+        let empty = b"version: v1alpha1\nmachine:\n  type: worker\n  install:\n    image: ghcr.io/siderolabs/installer:v1.13.0\n---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller: {}\n";
+        assert_eq!(
+            installer_image_from_config(empty).as_deref(),
+            Some("ghcr.io/siderolabs/installer:v1.13.0")
+        );
+    }
 
     #[test]
     fn quorum_with_one_more_member_down() {

@@ -18,6 +18,7 @@ mod deploy;
 mod kubernetes_upgrade;
 mod leader_election;
 mod prometheus;
+mod talos_1_14;
 mod talos_bad_input;
 mod talos_drain;
 mod talos_failures;

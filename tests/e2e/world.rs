@@ -140,6 +140,9 @@ pub struct WorldSpec {
     /// The installer image repository the nodes were installed from (`<repository>:v<talos>`), e.g. an
     /// Image Factory one with a schematic; `None`: `ghcr.io/siderolabs/installer`.
     pub installer_repository: Option<&'static str>,
+    /// The nodes' configs carry the install image in an `UnattendedInstallConfig` document (configs
+    /// created on Talos 1.14).
+    pub unattended_install: bool,
     /// The simulated nodes' timings; [`Timings::fast`] by default.
     pub timings: Timings,
     /// How often the controller looks again at a cluster with an upgrade in flight (100 ms by default,
@@ -166,6 +169,7 @@ impl Default for WorldSpec {
             start_controller: true,
             image_registry: None,
             installer_repository: None,
+            unattended_install: false,
             timings: Timings::fast(),
             poll_interval: Duration::from_millis(100),
             idle_interval: Settings::default().idle_interval,
@@ -217,6 +221,7 @@ impl World {
             timings: spec.timings,
             image_registry: spec.image_registry.map(str::to_string),
             installer_repository: spec.installer_repository.map(str::to_string),
+            unattended_install: spec.unattended_install,
         };
         let sim = Simulator::start(shape.sim_config(&ns.name))
             .await

@@ -174,6 +174,7 @@ impl World {
             timings,
             image_registry: None,
             installer_repository: None,
+            unattended_install: false,
         };
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();

@@ -97,6 +97,11 @@ pub struct NodeConfig {
     /// (`<registry>/kube-apiserver:v1.34.1`, `<registry>/kubelet:v1.34.1`, …) instead of the upstream ones.
     #[serde(default)]
     pub image_registry: Option<String>,
+    /// The node's config puts its install image in an `UnattendedInstallConfig` document
+    /// (`installer.image`), as configs created on Talos 1.14 do, instead of `machine.install.image`
+    /// (machinery v1.14.1 `config/types/runtime/unattended_install.go`).
+    #[serde(default)]
+    pub unattended_install: bool,
 }
 
 /// How long the simulated lifecycle steps take, in milliseconds.
@@ -229,6 +234,7 @@ impl NodeConfig {
             talos_version: talos_version.to_string(),
             kubernetes_version: kubernetes_version.to_string(),
             installer_image: None,
+            unattended_install: false,
             image_registry: None,
         }
     }

@@ -158,6 +158,7 @@ impl Simulator {
                 installer_image: &installer_image,
                 control_plane_endpoint: &cp_endpoint,
                 image_registry: node_cfg.image_registry.as_deref(),
+                unattended_install: node_cfg.unattended_install,
             });
             let parsed = machine_config::parse(
                 text.as_bytes(),

@@ -38,6 +38,8 @@ pub(crate) struct ConfigInputs<'a> {
     pub control_plane_endpoint: &'a str,
     /// A mirror for the component images, replacing `registry.k8s.io` and `ghcr.io/siderolabs`.
     pub image_registry: Option<&'a str>,
+    /// The install image in an `UnattendedInstallConfig` document rather than `machine.install`.
+    pub unattended_install: bool,
 }
 
 pub(crate) fn default_images(kubernetes: &Version) -> ComponentImages {
@@ -84,10 +86,12 @@ pub(crate) fn generate(inputs: &ConfigInputs<'_>) -> String {
         "    network:\n        hostname: {}\n",
         inputs.node_name
     ));
-    out.push_str(&format!(
-        "    install:\n        disk: /dev/sda\n        image: {}\n        wipe: false\n",
-        inputs.installer_image
-    ));
+    if !inputs.unattended_install {
+        out.push_str(&format!(
+            "    install:\n        disk: /dev/sda\n        image: {}\n        wipe: false\n",
+            inputs.installer_image
+        ));
+    }
     out.push_str("cluster:\n");
     out.push_str(&format!("    clusterName: {}\n", inputs.cluster_name));
     out.push_str(&format!(
@@ -112,6 +116,12 @@ pub(crate) fn generate(inputs: &ConfigInputs<'_>) -> String {
         out.push_str("    etcd:\n        advertisedSubnets: []\n");
     }
     out.push_str("---\napiVersion: v1alpha1\nkind: TimeSyncConfig\nntp:\n    servers:\n        - time.cloudflare.com\n");
+    if inputs.unattended_install {
+        out.push_str(&format!(
+            "---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller:\n    image: {}\nprovisioning:\n    diskSelector:\n        match: disk.dev_path == '/dev/sda'\n",
+            inputs.installer_image
+        ));
+    }
     out
 }
 
@@ -136,6 +146,7 @@ fn lookup_str(doc: &Value, path: &[&str]) -> Result<Option<String>, String> {
 pub(crate) fn parse(data: &[u8], defaults: &ComponentImages) -> Result<ParsedConfig, String> {
     let text = std::str::from_utf8(data).map_err(|_| "config is not valid UTF-8".to_string())?;
     let mut v1alpha1 = None;
+    let mut unattended_image = None;
     for document in serde_yaml::Deserializer::from_str(text) {
         let value =
             Value::deserialize(document).map_err(|e| format!("failed to parse config: {e}"))?;
@@ -150,6 +161,8 @@ pub(crate) fn parse(data: &[u8], defaults: &ComponentImages) -> Result<ParsedCon
                 return Err("failed to parse config: duplicate v1alpha1 document".into());
             }
             v1alpha1 = Some(value);
+        } else if value.get("kind").and_then(Value::as_str) == Some("UnattendedInstallConfig") {
+            unattended_image = lookup_str(&value, &["installer", "image"])?;
         } else if value.get("kind").and_then(Value::as_str).is_none() {
             return Err(
                 "failed to parse config: document has neither version: v1alpha1 nor kind".into(),
@@ -168,7 +181,11 @@ pub(crate) fn parse(data: &[u8], defaults: &ComponentImages) -> Result<ParsedCon
     };
     Ok(ParsedConfig {
         machine_type,
-        install_image: lookup_str(&doc, &["machine", "install", "image"])?,
+        // Talos 1.14 reads the install image from `UnattendedInstallConfig` where a config has one.
+        install_image: match unattended_image {
+            Some(image) => Some(image),
+            None => lookup_str(&doc, &["machine", "install", "image"])?,
+        },
         images: ComponentImages {
             kubelet: pick(&["machine", "kubelet", "image"], &defaults.kubelet)?,
             apiserver: pick(&["cluster", "apiServer", "image"], &defaults.apiserver)?,
@@ -241,7 +258,29 @@ mod tests {
             installer_image: "ghcr.io/siderolabs/installer:v1.11.6",
             control_plane_endpoint: "https://127.1.1.1:6443",
             image_registry: None,
+            unattended_install: false,
         })
+    }
+
+    #[test]
+    fn a_config_created_on_talos_1_14_carries_its_install_image_in_unattended_install_config() {
+        let text = generate(&ConfigInputs {
+            cluster_name: "demo",
+            node_name: "worker-1",
+            role: Role::Worker,
+            kubernetes_version: &Version::new(1, 37, 0),
+            installer_image: "factory.talos.dev/metal-installer/abc:v1.14.0",
+            control_plane_endpoint: "https://127.1.1.1:6443",
+            image_registry: None,
+            unattended_install: true,
+        });
+        assert!(!text.contains("    install:"), "{text}");
+        assert!(text.contains("kind: UnattendedInstallConfig"), "{text}");
+        let parsed = parse(text.as_bytes(), &default_images(&Version::new(1, 37, 0))).unwrap();
+        assert_eq!(
+            parsed.install_image.as_deref(),
+            Some("factory.talos.dev/metal-installer/abc:v1.14.0")
+        );
     }
 
     #[test]
@@ -254,6 +293,7 @@ mod tests {
             installer_image: "ghcr.io/siderolabs/installer:v1.11.6",
             control_plane_endpoint: "https://127.1.1.1:6443",
             image_registry: Some("mirror.local:5000/k8s"),
+            unattended_install: false,
         });
         let parsed = parse(text.as_bytes(), &default_images(&Version::new(1, 34, 1))).unwrap();
         assert_eq!(

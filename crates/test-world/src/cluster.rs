@@ -29,6 +29,9 @@ pub struct ClusterShape {
     /// `<repository>:v<talos>`, e.g. an Image Factory one carrying a schematic
     /// (`factory.talos.dev/installer/<schematic id>`). `None`: `ghcr.io/siderolabs/installer`.
     pub installer_repository: Option<String>,
+    /// The nodes' configs carry the install image in an `UnattendedInstallConfig` document, as configs
+    /// created on Talos 1.14 do, instead of `machine.install.image`.
+    pub unattended_install: bool,
 }
 
 impl ClusterShape {
@@ -42,6 +45,10 @@ impl ClusterShape {
             let node = match &self.image_registry {
                 Some(registry) => node.with_image_registry(registry),
                 None => node,
+            };
+            let node = NodeConfig {
+                unattended_install: self.unattended_install,
+                ..node
             };
             match &self.installer_repository {
                 Some(repository) => NodeConfig {
