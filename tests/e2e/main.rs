@@ -13,6 +13,7 @@ mod world;
 mod chaos;
 mod chaos_apiserver;
 mod cluster_lifecycle;
+mod cluster_shapes;
 mod coexistence;
 mod deploy;
 mod kubernetes_upgrade;
