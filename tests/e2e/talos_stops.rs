@@ -128,11 +128,7 @@ async fn removing_the_target_mid_drain_finishes_the_node_then_stops() {
         .await;
     // What the stop said, as the user saw it when the status turned idle (a later look may report the
     // running version instead).
-    let stopped = log
-        .states()
-        .into_iter()
-        .find(|s| s.get("talos-status").map(String::as_str) == Some("idle"))
-        .expect("an idle state");
+    let stopped = first_idle_state(&world, &log).await;
     assert_eq!(
         stopped.get("talos-message").map(String::as_str),
         Some("Talos upgrade stopped: the target was removed"),
@@ -307,11 +303,7 @@ async fn a_reset_after_a_completed_run_forgets_it_and_touches_no_node() {
         )
         .await;
     // What the reset said, as the user saw it when the status turned idle.
-    let reset_state = log
-        .states()
-        .into_iter()
-        .find(|s| s.get("talos-status").map(String::as_str) == Some("idle"))
-        .expect("an idle state");
+    let reset_state = first_idle_state(&world, &log).await;
     assert_eq!(
         reset_state.get("talos-message").map(String::as_str),
         Some("Talos upgrade state was reset; no node was touched"),
@@ -344,11 +336,7 @@ async fn a_reset_mid_drain_forgets_the_run_and_says_the_node_is_left_cordoned() 
         "Talos upgrade state was reset; no node was touched. Node {worker_1} is left cordoned, with \
          Talos 1.13.1 installed for its next reboot: reboot it to finish its upgrade, or uncordon it"
     );
-    let reset_state = log
-        .states()
-        .into_iter()
-        .find(|s| s.get("talos-status").map(String::as_str) == Some("idle"))
-        .expect("an idle state");
+    let reset_state = first_idle_state(&world, &log).await;
     assert_eq!(
         reset_state.get("talos-message"),
         Some(&message),
@@ -391,4 +379,25 @@ async fn a_reset_mid_drain_forgets_the_run_and_says_the_node_is_left_cordoned() 
         "no reboot, no other node"
     );
     assert!(world.sim.power_events().is_empty());
+}
+
+/// The first state of the log with `talos-status: idle`, once the log's watch has seen it (`kubectl
+/// wait` on the object may see it first).
+async fn first_idle_state(
+    world: &World,
+    log: &crate::world::AnnotationLog,
+) -> std::collections::BTreeMap<String, String> {
+    let idle = || {
+        log.states()
+            .into_iter()
+            .find(|s| s.get("talos-status").map(String::as_str) == Some("idle"))
+    };
+    world
+        .poll(
+            PATIENCE,
+            "the annotation log to see the idle state",
+            || async { idle().is_some() },
+        )
+        .await;
+    idle().expect("an idle state, just seen")
 }
