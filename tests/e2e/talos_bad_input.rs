@@ -10,30 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::world::{ClusterEvent, World, WorldSpec};
+use crate::world::{World, WorldSpec};
 use talos_sim::{ClientRole, Fault};
 
 const PATIENCE: Duration = Duration::from_secs(120);
-
-/// Polls until an Event with `reason` and `message` exists (events are published after the
-/// annotations are written).
-async fn wait_for_event(world: &World, reason: &str, message: &str) -> ClusterEvent {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let all = world.cluster_events().await;
-        if let Some(found) = all
-            .iter()
-            .find(|e| e.reason == reason && e.message == message)
-        {
-            return found.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {reason} event saying {message:?} within {PATIENCE:?}: {all:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Polls `talos-message` until `check` accepts it; returns it.
 async fn wait_for_message(world: &World, what: &str, check: impl Fn(&str) -> bool) -> String {
@@ -67,7 +47,7 @@ async fn wait_until_consumed(world: &World, key: &str) {
 /// same; and no mutating call reached any node.
 async fn assert_refused(world: &World, message: &str, event_reason: &str) {
     assert_refused_state(world, message).await;
-    let event = wait_for_event(world, event_reason, message).await;
+    let event = world.wait_for_event(event_reason, Some(message)).await;
     assert_eq!(event.type_, "Warning");
 }
 
@@ -562,7 +542,7 @@ async fn credentials_replaced_mid_run_are_the_ones_used_and_their_refusal_holds_
     );
     assert_eq!(world.annotation("talos-status").await, "in-progress");
     assert_eq!(world.annotation("talos-progress").await, "1/5");
-    let blocked = wait_for_event(&world, "UpgradeBlocked", &message).await;
+    let blocked = world.wait_for_event("UpgradeBlocked", Some(&message)).await;
     assert_eq!(blocked.type_, "Warning");
     world.poke_and_wait(1).await;
     // No node was started on what the old credentials showed.
@@ -668,7 +648,7 @@ async fn an_unrecognised_paused_value_holds_the_run_and_says_so() {
 
     let message = "Annotation upgrade.vitistack.io/paused has the invalid value \"yes\": use \
                    \"true\" or \"false\"; treated as paused until it is fixed";
-    let event = wait_for_event(&world, "InvalidFlag", message).await;
+    let event = world.wait_for_event("InvalidFlag", Some(message)).await;
     assert_eq!(event.type_, "Warning");
     world
         .wait_for_annotation_matching("talos-message", PATIENCE, "paused", |m| {
@@ -757,7 +737,7 @@ async fn a_target_acknowledged_on_the_last_look_is_refused_when_a_node_was_upgra
     let message = "Talos upgrade refused: Downgrade from 1.12.1 to 1.12.0 is not supported: \
                    choose a target of 1.12.1 or newer. No node was touched.";
     assert_refused_status(&world, message).await;
-    let event = wait_for_event(&world, "InvalidTarget", message).await;
+    let event = world.wait_for_event("InvalidTarget", Some(message)).await;
     assert_eq!(event.type_, "Warning");
 
     // What a user watching the object saw: the acknowledgement on the last look, then the refusal.

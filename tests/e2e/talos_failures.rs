@@ -6,28 +6,12 @@
 //! No timing assertions: every wait is `kubectl wait` or polling with generous bounds.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::world::{ClusterEvent, World, WorldSpec};
+use crate::world::{World, WorldSpec};
 use talos_sim::{Fault, Role, max_concurrently_down};
 
 const PATIENCE: Duration = Duration::from_secs(120);
-
-/// Polls until an Event with `reason` exists (events are published after the annotations are written).
-async fn wait_for_event(world: &World, reason: &str) -> ClusterEvent {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let all = world.cluster_events().await;
-        if let Some(found) = all.iter().find(|e| e.reason == reason) {
-            return found.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {reason} event within {PATIENCE:?}: {all:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Upgrade calls per node.
 fn calls_per_node(world: &World) -> BTreeMap<String, usize> {
@@ -56,7 +40,7 @@ async fn assert_failed_naming(world: &World, node: &str, message: &str) {
             .await,
         message
     );
-    let failed = wait_for_event(world, "UpgradeFailed").await;
+    let failed = world.wait_for_event("UpgradeFailed", None).await;
     assert_eq!(failed.type_, "Warning");
     assert_eq!(failed.message, message);
 }
@@ -197,7 +181,7 @@ async fn a_node_that_falls_back_to_its_old_version_fails_the_run_and_resume_retr
     assert_eq!(world.annotation("failed-nodes").await, "");
     assert_eq!(world.jsonpath("{.status.phase}").await, "Ready");
     assert_eq!(condition_reason(&world).await, "Completed");
-    wait_for_event(&world, "UpgradeResumed").await;
+    world.wait_for_event("UpgradeResumed", None).await;
 
     let expected: BTreeMap<String, usize> = ["cp-1", "cp-2", "cp-3", "worker-1", "worker-2"]
         .into_iter()

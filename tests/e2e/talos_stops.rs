@@ -7,7 +7,7 @@
 //! PodDisruptionBudget refusing a drain, a node kept not Ready by a fault), and every wait is on what a
 //! user sees.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::talos_drain::{
     IMAGE_PULL, LIFECYCLE_UPGRADE, REBOOT, changing_calls, pod_exists, unschedulable_nodes,
@@ -36,26 +36,6 @@ fn every_changing_call(world: &World) -> Vec<(String, String)> {
         })
         .map(|c| (c.method, c.node))
         .collect()
-}
-
-/// Polls until an Event with `reason` and `message` exists (events are published after the
-/// annotations are written).
-async fn wait_for_event(world: &World, reason: &str, message: &str) -> ClusterEvent {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let all = world.cluster_events().await;
-        if let Some(found) = all
-            .iter()
-            .find(|e| e.reason == reason && e.message == message)
-        {
-            return found.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {reason} event saying {message:?} within {PATIENCE:?}: {all:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A five-node cluster on Talos 1.13.0 whose worker-1 holds the only `web` pod, kept by a budget that
@@ -214,7 +194,9 @@ async fn an_invalid_upgrade_order_set_mid_run_holds_after_the_node_in_flight() {
         })
         .await;
     assert_eq!(world.annotation("talos-status").await, "in-progress");
-    let event = wait_for_event(&world, "InvalidOption", &finishing).await;
+    let event = world
+        .wait_for_event("InvalidOption", Some(&finishing))
+        .await;
     assert_eq!(event.type_, "Warning");
     assert_eq!(world.upgrade_calls(), vec![worker_1.clone()]);
 
@@ -289,19 +271,7 @@ async fn a_reset_after_a_completed_run_forgets_it_and_touches_no_node() {
     world
         .wait_for_annotation("talos-status", "idle", "60s")
         .await;
-    world
-        .poll(
-            PATIENCE,
-            "the reset key and the target to be removed",
-            || async {
-                world
-                    .annotation("talos-reset-upgrade-state")
-                    .await
-                    .is_empty()
-                    && world.annotation("talos-target").await.is_empty()
-            },
-        )
-        .await;
+    reset_keys_removed(&world).await;
     // What the reset said, as the user saw it when the status turned idle.
     let reset_state = first_idle_state(&world, &log).await;
     assert_eq!(
@@ -342,22 +312,10 @@ async fn a_reset_mid_drain_forgets_the_run_and_says_the_node_is_left_cordoned() 
         Some(&message),
         "{reset_state:?}"
     );
-    let event = wait_for_event(&world, "UpgradeReset", &message).await;
+    let event = world.wait_for_event("UpgradeReset", Some(&message)).await;
     assert_eq!(event.type_, "Normal");
     assert_eq!(condition_reason(&world).await, "Reset");
-    world
-        .poll(
-            PATIENCE,
-            "the reset key and the target to be removed",
-            || async {
-                world
-                    .annotation("talos-reset-upgrade-state")
-                    .await
-                    .is_empty()
-                    && world.annotation("talos-target").await.is_empty()
-            },
-        )
-        .await;
+    reset_keys_removed(&world).await;
 
     // The budget would now allow the eviction: the forgotten run must not go on.
     web_pod(&world, "web-2", &world.node("worker-2")).await;
@@ -400,4 +358,21 @@ async fn first_idle_state(
         )
         .await;
     idle().expect("an idle state, just seen")
+}
+
+/// Waits until the controller has removed the reset key and `talos-target`, as a reset does.
+async fn reset_keys_removed(world: &World) {
+    world
+        .poll(
+            PATIENCE,
+            "the reset key and the target to be removed",
+            || async {
+                world
+                    .annotation("talos-reset-upgrade-state")
+                    .await
+                    .is_empty()
+                    && world.annotation("talos-target").await.is_empty()
+            },
+        )
+        .await;
 }

@@ -554,6 +554,30 @@ impl World {
 
     /// The Events whose involved object is the cluster, with their counts (a series folded into one
     /// number).
+    /// Polls (up to two minutes) until an Event with `reason`, and `message` when given, exists:
+    /// Events are published after the annotations are written.
+    pub async fn wait_for_event(&self, reason: &str, message: Option<&str>) -> ClusterEvent {
+        const PATIENCE: Duration = Duration::from_secs(120);
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let all = self.cluster_events().await;
+            if let Some(found) = all
+                .iter()
+                .find(|e| e.reason == reason && message.is_none_or(|m| e.message == m))
+            {
+                return found.clone();
+            }
+            let saying = message
+                .map(|m| format!(" saying {m:?}"))
+                .unwrap_or_default();
+            assert!(
+                Instant::now() < deadline,
+                "no {reason} event{saying} within {PATIENCE:?}: {all:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn cluster_events(&self) -> Vec<ClusterEvent> {
         let text = self.ns.kubectl_ok(&["get", "events", "-o", "json"]).await;
         let list: serde_json::Value = serde_json::from_str(&text).expect("events JSON");
