@@ -464,9 +464,15 @@ pub fn advance(
         // Where the deadline counts from, and whether the node must be uncordoned once back.
         let (since, uncordon) = match lifecycle {
             None => (*at, false),
-            // The pull changes nothing the node boots: made again (found in a later pass), or
-            // followed by the install (in the pass that pulled), each recorded before it is sent.
-            Some(LifecycleStage::Pulling | LifecycleStage::Pulled) => {
+            // Nothing installed yet, surely: the pull changes nothing the node boots, and an
+            // install that reached nothing left it untouched. The pull is made again (found in a
+            // later pass), the install follows a pull or is made again, each recorded before it is
+            // sent; past the node deadline the node fails, untouched.
+            Some(
+                LifecycleStage::Pulling
+                | LifecycleStage::Pulled
+                | LifecycleStage::Installing { retry: true },
+            ) => {
                 if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
                     progress.step = NodeStep::Failed {
                         at: now,
@@ -477,53 +483,26 @@ pub fn advance(
                         ),
                         installed: None,
                     };
-                    continue;
-                }
-                if matches!(lifecycle, Some(LifecycleStage::Pulled)) {
-                    *lifecycle = Some(LifecycleStage::Installing { retry: false });
-                    actions.push(Action::Upgrade {
-                        node: name,
-                        installer_image: installer_image.clone(),
-                        api: UpgradeApi::Lifecycle,
-                    });
-                } else {
+                } else if matches!(lifecycle, Some(LifecycleStage::Pulling)) {
                     actions.push(Action::Pull {
                         node: name,
                         installer_image: installer_image.clone(),
                     });
-                }
-                continue;
-            }
-            Some(LifecycleStage::Installing { .. }) => {
-                if matches!(lifecycle, Some(LifecycleStage::Installing { retry: true })) {
-                    // An install that keeps not getting through does not hold the run for ever:
-                    // past the node deadline the node fails, untouched.
-                    if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
-                        progress.step = NodeStep::Failed {
-                            at: now,
-                            reason: format!(
-                                "could not install Talos {target} within {}; it was not rebooted \
-                                 and runs its old version",
-                                human_duration(settings.node_deadline)
-                            ),
-                            installed: None,
-                        };
-                        continue;
-                    }
-                    // The last attempt reached nothing: the node runs its old system untouched, so
-                    // installing again is safe.
+                } else {
                     *lifecycle = Some(LifecycleStage::Installing { retry: false });
                     actions.push(Action::Upgrade {
                         node: name,
                         installer_image: installer_image.clone(),
                         api: UpgradeApi::Lifecycle,
                     });
-                    continue;
                 }
+                continue;
+            }
+            Some(LifecycleStage::Installing { retry: false }) => {
                 // The install's answer was never recorded (the controller stopped during it, or it
                 // got no answer): it may have happened. Installing again could flip the bootloader
                 // back onto the running slot, so the node goes on as if installed: drained, then
-                // rebooted. Back on its old version, the install had not taken, and it is made again.
+                // rebooted. Back on its old version it fails rather than being upgraded twice.
                 let cordoned = observed.is_some_and(|n| n.cordoned);
                 *install_unconfirmed = true;
                 *lifecycle = Some(LifecycleStage::Draining {
