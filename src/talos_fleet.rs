@@ -19,7 +19,7 @@ use talos_api::{
     ConnectOptions, TalosClient, TalosCredentials, TalosError, TalosTls, Target, resources,
 };
 use talos_upgrade_core::run::NodeRole;
-use talos_upgrade_core::talos::{EtcdObservation, TalosState};
+use talos_upgrade_core::talos::{EtcdObservation, InstallSource, TalosState};
 
 /// The inventory's control planes: the nodes whose etcd members are observed and that relay calls.
 pub fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
@@ -263,19 +263,27 @@ impl TalosFleet {
             boot_id,
             ready,
             // Read separately, only for the nodes a run may start next (`read_installer_image`).
-            installer_image: None,
+            install: None,
         })
     }
 
-    /// `machine.install.image` of the node's running config (empty when the config has none, which
-    /// the version rules then refuse with their own message).
-    pub async fn read_installer_image(&self, node: &InventoryNode) -> Result<String, TalosError> {
-        let config = self
+    /// How the node was installed: the install image of its running config (empty when the config has
+    /// none, which the version rules then refuse with their own message) and the platform it reports
+    /// (`MachineService.Version` `platform.name`, the same name talosctl and Omni put in Image Factory
+    /// installer names).
+    pub async fn read_installer_image(
+        &self,
+        node: &InventoryNode,
+    ) -> Result<InstallSource, TalosError> {
+        let (config, version) = self
             .ask(node.address, |client| async move {
-                client.machine_config().await
+                futures::try_join!(client.machine_config(), client.version())
             })
             .await?;
-        Ok(installer_image_from_config(config.as_bytes()).unwrap_or_default())
+        Ok(InstallSource {
+            image: installer_image_from_config(config.as_bytes()).unwrap_or_default(),
+            platform: Some(version.platform).filter(|platform| !platform.is_empty()),
+        })
     }
 
     /// etcd's health as the control planes report it: every member answers without errors, the control

@@ -39,6 +39,12 @@ pub const CREDENTIALS_SECRET: &str = "upgrade.vitistack.io/credentials-secret";
 /// vitistack's talos-operator reads the same key the same way (it skips the whole reconcile), so one
 /// annotation excludes a cluster from both (see [`crate::coexistence`]).
 pub const DO_NOT_RECONCILE: &str = "upgrade.vitistack.io/do-not-reconcile";
+/// An installer image repository (no tag) for every node's Talos upgrade; the target's tag is added.
+/// Overrides the image derived from each node's own (see [`crate::talos::installer`]).
+pub const TALOS_INSTALLER_IMAGE: &str = "upgrade.vitistack.io/talos-installer-image";
+/// An Image Factory schematic id for every node's Talos upgrade, with each node's platform:
+/// `factory.talos.dev/<platform>-installer/<schematic>:<target>`.
+pub const TALOS_SCHEMATIC: &str = "upgrade.vitistack.io/talos-schematic";
 
 // ----- written by the controller -----
 
@@ -66,7 +72,7 @@ pub const KUBERNETES_PROGRESS: &str = "upgrade.vitistack.io/kubernetes-progress"
 pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 10] = [
+pub const USER_KEYS: [&str; 12] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -77,6 +83,8 @@ pub const USER_KEYS: [&str; 10] = [
     MAX_PARALLEL_WORKERS,
     CREDENTIALS_SECRET,
     DO_NOT_RECONCILE,
+    TALOS_INSTALLER_IMAGE,
+    TALOS_SCHEMATIC,
 ];
 
 /// Every key the controller writes. The controller must never rewrite a key outside this list
@@ -346,7 +354,7 @@ mod tests {
             assert!(!name.is_empty() && !name.contains('/'), "{key}");
             assert!(seen.insert(*key), "duplicate key {key}");
         }
-        assert_eq!(seen.len(), 21);
+        assert_eq!(seen.len(), 23);
     }
 
     #[test]
@@ -365,6 +373,8 @@ mod tests {
             (MAX_PARALLEL_WORKERS, "max-parallel-workers"),
             (CREDENTIALS_SECRET, "credentials-secret"),
             (DO_NOT_RECONCILE, "do-not-reconcile"),
+            (TALOS_INSTALLER_IMAGE, "talos-installer-image"),
+            (TALOS_SCHEMATIC, "talos-schematic"),
             (TALOS_CURRENT, "talos-current"),
             (KUBERNETES_CURRENT, "kubernetes-current"),
             (TALOS_AVAILABLE, "talos-available"),

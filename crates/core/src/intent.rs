@@ -21,6 +21,7 @@ use std::num::NonZeroU32;
 
 use crate::annotations::{self, UpgradeKind};
 pub use crate::run::UpgradeOrder;
+use crate::talos::installer::{self, InstallerOverride};
 use crate::versions::{KubernetesVersion, TalosVersion, VersionParseError};
 
 /// A `*-target` annotation.
@@ -72,6 +73,7 @@ pub struct InvalidOption {
 const BOOL_REASON: &str = "use \"true\" or \"false\"";
 const ORDER_REASON: &str = "use workers-first (the default) or control-planes-first";
 const PARALLEL_REASON: &str = "use a whole number of 1 or more (the default is 1)";
+const SCHEMATIC_REASON: &str = "use an Image Factory schematic id: 64 lowercase hexadecimal digits";
 const SECRET_REASON: &str = "use a Secret name: at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit";
 
 /// The user-written annotations, parsed.
@@ -93,6 +95,9 @@ pub struct UpgradeIntent {
     pub max_parallel_workers: Result<NonZeroU32, InvalidOption>,
     /// `credentials-secret`: `Ok(None)` means "use the configured name template".
     pub credentials_secret: Result<Option<String>, InvalidOption>,
+    /// `talos-installer-image` or `talos-schematic`: `Ok(None)` means "derive each node's installer from
+    /// its own"; both at once is an error (which would win is not obvious).
+    pub installer: Result<Option<InstallerOverride>, InvalidOption>,
     /// `do-not-reconcile` holds a non-empty value (any value, even `"false"`, as vitistack's
     /// talos-operator reads it): the controller touches nothing on the cluster.
     pub do_not_reconcile: bool,
@@ -130,6 +135,7 @@ impl UpgradeIntent {
             order: read_order(annotations),
             max_parallel_workers: read_max_parallel_workers(annotations),
             credentials_secret: read_credentials_secret(annotations),
+            installer: read_installer(annotations),
             do_not_reconcile: annotations
                 .get(annotations::DO_NOT_RECONCILE)
                 .is_some_and(|value| !value.is_empty()),
@@ -159,6 +165,7 @@ impl UpgradeIntent {
         all.extend(self.order.as_ref().err());
         all.extend(self.max_parallel_workers.as_ref().err());
         all.extend(self.credentials_secret.as_ref().err());
+        all.extend(self.installer.as_ref().err());
         all
     }
 }
@@ -255,6 +262,32 @@ fn read_credentials_secret(
             annotations::CREDENTIALS_SECRET,
             SECRET_REASON,
         ))
+    }
+}
+
+fn read_installer(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<InstallerOverride>, InvalidOption> {
+    let repository = value(annotations, annotations::TALOS_INSTALLER_IMAGE);
+    let schematic = value(annotations, annotations::TALOS_SCHEMATIC);
+    match (repository, schematic) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err(invalid(
+            annotations,
+            annotations::TALOS_SCHEMATIC,
+            "set either talos-installer-image or talos-schematic, not both",
+        )),
+        (Some(text), None) => installer::parse_installer_repository(text)
+            .map(|repository| Some(InstallerOverride::Repository(repository)))
+            .map_err(|reason| invalid(annotations, annotations::TALOS_INSTALLER_IMAGE, reason)),
+        (None, Some(text)) if installer::is_schematic_id(text) => {
+            Ok(Some(InstallerOverride::Schematic(text.to_string())))
+        }
+        (None, Some(_)) => Err(invalid(
+            annotations,
+            annotations::TALOS_SCHEMATIC,
+            SCHEMATIC_REASON,
+        )),
     }
 }
 
@@ -618,6 +651,69 @@ mod tests {
             intent.talos_target.version(),
             Some(&TalosVersion::new(1, 12, 0))
         );
+    }
+
+    /// The installer override: a repository without tag (`talos-installer-image`) or a schematic id
+    /// (`talos-schematic`), never both; a bad value names the annotation and what to write.
+    #[test]
+    fn installer_overrides() {
+        const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+        let cases: Vec<(
+            Vec<(&str, &str)>,
+            Result<Option<InstallerOverride>, (&str, &str)>,
+        )> = vec![
+            (vec![], Ok(None)),
+            (vec![(TALOS_INSTALLER_IMAGE, "  ")], Ok(None)),
+            (
+                vec![(
+                    TALOS_INSTALLER_IMAGE,
+                    " registry.example.corp/talos/installer ",
+                )],
+                Ok(Some(InstallerOverride::Repository(
+                    "registry.example.corp/talos/installer".into(),
+                ))),
+            ),
+            (
+                vec![(TALOS_SCHEMATIC, SCHEMATIC)],
+                Ok(Some(InstallerOverride::Schematic(SCHEMATIC.into()))),
+            ),
+            (
+                vec![(
+                    TALOS_INSTALLER_IMAGE,
+                    "ghcr.io/siderolabs/installer:v1.14.1",
+                )],
+                Err((TALOS_INSTALLER_IMAGE, "without a tag")),
+            ),
+            (
+                vec![(TALOS_SCHEMATIC, "not-a-schematic")],
+                Err((TALOS_SCHEMATIC, "64 lowercase hexadecimal digits")),
+            ),
+            (
+                vec![
+                    (TALOS_SCHEMATIC, SCHEMATIC),
+                    (
+                        TALOS_INSTALLER_IMAGE,
+                        "registry.example.corp/talos/installer",
+                    ),
+                ],
+                Err((TALOS_SCHEMATIC, "not both")),
+            ),
+        ];
+        for (pairs, expected) in cases {
+            let intent = intent(&pairs);
+            match expected {
+                Ok(installer) => {
+                    assert_eq!(intent.installer, Ok(installer), "{pairs:?}");
+                    assert!(intent.invalid_options().is_empty(), "{pairs:?}");
+                }
+                Err((key, words)) => {
+                    let error = intent.installer.clone().expect_err("invalid");
+                    assert_eq!(error.key, key, "{pairs:?}");
+                    assert!(error.to_string().contains(words), "{pairs:?}: {error}");
+                    assert_eq!(intent.invalid_options(), vec![&error]);
+                }
+            }
+        }
     }
 
     /// `do-not-reconcile` is read as vitistack's talos-operator reads it: any non-empty value excludes

@@ -15,6 +15,7 @@
 //! - on Talos ≥ 1.13 the controller sequences install, cordon and drain (bounded by a timeout), reboot and
 //!   uncordon itself; a node it cordoned stays in flight until it is uncordoned again.
 
+pub mod installer;
 mod kind;
 mod record;
 
@@ -23,6 +24,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use semver::Version;
 
+pub use self::installer::{InstallSource, InstallerOverride};
 pub use self::kind::{
     Further, FurtherLooked, StartingNodes, Talos, TalosVersions, check_new_run,
     with_installer_image,
@@ -49,6 +51,8 @@ pub struct Settings {
     /// How long a node whose upgrade call got no answer must be seen on its old boot, running and ready,
     /// before the call is taken as never received and made again.
     pub unanswered_grace: Duration,
+    /// The installer named by the cluster's annotations for every node, if any (see [`installer`]).
+    pub installer: Option<InstallerOverride>,
 }
 
 /// What the controller sees of one node right now.
@@ -85,9 +89,9 @@ pub enum TalosState {
         boot_id: String,
         /// Machine stage `running` and every readiness check met.
         ready: bool,
-        /// `machine.install.image` of the running config. Read only for the nodes the run may start
-        /// now ([`may_start`]); `None` for the others.
-        installer_image: Option<String>,
+        /// How the node was installed (its config's install image, its platform). Read only for the
+        /// nodes the run may start now ([`may_start`]); `None` for the others.
+        install: Option<InstallSource>,
     },
     /// Connection refused, reset, timed out: the node is down or rebooting.
     Unreachable { reason: String },
@@ -390,7 +394,7 @@ pub fn advance(
     run: &Run,
     settings: &Settings,
     observation: &Observation,
-    installer_image_for: &dyn Fn(&str, &Version) -> Result<String, String>,
+    installer_image_for: &dyn Fn(&InstallSource, &Version) -> Result<String, String>,
     now: Timestamp,
 ) -> Decision {
     let mut run = run.clone();
@@ -937,7 +941,7 @@ struct Pass<'a> {
     target: &'a Version,
     settings: &'a Settings,
     observation: &'a Observation,
-    installer_image_for: &'a dyn Fn(&str, &Version) -> Result<String, String>,
+    installer_image_for: &'a dyn Fn(&InstallSource, &Version) -> Result<String, String>,
     now: Timestamp,
 }
 
@@ -988,13 +992,13 @@ impl Pass<'_> {
                     format!("node {name} is not in the cluster's node list"),
                 ));
             };
-            let (version, boot_id, installer_image) = match &node.talos {
+            let (version, boot_id, install) = match &node.talos {
                 TalosState::Up {
                     version,
                     boot_id,
-                    installer_image,
+                    install,
                     ..
-                } => (version, boot_id, installer_image.as_deref()),
+                } => (version, boot_id, install.as_ref()),
                 TalosState::Unreachable { reason } => {
                     return Some((
                         PreflightCheck::TalosApi,
@@ -1047,7 +1051,7 @@ impl Pass<'_> {
                 }
             }
             // Read for every node `may_start` names; a node without it is held, not failed.
-            let Some(installer_image) = installer_image else {
+            let Some(install) = install else {
                 return Some((
                     PreflightCheck::TalosApi,
                     format!(
@@ -1055,7 +1059,7 @@ impl Pass<'_> {
                     ),
                 ));
             };
-            let image = match installer_image_for(installer_image, target) {
+            let image = match installer_image_for(install, target) {
                 Ok(image) => image,
                 Err(reason) => {
                     fail_node(

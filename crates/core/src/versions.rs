@@ -716,7 +716,7 @@ pub fn default_installer_image(target: &TalosVersion) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImageError {
     #[error(
-        "The node's installer image is empty, so the target image cannot be derived from it: set machine.install.image to the installer the node was installed with"
+        "The node's installer image is empty, so the target image cannot be derived from it: set the install image in its machine config (installer.image of its UnattendedInstallConfig, or machine.install.image) to the installer the node was installed with, or name one with the upgrade.vitistack.io/talos-installer-image annotation"
     )]
     Empty,
 

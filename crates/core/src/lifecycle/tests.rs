@@ -17,8 +17,8 @@ use crate::kubernetes::{
 };
 use crate::run::{NodeRole, NoteType, Outcome, Reason};
 use crate::talos::{
-    self, EtcdObservation, LifecycleStage, NodeObservation, NodeProgress, NodeStep, Observation,
-    Run, Talos, TalosState, TalosVersions,
+    self, EtcdObservation, InstallSource, LifecycleStage, NodeObservation, NodeProgress, NodeStep,
+    Observation, Run, Talos, TalosState, TalosVersions,
 };
 use crate::versions::{KubernetesVersion, TalosVersion};
 
@@ -47,7 +47,10 @@ fn talos_node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
             version: Version::parse(version).expect("version"),
             boot_id: format!("{name}-boot-1"),
             ready: true,
-            installer_image: Some(format!("ghcr.io/siderolabs/installer:v{version}")),
+            install: Some(InstallSource::new(
+                format!("ghcr.io/siderolabs/installer:v{version}"),
+                Some("metal"),
+            )),
         },
         kubernetes_ready: true,
         cordoned: false,
@@ -228,7 +231,15 @@ fn talos_answers(version: &str) -> Answers<Talos> {
             talos::Further::InstallerImages(nodes) => talos::FurtherLooked::InstallerImages(
                 nodes
                     .iter()
-                    .map(|n| (n.clone(), Ok("ghcr.io/siderolabs/installer:v1.11.6".into())))
+                    .map(|n| {
+                        (
+                            n.clone(),
+                            Ok(InstallSource::new(
+                                "ghcr.io/siderolabs/installer:v1.11.6",
+                                Some("metal"),
+                            )),
+                        )
+                    })
                     .collect(),
             ),
         },

@@ -5,8 +5,8 @@ use jiff::Timestamp;
 use semver::Version;
 
 use super::{
-    Action, Decision, DrainStatus, EtcdObservation, LifecycleStage, NodeObservation, NodeStep,
-    Observation, Run, Settings, TalosState, UpgradeApi, UpgradeOrder,
+    Action, Decision, DrainStatus, EtcdObservation, InstallSource, LifecycleStage, NodeObservation,
+    NodeStep, Observation, Run, Settings, TalosState, UpgradeApi, UpgradeOrder,
 };
 use crate::annotations::UpgradeKind;
 use crate::catalog::{self, Catalog};
@@ -103,8 +103,8 @@ pub enum Further {
 pub enum FurtherLooked {
     /// Per node, what the drain pass left (`None`: the pass failed, and is made again next time).
     Drained(Vec<(String, Option<DrainStatus>)>),
-    /// Per node, its installer image or why its config could not be read.
-    InstallerImages(Vec<(String, Result<String, String>)>),
+    /// Per node, how it was installed or why its config could not be read.
+    InstallerImages(Vec<(String, Result<InstallSource, String>)>),
     Etcd(EtcdObservation),
 }
 
@@ -139,16 +139,9 @@ fn check_path(
     Ok(step)
 }
 
-/// The installer image for `target` on a node installed from `current`: same registry, repository and
-/// schematic, the target's tag.
-fn installer_image(current: &str, target: &Version) -> Result<String, String> {
-    versions::installer_image_for(current, &TalosVersion::from_semver(target.clone()))
-        .map_err(|e| e.to_string())
-}
-
-/// A node's state with its installer image as read: a node up whose config cannot be read cannot be
+/// A node's state with how it was installed, as read: a node up whose config cannot be read cannot be
 /// upgraded, so it counts as unreachable, with the reason.
-pub fn with_installer_image(state: TalosState, read: Result<String, String>) -> TalosState {
+pub fn with_installer_image(state: TalosState, read: Result<InstallSource, String>) -> TalosState {
     match (state, read) {
         (
             TalosState::Up {
@@ -157,12 +150,12 @@ pub fn with_installer_image(state: TalosState, read: Result<String, String>) -> 
                 ready,
                 ..
             },
-            Ok(image),
+            Ok(install),
         ) => TalosState::Up {
             version,
             boot_id,
             ready,
-            installer_image: Some(image),
+            install: Some(install),
         },
         (TalosState::Up { .. }, Err(reason)) => TalosState::Unreachable { reason },
         (unreachable @ TalosState::Unreachable { .. }, _) => unreachable,
@@ -236,6 +229,7 @@ impl Kind for Talos {
             order,
             max_parallel_workers: parallel.get() as usize,
             paused: intent.paused,
+            installer: intent.installer.clone()?,
             ..Talos::stopping(limits)
         })
     }
@@ -249,6 +243,7 @@ impl Kind for Talos {
             node_deadline: limits.node_deadline,
             drain_timeout: limits.drain_timeout,
             unanswered_grace: limits.unanswered_grace,
+            installer: None,
         }
     }
 
@@ -615,15 +610,9 @@ impl Kind for Talos {
         let unread: Vec<String> = super::may_start(run, settings)
             .into_iter()
             .filter(|name| {
-                observation.node(name).is_some_and(|n| {
-                    matches!(
-                        n.talos,
-                        TalosState::Up {
-                            installer_image: None,
-                            ..
-                        }
-                    )
-                })
+                observation
+                    .node(name)
+                    .is_some_and(|n| matches!(n.talos, TalosState::Up { install: None, .. }))
             })
             .map(str::to_string)
             .collect();
@@ -659,6 +648,9 @@ impl Kind for Talos {
         observation: &Observation,
         now: Timestamp,
     ) -> Decision {
+        let installer_image = |install: &InstallSource, target: &Version| {
+            super::installer::installer_image(install, target, settings.installer.as_ref())
+        };
         super::advance(run, settings, observation, &installer_image, now)
     }
 
@@ -814,15 +806,24 @@ mod tests {
             version: Version::new(1, 11, 6),
             boot_id: "boot-1".into(),
             ready: true,
-            installer_image: None,
+            install: None,
         };
         assert_eq!(
-            with_installer_image(up(), Ok("ghcr.io/siderolabs/installer:v1.11.6".into())),
+            with_installer_image(
+                up(),
+                Ok(InstallSource::new(
+                    "ghcr.io/siderolabs/installer:v1.11.6",
+                    Some("metal")
+                ))
+            ),
             TalosState::Up {
                 version: Version::new(1, 11, 6),
                 boot_id: "boot-1".into(),
                 ready: true,
-                installer_image: Some("ghcr.io/siderolabs/installer:v1.11.6".into()),
+                install: Some(InstallSource::new(
+                    "ghcr.io/siderolabs/installer:v1.11.6",
+                    Some("metal")
+                )),
             }
         );
         assert!(matches!(

@@ -25,12 +25,14 @@ fn settings() -> Settings {
         node_deadline: DEADLINE,
         drain_timeout: DRAIN_TIMEOUT,
         unanswered_grace: Duration::from_secs(60),
+        installer: None,
     }
 }
 
 /// Swaps the tag, keeping repository and schematic: enough for these tests; the real derivation lives in
 /// the versions module.
-fn image_for(current: &str, target: &Version) -> Result<String, String> {
+fn image_for(current: &InstallSource, target: &Version) -> Result<String, String> {
+    let current = &current.image;
     let repo = current
         .rsplit_once(':')
         .map(|(repo, _)| repo)
@@ -46,7 +48,10 @@ fn node(name: &str, role: NodeRole, version: &str) -> NodeObservation {
             version: v(version),
             boot_id: format!("{name}-boot-1"),
             ready: true,
-            installer_image: Some(format!("factory.talos.dev/installer/abc123:v{version}")),
+            install: Some(InstallSource::new(
+                format!("factory.talos.dev/installer/abc123:v{version}"),
+                Some("metal"),
+            )),
         },
         kubernetes_ready: true,
         cordoned: false,
@@ -88,7 +93,10 @@ fn rebooted(obs: &mut Observation, name: &str, version: &str, ready: bool) {
             version: v(version),
             boot_id: format!("{name}-boot-2"),
             ready,
-            installer_image: Some(format!("factory.talos.dev/installer/abc123:v{version}")),
+            install: Some(InstallSource::new(
+                format!("factory.talos.dev/installer/abc123:v{version}"),
+                Some("metal"),
+            )),
         };
         n.kubernetes_ready = ready;
     });
@@ -507,11 +515,8 @@ fn the_api_generation_follows_the_running_version() {
 fn an_underivable_installer_image_fails_before_any_call() {
     let mut obs = cluster("1.11.6");
     set(&mut obs, "worker-1", |n| {
-        if let TalosState::Up {
-            installer_image, ..
-        } = &mut n.talos
-        {
-            *installer_image = Some("no-tag-here".into());
+        if let TalosState::Up { install, .. } = &mut n.talos {
+            *install = Some(InstallSource::new("no-tag-here", Some("metal")));
         }
     });
     let run = workers_first("1.12.0", &obs);
@@ -1399,11 +1404,8 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
     // A node the run would start whose config was not read is held, never failed.
     let mut unread = obs.clone();
     set(&mut unread, "worker-1", |n| {
-        if let TalosState::Up {
-            installer_image, ..
-        } = &mut n.talos
-        {
-            *installer_image = None;
+        if let TalosState::Up { install, .. } = &mut n.talos {
+            *install = None;
         }
     });
     let held = decide(&run, &settings(), &unread, t0());

@@ -313,9 +313,7 @@ impl World {
                         version: n.talos.clone(),
                         boot_id: n.boot_id(),
                         ready: n.ready,
-                        installer_image: reading
-                            .contains(&n.name)
-                            .then(|| installer_image(&n.talos)),
+                        install: reading.contains(&n.name).then(|| install_source(&n.talos)),
                     }
                 } else {
                     TalosState::Unreachable {
@@ -357,12 +355,15 @@ impl World {
         }
     }
 
-    pub fn installer_images(&self, names: &[String]) -> Vec<(String, Result<String, String>)> {
+    pub fn installer_images(
+        &self,
+        names: &[String],
+    ) -> Vec<(String, Result<talos::InstallSource, String>)> {
         self.present()
             .filter(|n| names.contains(&n.name))
             .map(|n| {
                 let read = if n.up {
-                    Ok(installer_image(&n.talos))
+                    Ok(install_source(&n.talos))
                 } else {
                     Err("connection refused".to_string())
                 };
@@ -685,6 +686,11 @@ impl World {
             Called::Done
         }
     }
+}
+
+/// How a model node was installed: the generic installer of its version, on bare metal.
+pub fn install_source(version: &Version) -> talos::InstallSource {
+    talos::InstallSource::new(installer_image(version), Some("metal"))
 }
 
 pub fn installer_image(version: &Version) -> String {
