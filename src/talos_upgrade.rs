@@ -8,6 +8,7 @@ use std::time::Instant;
 use talos_api::{LegacyUpgradeOptions, RebootMode, TalosError};
 use talos_upgrade_core::acknowledgement::LastLook;
 use talos_upgrade_core::lifecycle::{Act, Called, Looked};
+use talos_upgrade_core::talos::installer::installer_exit;
 use talos_upgrade_core::talos::{
     Action, Further, FurtherLooked, NodeObservation, Observation, StartingNodes, Talos, TalosState,
     TalosVersions, UpgradeApi, with_installer_image,
@@ -373,7 +374,18 @@ async fn call(access: &Access, action: &Action) -> Called {
                 tracing::warn!(node = %node_name, %error, "pulling the installer");
                 return Called::NotReached(error.to_string());
             }
-            Err(error) => return Called::Refused(format!("refused the installation: {error}")),
+            // Talos 1.14 pulls once and hands every registry hiccup to the caller (talos v1.14.1
+            // `internal/pkg/containers/image/pull.go`): what may pass is pulled again later. A
+            // missing image, a refused reference or credentials stay so: the node fails, untouched.
+            Err(error) if pull_may_pass(&error) => {
+                tracing::warn!(node = %node_name, %error, "pulling the installer; trying again later");
+                return Called::Retry(format!("pulling {installer_image}: {error}"));
+            }
+            Err(error) => {
+                return Called::Refused(format!(
+                    "refused the installation: pulling {installer_image}: {error}"
+                ));
+            }
         },
         Action::Upgrade {
             installer_image,
@@ -387,6 +399,20 @@ async fn call(access: &Access, action: &Action) -> Called {
                 Err(error) if error.is_unreachable() => {
                     tracing::warn!(node = %node_name, %error, "the installation got no answer");
                     return Called::Unanswered(error.to_string());
+                }
+                // The installer ran and failed: its exit code says whether trying again may help.
+                Err(TalosError::UpgradeFailed {
+                    exit_code,
+                    output_tail,
+                    ..
+                }) => {
+                    let (retry, reason) = installer_exit(exit_code, &output_tail);
+                    tracing::warn!(node = %node_name, exit_code, retry, "the installer failed");
+                    return if retry {
+                        Called::Retry(reason)
+                    } else {
+                        Called::Refused(format!("refused the installation: {reason}"))
+                    };
                 }
                 Err(error) => (Err(error), "the installation"),
             }
@@ -408,6 +434,16 @@ async fn call(access: &Access, action: &Action) -> Called {
         }
         Err(error) => Called::Refused(format!("refused {what}: {error}")),
     }
+}
+
+/// Whether a failed pull may succeed later: a timeout or a registry that answered with an error of its
+/// own (gRPC `Internal`, `Unknown`, `ResourceExhausted`, `Aborted`), not a missing image, a refused
+/// reference or credentials, and not a node without the API.
+fn pull_may_pass(error: &TalosError) -> bool {
+    matches!(
+        error.code(),
+        "DeadlineExceeded" | "Internal" | "Unknown" | "ResourceExhausted" | "Aborted"
+    )
 }
 
 /// When no node answers: whether the nodes refuse the Secret's credentials. Asks one node, directly

@@ -255,6 +255,7 @@ impl World {
                 drain_timeout: spec.drain_timeout,
                 // Fast simulated nodes start an upgrade sequence within milliseconds of the call.
                 unanswered_grace: Duration::from_secs(3),
+                retry_after: Duration::from_millis(200),
                 step_deadline: Duration::from_secs(60),
             },
             catalog: spec

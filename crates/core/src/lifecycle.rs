@@ -146,6 +146,9 @@ pub trait Kind {
     ) -> Answered<Self::Further>;
     /// Records that `action` never reached the node (it had no effect).
     fn not_reached(run: &mut Self::Run, action: &Self::Action);
+    /// Records that `action` was refused for a reason that may pass, to be made again later; false
+    /// when the run has no way to retry it (it is then refused for good).
+    fn retry(run: &mut Self::Run, action: &Self::Action, reason: &str, now: Timestamp) -> bool;
     /// Records that `action` was refused for good: the run fails, naming the node. Returns the clean-up
     /// to do (Talos: uncordon a node the run cordoned).
     fn refused(
@@ -219,6 +222,10 @@ pub enum Called {
     /// have got it; an install is never made again before a reboot; a Kubernetes step is retried
     /// until its deadline, every call being idempotent).
     Unanswered(String),
+    /// Refused this time for a reason that may pass (a registry that did not answer, an installer
+    /// failure its exit code says is worth retrying): [`Kind::retry`] decides whether the run makes the
+    /// call again later or fails as for [`Called::Refused`].
+    Retry(String),
     /// Refused for good: the run fails with this reason.
     Refused(String),
 }
@@ -251,6 +258,9 @@ pub struct Limits {
     /// How long a node whose upgrade call got no answer must be seen on its old boot, ready, before
     /// the call is made again.
     pub unanswered_grace: Duration,
+    /// How long after a call refused for a reason that may pass (see [`Called::Retry`]) it is made
+    /// again; always within the node's deadline.
+    pub retry_after: Duration,
     /// How long one step of a Kubernetes upgrade may take.
     pub step_deadline: Duration,
 }
@@ -261,6 +271,7 @@ impl Default for Limits {
             node_deadline: Duration::from_secs(15 * 60),
             drain_timeout: Duration::from_secs(5 * 60),
             unanswered_grace: Duration::from_secs(60),
+            retry_after: Duration::from_secs(30),
             step_deadline: Duration::from_secs(10 * 60),
         }
     }
@@ -1075,7 +1086,8 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 },
                 Called::NotReached(_) => K::not_reached(&mut run, action),
                 Called::Unanswered(_) => {}
-                Called::Refused(reason) => {
+                Called::Retry(reason) if K::retry(&mut run, action, &reason, now) => {}
+                Called::Retry(reason) | Called::Refused(reason) => {
                     let cleanup = K::refused(&mut run, action, &reason, now);
                     if run.failure().is_none() {
                         break;

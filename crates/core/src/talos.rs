@@ -29,7 +29,9 @@ pub use self::kind::{
     Further, FurtherLooked, StartingNodes, Talos, TalosVersions, check_new_run,
     with_installer_image,
 };
-pub use self::record::{LifecycleStage, NodeProgress, NodeStep, PendingInstall, Run};
+pub use self::record::{
+    FailedAttempt, LifecycleStage, NodeProgress, NodeStep, PendingInstall, Run,
+};
 pub use crate::run::UpgradeOrder;
 use crate::run::{
     NodeRole, Note, Outcome, PreflightCheck, Reason, Report, RunState, human_duration,
@@ -51,6 +53,8 @@ pub struct Settings {
     /// How long a node whose upgrade call got no answer must be seen on its old boot, running and ready,
     /// before the call is taken as never received and made again.
     pub unanswered_grace: Duration,
+    /// How long after a pull or install refused for a reason that may pass it is made again.
+    pub retry_after: Duration,
     /// The installer named by the cluster's annotations for every node, if any (see [`installer`]).
     pub installer: Option<InstallerOverride>,
 }
@@ -294,7 +298,7 @@ fn pending_install(step: &NodeStep) -> Option<PendingInstall> {
         LifecycleStage::Draining { uncordon, .. } | LifecycleStage::Rebooting { uncordon, .. } => {
             *uncordon
         }
-        LifecycleStage::Pulling
+        LifecycleStage::Pulling { .. }
         | LifecycleStage::Pulled
         | LifecycleStage::Installing { .. }
         | LifecycleStage::Uncordoning { .. }
@@ -324,7 +328,7 @@ fn left_with_install(pending: &PendingInstall, target: &str) -> String {
 pub fn pulled(run: &mut Run, node: &str) {
     for progress in run.nodes.iter_mut().filter(|n| n.name == node) {
         if let NodeStep::Issued {
-            lifecycle: lifecycle @ Some(LifecycleStage::Pulling),
+            lifecycle: lifecycle @ Some(LifecycleStage::Pulling { .. }),
             ..
         } = &mut progress.step
         {
@@ -473,27 +477,60 @@ pub fn advance(
             // later pass), the install follows a pull or is made again, each recorded before it is
             // sent; past the node deadline the node fails, untouched.
             Some(
-                LifecycleStage::Pulling
+                stage @ (LifecycleStage::Pulling { .. }
                 | LifecycleStage::Pulled
-                | LifecycleStage::Installing { retry: true },
+                | LifecycleStage::Installing { retry: true, .. }),
             ) => {
-                if now.duration_since(*at).unsigned_abs() > settings.node_deadline {
+                let failed = match stage {
+                    LifecycleStage::Pulling { failed }
+                    | LifecycleStage::Installing { failed, .. } => failed.clone(),
+                    _ => None,
+                };
+                let deadline = *at + settings.node_deadline;
+                if now > deadline {
+                    let last = failed
+                        .as_ref()
+                        .map(|failed| format!(" (the last attempt: {})", failed.reason))
+                        .unwrap_or_default();
                     progress.step = NodeStep::Failed {
                         at: now,
                         reason: format!(
-                            "could not install Talos {target} within {}; it was not rebooted and \
-                             runs its old version",
+                            "could not install Talos {target} within {}{last}; it was not \
+                             rebooted and runs its old version",
                             human_duration(settings.node_deadline)
                         ),
                         installed: None,
                     };
-                } else if matches!(lifecycle, Some(LifecycleStage::Pulling)) {
+                    continue;
+                }
+                if let Some(failed) = &failed {
+                    details.push(format!(
+                        "{name}'s {} failed ({}), tried {} time{}; trying again until {}",
+                        if matches!(stage, LifecycleStage::Pulling { .. }) {
+                            "installer pull"
+                        } else {
+                            "install"
+                        },
+                        failed.reason,
+                        failed.failures,
+                        if failed.failures == 1 { "" } else { "s" },
+                        deadline.strftime("%H:%M:%S UTC"),
+                    ));
+                    // Not at once: what failed (a registry, the network) is given time to recover.
+                    if now < failed.at + settings.retry_after {
+                        continue;
+                    }
+                }
+                if matches!(stage, LifecycleStage::Pulling { .. }) {
                     actions.push(Action::Pull {
                         node: name,
                         installer_image: installer_image.clone(),
                     });
                 } else {
-                    *lifecycle = Some(LifecycleStage::Installing { retry: false });
+                    *lifecycle = Some(LifecycleStage::Installing {
+                        retry: false,
+                        failed,
+                    });
                     actions.push(Action::Upgrade {
                         node: name,
                         installer_image: installer_image.clone(),
@@ -502,7 +539,7 @@ pub fn advance(
                 }
                 continue;
             }
-            Some(LifecycleStage::Installing { retry: false }) => {
+            Some(LifecycleStage::Installing { retry: false, .. }) => {
                 // The install's answer was never recorded (the controller stopped during it, or it
                 // got no answer): it may have happened. Installing again could flip the bootloader
                 // back onto the running slot, so the node goes on as if installed: drained, then
@@ -1081,7 +1118,7 @@ impl Pass<'_> {
                 installer_image: image.clone(),
                 lifecycle: match api {
                     UpgradeApi::Legacy => None,
-                    UpgradeApi::Lifecycle => Some(LifecycleStage::Pulling),
+                    UpgradeApi::Lifecycle => Some(LifecycleStage::Pulling { failed: None }),
                 },
                 // Until its answer is recorded (see [`answered`]).
                 unanswered: api == UpgradeApi::Legacy,

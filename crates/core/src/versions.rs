@@ -721,7 +721,7 @@ pub enum ImageError {
     Empty,
 
     #[error(
-        "The node's installer image {image:?} is not a valid image reference ({problem}), so the target image cannot be derived from it: correct machine.install.image"
+        "The node's installer image {image:?} is not a valid image reference ({problem}), so the target image cannot be derived from it: correct the install image in its machine config (installer.image of its UnattendedInstallConfig, or machine.install.image)"
     )]
     Invalid {
         image: String,
@@ -1610,11 +1610,11 @@ mod tests {
             installer_image_for(":v1.11.6", &target)
                 .unwrap_err()
                 .to_string(),
-            r#"The node's installer image ":v1.11.6" is not a valid image reference (it has no repository), so the target image cannot be derived from it: correct machine.install.image"#
+            r#"The node's installer image ":v1.11.6" is not a valid image reference (it has no repository), so the target image cannot be derived from it: correct the install image in its machine config (installer.image of its UnattendedInstallConfig, or machine.install.image)"#
         );
         assert_eq!(
             installer_image_for("", &target).unwrap_err().to_string(),
-            "The node's installer image is empty, so the target image cannot be derived from it: set machine.install.image to the installer the node was installed with"
+            "The node's installer image is empty, so the target image cannot be derived from it: set the install image in its machine config (installer.image of its UnattendedInstallConfig, or machine.install.image) to the installer the node was installed with, or name one with the upgrade.vitistack.io/talos-installer-image annotation"
         );
     }
 

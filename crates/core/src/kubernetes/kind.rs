@@ -309,6 +309,12 @@ impl Kind for Kubernetes {
         // Every call is idempotent: the step's rule makes it again until its deadline.
     }
 
+    fn retry(_: &mut KubeRun, _: &Action, _: &str, _: Timestamp) -> bool {
+        // The shell never asks: a Kubernetes step's calls are retried until the step's deadline as
+        // unanswered ones, or refused.
+        false
+    }
+
     fn refused(run: &mut KubeRun, _: &Action, reason: &str, now: Timestamp) -> Vec<Action> {
         if let Some(index) = run.step_in_flight() {
             super::fail_step(run, index, reason, now);

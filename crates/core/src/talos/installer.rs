@@ -197,6 +197,50 @@ pub fn parse_installer_repository(text: &str) -> Result<String, &'static str> {
         .map_err(|_| "name a valid image repository, for example factory.talos.dev/metal-installer/<schematic>")
 }
 
+/// What an installer's exit code says about its failure: whether trying again may help, and the
+/// failure in words (the code's meaning, then the installer's own last lines).
+///
+/// The codes are Talos 1.14's (machinery v1.14.1 `constants/constants.go`, "Installer/imager exit
+/// codes", stable across releases). Talos does not say which are worth retrying; this follows Omni
+/// (`internal/backend/talos/lifecycle/exitcode.go`): invalid input (2) and an unsupported operation (3)
+/// fail the same way every time, everything else may pass. One exception: the host-version pre-flight
+/// check exits 4 (environment) with `compatibility/talos_version.go`'s words, and a version the
+/// installer refuses stays refused, so that is permanent too. Installers before 1.14 exit 1 on every
+/// failure: unknown, so retried within the node's deadline.
+pub fn installer_exit(code: i32, output: &str) -> (bool, String) {
+    let (retry, meaning) = match code {
+        2 => (false, "invalid input"),
+        3 => (false, "unsupported for this version"),
+        4 if refuses_host_version(output) => (false, "the host's Talos version is refused"),
+        4 => (true, "a host prerequisite is missing"),
+        5 => (true, "an external dependency failed, such as an image pull"),
+        6 => (true, "a local I/O failure"),
+        7 => (true, "the installation failed"),
+        _ => (true, "an unknown failure"),
+    };
+    let output = output.trim();
+    let words = if output.is_empty() {
+        format!("the installer exited with code {code} ({meaning})")
+    } else {
+        format!("the installer exited with code {code} ({meaning}): {output}")
+    };
+    (retry, words)
+}
+
+/// `TalosVersion.UpgradeableFrom`'s refusals (machinery v1.14.1 `compatibility/talos_version.go`).
+fn refuses_host_version(output: &str) -> bool {
+    let host_refused = output.contains("host version")
+        && [
+            "is too old to upgrade",
+            "is too new to downgrade",
+            "is denied for upgrade",
+        ]
+        .iter()
+        .any(|words| output.contains(words));
+    // "upgrades to version X are not supported": the target itself is refused.
+    host_refused || output.contains("are not supported")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,5 +410,58 @@ mod tests {
         assert!(is_schematic_id(EMPTY_SCHEMATIC));
         assert!(!is_schematic_id(&EMPTY_SCHEMATIC.to_uppercase()));
         assert!(!is_schematic_id("abc"));
+    }
+
+    #[test]
+    fn installer_exit_codes() {
+        // (code, output, retried?, words in the reason)
+        let cases = [
+            (
+                1,
+                "error: something",
+                true,
+                "code 1 (an unknown failure): error: something",
+            ),
+            (
+                2,
+                "invalid kernel argument",
+                false,
+                "code 2 (invalid input): invalid kernel argument",
+            ),
+            (3, "", false, "code 3 (unsupported for this version)"),
+            (
+                4,
+                "pre-flight: /dev/sda is missing",
+                true,
+                "a host prerequisite is missing",
+            ),
+            (
+                4,
+                "host version 1.11.6 is too old to upgrade to Talos 1.14.1",
+                false,
+                "the host's Talos version is refused",
+            ),
+            (
+                4,
+                "host version 1.16.0 is too new to downgrade to Talos 1.14.1",
+                false,
+                "refused",
+            ),
+            (
+                5,
+                "failed to pull overlay",
+                true,
+                "an external dependency failed",
+            ),
+            (6, "", true, "a local I/O failure"),
+            (7, "", true, "the installation failed"),
+            (42, "", true, "code 42 (an unknown failure)"),
+        ];
+        for (code, output, retry, words) in cases {
+            let (retried, reason) = installer_exit(code, output);
+            assert_eq!(retried, retry, "{code} {output}");
+            assert!(reason.contains(words), "{code}: {reason}");
+            assert!(reason.starts_with(&format!("the installer exited with code {code}")));
+        }
     }
 }

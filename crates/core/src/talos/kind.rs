@@ -5,8 +5,8 @@ use jiff::Timestamp;
 use semver::Version;
 
 use super::{
-    Action, Decision, DrainStatus, EtcdObservation, InstallSource, LifecycleStage, NodeObservation,
-    NodeStep, Observation, Run, Settings, TalosState, UpgradeApi, UpgradeOrder,
+    Action, Decision, DrainStatus, EtcdObservation, FailedAttempt, InstallSource, LifecycleStage,
+    NodeObservation, NodeStep, Observation, Run, Settings, TalosState, UpgradeApi, UpgradeOrder,
 };
 use crate::annotations::UpgradeKind;
 use crate::catalog::{self, Catalog};
@@ -243,6 +243,7 @@ impl Kind for Talos {
             node_deadline: limits.node_deadline,
             drain_timeout: limits.drain_timeout,
             unanswered_grace: limits.unanswered_grace,
+            retry_after: limits.retry_after,
             installer: None,
         }
     }
@@ -496,7 +497,7 @@ impl Kind for Talos {
                     }
                 };
                 Some(match lifecycle {
-                    Some(LifecycleStage::Pulling | LifecycleStage::Pulled) => return None,
+                    Some(LifecycleStage::Pulling { .. } | LifecycleStage::Pulled) => return None,
                     None => format!(
                         "Node {name} had its upgrade call to Talos {target} and finishes it by itself"
                     ),
@@ -704,11 +705,56 @@ impl Kind for Talos {
         } = action
             && let Some(progress) = run.nodes.iter_mut().find(|n| n.name == *node)
             && let NodeStep::Issued {
-                lifecycle: Some(LifecycleStage::Installing { retry }),
+                lifecycle: Some(LifecycleStage::Installing { retry, .. }),
                 ..
             } = &mut progress.step
         {
             *retry = true;
+        }
+    }
+
+    fn retry(run: &mut Run, action: &Action, reason: &str, now: Timestamp) -> bool {
+        // Only the Talos >= 1.13 pull and install are made again: neither changed what the node boots
+        // (an install that failed never made its system the boot default). The legacy upgrade call
+        // runs the whole upgrade on the node, which reports no exit code to classify.
+        let Some(progress) = run.nodes.iter_mut().find(|n| n.name == action.node()) else {
+            return false;
+        };
+        let NodeStep::Issued {
+            lifecycle: Some(stage),
+            ..
+        } = &mut progress.step
+        else {
+            return false;
+        };
+        let attempt = |failed: &Option<FailedAttempt>| {
+            Some(FailedAttempt {
+                at: now,
+                reason: reason.to_string(),
+                failures: failed.as_ref().map_or(0, |f| f.failures) + 1,
+            })
+        };
+        match (action, &*stage) {
+            (Action::Pull { .. }, LifecycleStage::Pulling { failed }) => {
+                *stage = LifecycleStage::Pulling {
+                    failed: attempt(failed),
+                };
+                true
+            }
+            (
+                Action::Upgrade {
+                    api: UpgradeApi::Lifecycle,
+                    ..
+                },
+                LifecycleStage::Installing { failed, .. },
+            ) => {
+                *stage = LifecycleStage::Installing {
+                    retry: true,
+                    failed: attempt(failed),
+                };
+                true
+            }
+            _ => false,
         }
     }
 

@@ -112,7 +112,12 @@ pub struct PendingInstall {
 pub enum LifecycleStage {
     /// `ImageService.Pull` of the installer sent (or about to be). Pulling changes nothing the node
     /// boots, so found in a later pass it is simply made again.
-    Pulling,
+    Pulling {
+        /// The last pull failed for a reason that may pass (Talos 1.14 pulls once and leaves retries
+        /// to the caller): it is made again once [`crate::talos::Settings::retry_after`] has passed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failed: Option<FailedAttempt>,
+    },
     /// The installer is pulled; the install is next (within the same pass).
     Pulled,
     /// `LifecycleService.Upgrade` sent (or about to be). Found in a later pass, the install's answer
@@ -122,6 +127,10 @@ pub enum LifecycleStage {
     Installing {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         retry: bool,
+        /// The last install failed in a way its installer says is worth retrying (`retry` is then
+        /// set): it is made again once [`crate::talos::Settings::retry_after`] has passed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failed: Option<FailedAttempt>,
     },
     /// Installed; the node is cordoned and its pods are being evicted since `since`. `uncordon` is false
     /// when the node was already cordoned before (by someone else), so it is left as it was found.
@@ -145,11 +154,22 @@ pub enum LifecycleStage {
     Failing { reason: String, since: Timestamp },
 }
 
+/// A pull or install that failed for a reason that may pass, and is to be made again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedAttempt {
+    pub at: Timestamp,
+    /// What failed, in the node's (or the installer's) words.
+    pub reason: String,
+    /// Attempts that failed so far.
+    pub failures: u32,
+}
+
 impl LifecycleStage {
     /// Whether the controller cordoned the node and so must make it schedulable again.
     pub fn must_uncordon(&self) -> bool {
         match self {
-            LifecycleStage::Pulling
+            LifecycleStage::Pulling { .. }
             | LifecycleStage::Pulled
             | LifecycleStage::Installing { .. } => false,
             LifecycleStage::Draining { uncordon, .. }
@@ -262,5 +282,40 @@ mod tests {
         let back: Run = serde_json::from_value(json).expect("deserialize");
         assert_eq!(back, run);
         assert_eq!(run.counts(), (1, 3));
+    }
+
+    /// Records written before failed attempts were kept (`{"stage":"pulling"}`, `retry` alone) read
+    /// as stages with no failed attempt; one with a failed attempt survives a round trip.
+    #[test]
+    fn stages_written_before_failed_attempts_still_read() {
+        let old: LifecycleStage = serde_json::from_str(r#"{"stage":"pulling"}"#).expect("pulling");
+        assert_eq!(old, LifecycleStage::Pulling { failed: None });
+        let old: LifecycleStage =
+            serde_json::from_str(r#"{"stage":"installing","retry":true}"#).expect("installing");
+        assert_eq!(
+            old,
+            LifecycleStage::Installing {
+                retry: true,
+                failed: None
+            }
+        );
+        let stage = LifecycleStage::Installing {
+            retry: true,
+            failed: Some(FailedAttempt {
+                at: "2026-11-28T10:00:00Z".parse().expect("time"),
+                reason: "installer exited with code 5".into(),
+                failures: 2,
+            }),
+        };
+        let json = serde_json::to_value(&stage).expect("serialize");
+        assert_eq!(json["failed"]["failures"], 2);
+        assert_eq!(
+            serde_json::from_value::<LifecycleStage>(json).expect("back"),
+            stage
+        );
+        assert_eq!(
+            serde_json::to_value(LifecycleStage::Pulling { failed: None }).expect("serialize"),
+            serde_json::json!({"stage": "pulling"})
+        );
     }
 }

@@ -25,6 +25,7 @@ fn settings() -> Settings {
         node_deadline: DEADLINE,
         drain_timeout: DRAIN_TIMEOUT,
         unanswered_grace: Duration::from_secs(60),
+        retry_after: Duration::from_secs(30),
         installer: None,
     }
 }
@@ -728,7 +729,7 @@ fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
     );
     assert_eq!(
         lifecycle_stage(&pull.run, "worker-1"),
-        Some(LifecycleStage::Pulling)
+        Some(LifecycleStage::Pulling { failed: None })
     );
     let again = decide(&pull.run, &settings(), &obs, t0() + 1.minutes());
     assert_eq!(again.actions, pull.actions, "a pull found unfinished");
@@ -745,7 +746,10 @@ fn on_talos_1_13_the_upgrade_call_installs_only_and_draining_follows() {
     );
     assert_eq!(
         lifecycle_stage(&first.run, "worker-1"),
-        Some(LifecycleStage::Installing { retry: false })
+        Some(LifecycleStage::Installing {
+            retry: false,
+            failed: None
+        })
     );
 
     // The install went through: draining starts; a node someone else had cordoned stays cordoned after.
@@ -778,7 +782,10 @@ fn an_install_whose_answer_was_lost_is_never_made_again_before_a_reboot() {
     assert_eq!(again.actions, first.actions);
     assert_eq!(
         lifecycle_stage(&again.run, "worker-1"),
-        Some(LifecycleStage::Installing { retry: false }),
+        Some(LifecycleStage::Installing {
+            retry: false,
+            failed: None
+        }),
         "recorded before it is made again"
     );
 
@@ -1488,4 +1495,97 @@ fn a_node_not_started_that_leaves_the_node_list_is_dropped_from_the_run() {
         "{:?}",
         decision.report.notes
     );
+}
+
+/// A pull or install refused for a reason that may pass (a registry that did not answer, an installer
+/// exit code worth retrying) is made again after `retry_after`, saying so, until the node's deadline;
+/// past it the node fails with the last attempt's reason, never having been rebooted.
+#[test]
+fn a_retryable_failure_is_retried_within_the_node_deadline_then_fails_with_its_reason() {
+    use crate::lifecycle::Kind as _;
+    let obs = cluster("1.13.0");
+    let run = workers_first("1.14.0", &obs);
+
+    // The pull: made again after retry_after, not before.
+    let pull = decide(&run, &settings(), &obs, t0());
+    let mut pull_failed = pull.run.clone();
+    assert!(Talos::retry(
+        &mut pull_failed,
+        &pull.actions[0],
+        "registry answered 503",
+        t0()
+    ));
+    let soon = decide(&pull_failed, &settings(), &obs, t0() + 10.seconds());
+    assert_eq!(soon.actions, vec![]);
+    assert!(
+        soon.report
+            .message
+            .contains("worker-1's installer pull failed (registry answered 503), tried 1 time; trying again until"),
+        "{}",
+        soon.report.message
+    );
+    let later = decide(&pull_failed, &settings(), &obs, t0() + 31.seconds());
+    assert_eq!(later.actions, pull.actions);
+
+    // The install: made again (it never made its system the boot default), counted.
+    let mut run = pull.run.clone();
+    pulled(&mut run, "worker-1");
+    let install = decide(&run, &settings(), &obs, t0() + 1.minutes());
+    let mut failed = install.run.clone();
+    let reason = "installer exited with code 5 (a dependency failed)";
+    assert!(Talos::retry(
+        &mut failed,
+        &install.actions[0],
+        reason,
+        t0() + 1.minutes()
+    ));
+    let held = decide(&failed, &settings(), &obs, t0() + 1.minutes() + 5.seconds());
+    assert_eq!(held.actions, vec![]);
+    assert_eq!(held.report.state, RunState::InProgress);
+    let again = decide(&failed, &settings(), &obs, t0() + 2.minutes());
+    assert_eq!(again.actions, install.actions);
+    let mut twice = again.run.clone();
+    assert!(Talos::retry(
+        &mut twice,
+        &again.actions[0],
+        reason,
+        t0() + 2.minutes()
+    ));
+    let Some(LifecycleStage::Installing {
+        retry: true,
+        failed: Some(attempt),
+    }) = lifecycle_stage(&twice, "worker-1")
+    else {
+        panic!("{:?}", lifecycle_stage(&twice, "worker-1"));
+    };
+    assert_eq!(attempt.failures, 2);
+
+    // Past the node's deadline: the node fails, with the installer's reason, and nothing is called.
+    let late = decide(&twice, &settings(), &obs, t0() + DEADLINE + 1.minutes());
+    assert_eq!(late.actions, vec![]);
+    assert_eq!(late.report.state, RunState::Failed);
+    assert!(
+        late.report
+            .message
+            .contains(&format!("(the last attempt: {reason})"))
+            && late.report.message.contains("runs its old version"),
+        "{}",
+        late.report.message
+    );
+
+    // A legacy upgrade call has no exit code to classify: the run has no retry for it.
+    let legacy_obs = cluster("1.12.0");
+    let legacy = decide(
+        &workers_first("1.13.0", &legacy_obs),
+        &settings(),
+        &legacy_obs,
+        t0(),
+    );
+    let mut legacy_run = legacy.run.clone();
+    assert!(!Talos::retry(
+        &mut legacy_run,
+        &legacy.actions[0],
+        reason,
+        t0()
+    ));
 }

@@ -37,6 +37,8 @@ pub struct Behaviour {
     pub unavailable: bool,
     /// The installer fails (Talos ≥ 1.13 install).
     pub install_fails: bool,
+    /// The pull and the install fail in a way worth retrying; nothing is installed.
+    pub install_flaky: bool,
     /// A PodDisruptionBudget refuses every eviction.
     pub drain_blocked: bool,
 }
@@ -452,6 +454,17 @@ impl World {
         let lost = node.behaviour.unavailable;
         if lost && !self.flip() {
             return Called::NotReached("rpc error: code = Unavailable".into());
+        }
+        if matches!(
+            action,
+            talos::Action::Pull { .. }
+                | talos::Action::Upgrade {
+                    api: UpgradeApi::Lifecycle,
+                    ..
+                }
+        ) && node.behaviour.install_flaky
+        {
+            return Called::Retry("the installer exited with code 5 (a dependency failed)".into());
         }
         if let talos::Action::Pull { .. } = action {
             // A pull changes nothing the node boots; a lost answer is a pull not reached.

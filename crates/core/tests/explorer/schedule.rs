@@ -77,6 +77,8 @@ pub enum Trait {
     Refuses,
     Unavailable,
     InstallFails,
+    /// The pull and the installer fail in a way worth retrying (a registry hiccup, exit code 5).
+    InstallFlaky,
     DrainBlocked,
 }
 
@@ -170,6 +172,7 @@ fn event(rng: &mut Rng) -> Event {
                         Trait::Refuses,
                         Trait::Unavailable,
                         Trait::InstallFails,
+                        Trait::InstallFlaky,
                         Trait::DrainBlocked,
                     ];
                     Event::Behave(node, *rng.pick(&traits), rng.chance(60))
@@ -356,6 +359,7 @@ fn apply(world: &mut World, event: &Event, watch: &mut Watch) {
                 Trait::Refuses => &mut node.behaviour.refuses,
                 Trait::Unavailable => &mut node.behaviour.unavailable,
                 Trait::InstallFails => &mut node.behaviour.install_fails,
+                Trait::InstallFlaky => &mut node.behaviour.install_flaky,
                 Trait::DrainBlocked => &mut node.behaviour.drain_blocked,
             };
             *flag = *on;
