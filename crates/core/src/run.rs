@@ -146,6 +146,8 @@ pub enum Reason {
     NodeDrained,
     /// A reboot that got no answer was sent again (Talos ≥ 1.13).
     NodeRebootResent,
+    /// A pull or install that failed for a reason that may pass is made again (Talos ≥ 1.13).
+    NodeInstallRetried,
     /// A node joined the cluster below the target of a completed run, which takes it in.
     NodeJoined,
     /// A node not started yet left the cluster's node list; the run goes on without it.
@@ -155,7 +157,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -170,6 +172,7 @@ impl Reason {
         Reason::NodeUpgraded,
         Reason::NodeDrained,
         Reason::NodeRebootResent,
+        Reason::NodeInstallRetried,
         Reason::NodeJoined,
         Reason::NodeLeft,
         Reason::StepStarted,
@@ -191,6 +194,7 @@ impl Reason {
             Reason::NodeUpgraded => "NodeUpgraded",
             Reason::NodeDrained => "NodeDrained",
             Reason::NodeRebootResent => "NodeRebootResent",
+            Reason::NodeInstallRetried => "NodeInstallRetried",
             Reason::NodeJoined => "NodeJoined",
             Reason::NodeLeft => "NodeLeft",
             Reason::StepStarted => "StepStarted",
@@ -214,6 +218,7 @@ impl Reason {
             | Reason::NodeUpgraded
             | Reason::NodeDrained
             | Reason::NodeRebootResent
+            | Reason::NodeInstallRetried
             | Reason::NodeJoined
             | Reason::NodeLeft
             | Reason::StepStarted => None,

@@ -520,6 +520,16 @@ pub fn advance(
                     if now < failed.at + settings.retry_after {
                         continue;
                     }
+                    notes.push(Note::warning(
+                        Reason::NodeInstallRetried,
+                        format!(
+                            "Node {name}: {}; trying again (attempt {} of as many as fit in its \
+                             deadline, {})",
+                            failed.reason,
+                            failed.failures + 1,
+                            deadline.strftime("%H:%M:%S UTC"),
+                        ),
+                    ));
                 }
                 if matches!(stage, LifecycleStage::Pulling { .. }) {
                     actions.push(Action::Pull {

@@ -1526,6 +1526,26 @@ fn a_retryable_failure_is_retried_within_the_node_deadline_then_fails_with_its_r
     );
     let later = decide(&pull_failed, &settings(), &obs, t0() + 31.seconds());
     assert_eq!(later.actions, pull.actions);
+    let retried: Vec<&str> = later
+        .report
+        .notes
+        .iter()
+        .filter(|n| n.reason == Reason::NodeInstallRetried)
+        .map(|n| n.message.as_str())
+        .collect();
+    assert_eq!(retried.len(), 1, "{:?}", later.report.notes);
+    assert!(
+        retried[0].starts_with("Node worker-1: registry answered 503; trying again (attempt 2"),
+        "{}",
+        retried[0]
+    );
+    assert!(
+        soon.report
+            .notes
+            .iter()
+            .all(|n| n.reason != Reason::NodeInstallRetried),
+        "not announced while waiting"
+    );
 
     // The install: made again (it never made its system the boot default), counted.
     let mut run = pull.run.clone();
