@@ -13,7 +13,8 @@ pub enum ImageField {
 }
 
 impl ImageField {
-    /// The path of the field in the v1alpha1 machine config document.
+    /// The path of the field in the v1alpha1 machine config document (configs created before Talos
+    /// 1.14; see [`document_kind`](Self::document_kind) for the others).
     pub fn config_path(self) -> &'static [&'static str] {
         match self {
             ImageField::ApiServer => &["cluster", "apiServer", "image"],
@@ -21,6 +22,23 @@ impl ImageField {
             ImageField::Scheduler => &["cluster", "scheduler", "image"],
             ImageField::Proxy => &["cluster", "proxy", "image"],
             ImageField::Kubelet => &["machine", "kubelet", "image"],
+        }
+    }
+
+    /// The `kind` of the Talos 1.14 machine-config document (`apiVersion: v1alpha1`) that holds the
+    /// image in its top-level `image` field and replaces [`config_path`](Self::config_path). Talos
+    /// reads the document where the config has one and the v1alpha1 field otherwise, and refuses a
+    /// config that has both (machinery v1.14.1 `config/types/k8s`: the `KubeAPIServerConfig`,
+    /// `KubeControllerManagerConfig`, `KubeSchedulerConfig`, `KubeProxyConfig` and `KubeletConfig`
+    /// constants in `apiserver.go`, `controller_manager.go`, `scheduler.go`, `proxy.go`, `kubelet.go`,
+    /// and their `V1Alpha1ConflictValidate`).
+    pub fn document_kind(self) -> &'static str {
+        match self {
+            ImageField::ApiServer => "KubeAPIServerConfig",
+            ImageField::ControllerManager => "KubeControllerManagerConfig",
+            ImageField::Scheduler => "KubeSchedulerConfig",
+            ImageField::Proxy => "KubeProxyConfig",
+            ImageField::Kubelet => "KubeletConfig",
         }
     }
 
