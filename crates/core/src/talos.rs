@@ -281,6 +281,11 @@ fn failure_reason(run: &Run) -> String {
         .join("; ")
 }
 
+/// Whether the cluster has a single node: nothing to drain onto.
+fn only_node(observation: &Observation) -> bool {
+    observation.nodes.len() == 1
+}
+
 /// The new system installed on a node in flight that has not rebooted into it: drained or being
 /// drained, or its reboot recorded but refused (Talos ≥ 1.13).
 fn pending_install(step: &NodeStep) -> Option<PendingInstall> {
@@ -568,6 +573,28 @@ pub fn advance(
             }
             Some(LifecycleStage::Draining { since, uncordon }) => {
                 let status = observed.and_then(|n| n.drain.as_ref());
+                // The cluster's only node: no other node can take its pods, so evicting them would
+                // only leave them Pending until it is back, and a PodDisruptionBudget would hold the
+                // reboot until the drain timeout fails the run (tuppr#310). It is rebooted without
+                // being cordoned or drained, and its pods restart with it, as they would under
+                // `talosctl upgrade` on a single node. Its etcd (one member) has nothing to hold.
+                if only_node(observation) {
+                    notes.push(Note::normal(
+                        Reason::NodeDrained,
+                        format!(
+                            "Node {name} is the cluster's only node: no other node can take its \
+                             pods, so it is not drained; rebooting it into Talos {target}, and \
+                             its pods restart with it"
+                        ),
+                    ));
+                    *lifecycle = Some(LifecycleStage::Rebooting {
+                        at: now,
+                        uncordon: false,
+                        unanswered: true,
+                    });
+                    actions.push(Action::Reboot { node: name });
+                    continue;
+                }
                 match status {
                     // Drained, and a control plane: its reboot is what takes it down, so etcd
                     // must be healthy and leadership off it now, not only when its install began

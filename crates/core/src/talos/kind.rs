@@ -604,7 +604,8 @@ impl Kind for Talos {
             .into_iter()
             .map(str::to_string)
             .collect();
-        if !draining.is_empty() {
+        // The cluster's only node has nowhere to move its pods: it is not drained (see `advance`).
+        if !draining.is_empty() && !super::only_node(observation) {
             further.push(Further::Drain(draining));
         }
         // Those the look already read are not read again.

@@ -1609,3 +1609,66 @@ fn a_retryable_failure_is_retried_within_the_node_deadline_then_fails_with_its_r
         t0()
     ));
 }
+
+/// The cluster's only node (tuppr#310): nowhere to move its pods, so after its install it is neither
+/// cordoned nor drained (no drain pass is asked for) but rebooted at once, saying why; it is not
+/// uncordoned afterwards, since it never was cordoned.
+#[test]
+fn the_only_node_of_a_cluster_is_rebooted_without_a_drain() {
+    use crate::lifecycle::Kind as _;
+    let mut obs = cluster("1.13.0");
+    obs.nodes.retain(|n| n.name == "cp-1");
+    let run = workers_first("1.13.1", &obs);
+    let mut run = decide(&run, &settings(), &obs, t0()).run;
+    pulled(&mut run, "cp-1");
+    let install = decide(&run, &settings(), &obs, t0());
+    let mut installed_run = install.run.clone();
+    installed(&mut installed_run, "cp-1", false, t0());
+    assert!(
+        Talos::before_deciding(&installed_run, &settings(), &obs)
+            .iter()
+            .all(|further| !matches!(further, Further::Drain(_))),
+        "no drain pass for the only node"
+    );
+    let reboot = decide(&installed_run, &settings(), &obs, t0() + 1.seconds());
+    assert_eq!(
+        reboot.actions,
+        vec![Action::Reboot {
+            node: "cp-1".into()
+        }]
+    );
+    assert!(matches!(
+        lifecycle_stage(&reboot.run, "cp-1"),
+        Some(LifecycleStage::Rebooting {
+            uncordon: false,
+            ..
+        })
+    ));
+    let said: Vec<&str> = reboot
+        .report
+        .notes
+        .iter()
+        .filter(|n| n.reason == Reason::NodeDrained)
+        .map(|n| n.message.as_str())
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "Node cp-1 is the cluster's only node: no other node can take its pods, so it is not \
+          drained; rebooting it into Talos 1.13.1, and its pods restart with it"
+        ]
+    );
+
+    // With a second node, the same install is followed by a drain.
+    let two = cluster("1.13.0");
+    let mut two_run = workers_first("1.13.1", &two);
+    two_run = decide(&two_run, &settings(), &two, t0()).run;
+    pulled(&mut two_run, "worker-1");
+    two_run = decide(&two_run, &settings(), &two, t0()).run;
+    installed(&mut two_run, "worker-1", false, t0());
+    assert!(
+        Talos::before_deciding(&two_run, &settings(), &two)
+            .iter()
+            .any(|further| matches!(further, Further::Drain(_)))
+    );
+}
