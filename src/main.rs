@@ -36,6 +36,10 @@ struct RunArgs {
     /// and evicts; PodDisruptionBudgets are respected), e.g. 5m.
     #[arg(long, env = "TUC_DRAIN_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     drain_timeout: std::time::Duration,
+    /// How long after a pull or install that failed for a reason that may pass (Talos >= 1.13: a
+    /// registry error, an installer exit code worth retrying) it is made again, within the node deadline.
+    #[arg(long, env = "TUC_RETRY_AFTER", default_value = "30s", value_parser = parse_duration)]
+    retry_after: std::time::Duration,
     /// How long one step of a Kubernetes upgrade (one component on one node, one kubelet) may take.
     #[arg(long, env = "TUC_STEP_DEADLINE", default_value = "10m", value_parser = parse_duration)]
     step_deadline: std::time::Duration,
@@ -173,6 +177,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         limits: talos_upgrade_core::lifecycle::Limits {
             node_deadline: args.node_deadline,
             drain_timeout: args.drain_timeout,
+            retry_after: args.retry_after,
             step_deadline: args.step_deadline,
             ..Default::default()
         },
