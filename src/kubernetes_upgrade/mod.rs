@@ -4,9 +4,11 @@
 //!
 //! - [`Action::PullImages`]: legacy `ImagePull` per image, into `system` (kubelet) or `k8s.io` (the
 //!   static pods); `Unimplemented` counts as done, as in talosctl.
-//! - [`Action::PatchImage`]: read the node's machine config, set the one field in its `v1alpha1`
-//!   document (the other documents kept byte for byte, see [`machine_config`]), `ApplyConfiguration`
-//!   with mode `NO_REBOOT`; skipped when the field already has the image.
+//! - [`Action::PatchImage`]: read the node's machine config, set the one field where that node keeps
+//!   it (the component's `Kube*Config` document where the config has one, as configs created on
+//!   Talos 1.14 do, else the `v1alpha1` document; the other documents kept byte for byte, see
+//!   [`machine_config`]), `ApplyConfiguration` with mode `NO_REBOOT`; skipped when the field already
+//!   has the image.
 //! - [`Action::SyncManifests`]: the bootstrap manifests the node's Talos renders, applied to the
 //!   workload cluster (see [`manifests`] for the two modes and what is left out).
 //!

@@ -13,7 +13,6 @@ use super::machine_config;
 use crate::inventory::InventoryNode;
 use crate::inventory::WorkloadNodeInfo;
 use crate::talos_fleet::{TalosFleet, parse_talos_tag};
-use talos_api::proto::talos::resource::definitions::k8s as k8s_pb;
 use talos_api::{TalosClient, TalosError, resources};
 use talos_upgrade_core::kubernetes::{
     Component, ConfigVersions, ConfiguredImages, NodeObservation, Observation, StaticPod, TalosApi,
@@ -193,6 +192,11 @@ async fn try_observe_talos(fleet: &TalosFleet, node: &InventoryNode) -> Result<T
     })
 }
 
+/// The prefix of the config resources Talos 1.14 renders the static pods from (`final-kube-apiserver`,
+/// …): machinery v1.14.1 `resources/k8s/k8s.go` `FinalPrefix`, and `FinalAPIServerConfigID` &c. in
+/// `resources/k8s/{apiserver,controllermanager,scheduler}_config.go`.
+const FINAL_PREFIX: &str = "final-";
+
 /// The `metadata.version` of the control-plane component config resources; nothing on workers. A
 /// resource that does not exist (the component is disabled, or not rendered yet) is `None`.
 async fn config_versions(
@@ -204,27 +208,62 @@ async fn config_versions(
     }
     use resources::{api_server_config, controller_manager_config, scheduler_config};
     let (api_server, controller_manager, scheduler) = futures::try_join!(
-        client.cosi_get::<k8s_pb::ApiServerConfigSpec>(
+        config_version(
+            client,
             api_server_config::NAMESPACE,
             api_server_config::TYPE,
             api_server_config::ID,
         ),
-        client.cosi_get::<k8s_pb::ControllerManagerConfigSpec>(
+        config_version(
+            client,
             controller_manager_config::NAMESPACE,
             controller_manager_config::TYPE,
             controller_manager_config::ID,
         ),
-        client.cosi_get::<k8s_pb::SchedulerConfigSpec>(
+        config_version(
+            client,
             scheduler_config::NAMESPACE,
             scheduler_config::TYPE,
             scheduler_config::ID,
         ),
     )?;
     Ok(ConfigVersions {
-        api_server: api_server.map(|r| r.metadata.version.to_string()),
-        controller_manager: controller_manager.map(|r| r.metadata.version.to_string()),
-        scheduler: scheduler.map(|r| r.metadata.version.to_string()),
+        api_server,
+        controller_manager,
+        scheduler,
     })
+}
+
+/// The version of the config resource a static pod's `talos.dev/config-version` is compared with:
+/// `final-<id>` where the node has it, `<id>` otherwise.
+///
+/// Talos 1.14 merges `<id>` with its defaults into `final-<id>`, renders the static pod from that
+/// one and writes *its* version in the annotation (talos 1.14 machined,
+/// `controllers/k8s/control_plane_static_pod.go` reads the `Final*ConfigID` resources, and
+/// `k8stemplates` annotates with their version). The two resources are versioned separately, so
+/// comparing with `<id>` cannot tell whether the pod is current: `talosctl upgrade-k8s` 1.14.0 did
+/// and failed, 1.14.1 waits on `final-<id>` (talos v1.14.1 `pkg/cluster/kubernetes/talos_managed.go`). Older Talos has no `final-` resource and annotates
+/// with `<id>`'s version. Telling them apart by the resource rather than by the Talos version also
+/// covers pre-releases. A 1.14 node without the `final-` resource (not produced yet, or Talos refused
+/// to merge the config) shows `<id>`'s version, which its pods do not carry, so the decision waits,
+/// as it would on `None`.
+///
+/// Only the metadata counts, so the spec is not decoded (`()` skips it).
+async fn config_version(
+    client: &TalosClient,
+    namespace: &str,
+    resource_type: &str,
+    id: &str,
+) -> Result<Option<String>, TalosError> {
+    let final_id = format!("{FINAL_PREFIX}{id}");
+    let resource = match client
+        .cosi_get::<()>(namespace, resource_type, &final_id)
+        .await?
+    {
+        Some(resource) => Some(resource),
+        None => client.cosi_get::<()>(namespace, resource_type, id).await?,
+    };
+    Ok(resource.map(|r| r.metadata.version.to_string()))
 }
 
 /// Nodes and control-plane mirror pods, one list each. A failed list leaves its part empty (no
