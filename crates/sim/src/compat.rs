@@ -56,19 +56,21 @@ pub(crate) fn enforces_kubernetes_matrix(talos: &Version) -> bool {
     (talos.major, talos.minor) >= (1, 11)
 }
 
-/// Check a Kubernetes version against what `talos` supports.
+/// Check a Kubernetes version against what `talos` supports, in Talos's words
+/// (`KubernetesVersion.SupportedWith`, machinery v1.13.5 and v1.14.1 `compatibility/kubernetes_version.go`).
 pub(crate) fn check_kubernetes(talos: &Version, kubernetes: &Version) -> Result<(), String> {
     let range = kubernetes_range(talos);
-    let ok = kubernetes.major == 1
-        && kubernetes.minor >= range.min_minor
-        && kubernetes.minor <= range.max_minor;
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "version of Kubernetes {kubernetes} is not supported by Talos {talos}: supported versions are {range}"
-        ))
+    if kubernetes.major < 1 || (kubernetes.major == 1 && kubernetes.minor < range.min_minor) {
+        return Err(format!(
+            "version of Kubernetes {kubernetes} is too old to be used with Talos {talos}"
+        ));
     }
+    if kubernetes.major > 1 || kubernetes.minor > range.max_minor {
+        return Err(format!(
+            "version of Kubernetes {kubernetes} is too new to be used with Talos {talos}"
+        ));
+    }
+    Ok(())
 }
 
 /// The installer pre-flight `UpgradeableFrom`: (minimum host version, first refused host version).
@@ -85,21 +87,35 @@ fn upgradeable_from(target: &Version) -> (Version, Version) {
     }
 }
 
-/// Would the installer of `target` accept a node running `host`?
+/// Would the installer of `target` accept a node running `host`? The refusal in the installer's words
+/// (`TalosVersion.UpgradeableFrom`, machinery v1.14.1 `compatibility/talos_version.go`; no Talos release
+/// the simulator models denies a host version outright, so its third message never appears).
 pub(crate) fn check_upgrade_path(host: &Version, target: &Version) -> Result<(), String> {
     let (min, refused) = upgradeable_from(target);
     let host_core = Version::new(host.major, host.minor, host.patch);
     if host_core < min {
         return Err(format!(
-            "upgrading from Talos {host} to {target} is not supported: the minimum version to upgrade from is {min}"
+            "host version {host} is too old to upgrade to Talos {target}"
         ));
     }
     if host_core >= refused {
         return Err(format!(
-            "upgrading from Talos {host} to {target} is not supported: downgrades from {refused} or newer are refused"
+            "host version {host} is too new to downgrade to Talos {target}"
         ));
     }
     Ok(())
+}
+
+/// Talos 1.14 knows the multi-document Kubernetes configs (`KubeletConfig`, `KubeAPIServerConfig`, …),
+/// its installer reports categorized exit codes, and it has `ImageFactorySchematics`.
+pub(crate) fn knows_kubernetes_documents(talos: &Version) -> bool {
+    (talos.major, talos.minor) >= (1, 14)
+}
+
+/// An installer of this Talos version exits with a code per failure category (machinery v1.14.1
+/// `constants/constants.go`, "Installer/imager exit codes"); older installers exit 1 on every failure.
+pub(crate) fn installer_has_exit_codes(installer: &Version) -> bool {
+    (installer.major, installer.minor) >= (1, 14)
 }
 
 /// ImageService and LifecycleService exist from Talos 1.13.0.

@@ -90,7 +90,11 @@ pub struct NodeConfig {
     pub talos_version: String,
     /// Kubernetes version of kubelet and the control-plane static pods, e.g. "1.34.1".
     pub kubernetes_version: String,
-    /// Installer image in the machine config; defaults to `ghcr.io/siderolabs/installer:v<talos>`.
+    /// Installer image in the machine config; defaults to what `talosctl gen config` of the node's
+    /// Talos release writes: `ghcr.io/siderolabs/installer:v<talos>` below 1.14, the Image Factory's
+    /// `factory.talos.dev/metal-installer/<empty schematic>:v<talos>` from 1.14 on. A factory image
+    /// (`<host>/<…>installer[-secureboot]/<schematic>`) also means the node booted from a factory-built
+    /// asset: it reports the `schematic` extension (and, from 1.14, `ImageFactorySchematic`).
     #[serde(default)]
     pub installer_image: Option<String>,
     /// A registry mirror the machine config takes the Kubernetes component images from
@@ -102,6 +106,16 @@ pub struct NodeConfig {
     /// (machinery v1.14.1 `config/types/runtime/unattended_install.go`).
     #[serde(default)]
     pub unattended_install: bool,
+    /// The platform the node booted on, as Talos names it (machinery v1.14.1 `platforms/platforms.go`:
+    /// `metal` or a cloud platform such as `aws`); `metal` when absent.
+    #[serde(default)]
+    pub platform: Option<String>,
+    /// The node's config is shaped as created on Talos 1.14 (machinery v1.14.1 `config/generate` with
+    /// the 1.14 contract): `KubeletConfig`, and on control planes `KubeAPIServerConfig`,
+    /// `KubeControllerManagerConfig`, `KubeSchedulerConfig` and `KubeProxyConfig` documents carry the
+    /// component images instead of `.machine.kubelet` and `.cluster.{apiServer,…}`. Talos ≥ 1.14 only.
+    #[serde(default)]
+    pub kubernetes_documents: bool,
 }
 
 /// How long the simulated lifecycle steps take, in milliseconds.
@@ -236,7 +250,30 @@ impl NodeConfig {
             installer_image: None,
             unattended_install: false,
             image_registry: None,
+            platform: None,
+            kubernetes_documents: false,
         }
+    }
+
+    /// Boots the node on `platform` (a Talos platform name such as `aws`).
+    pub fn with_platform(mut self, platform: &str) -> Self {
+        self.platform = Some(platform.to_string());
+        self
+    }
+
+    /// Shapes the node's config as created on Talos 1.14: the Kube* documents, and the install image
+    /// in an `UnattendedInstallConfig` document.
+    pub fn created_on_1_14(mut self) -> Self {
+        self.kubernetes_documents = true;
+        self.unattended_install = true;
+        self
+    }
+
+    /// The node's platform, with the default filled in.
+    pub fn platform_or_default(&self) -> &str {
+        self.platform
+            .as_deref()
+            .unwrap_or(super::registry::DEFAULT_PLATFORM)
     }
 
     /// Takes the Kubernetes component images from `registry` (a mirror), as an air-gapped cluster does.
@@ -245,11 +282,16 @@ impl NodeConfig {
         self
     }
 
-    /// The installer image, with the default filled in.
+    /// The installer image, with the default filled in (see [`NodeConfig::installer_image`]).
     pub fn installer_image_or_default(&self) -> String {
-        match &self.installer_image {
-            Some(image) => image.clone(),
-            None => format!(
+        match (
+            &self.installer_image,
+            compat::parse_version(&self.talos_version),
+        ) {
+            (Some(image), _) => image.clone(),
+            (None, Ok(talos)) => super::registry::default_installer_image(&talos),
+            // Not a version: validate() refuses the config; keep the old spelling for the message.
+            (None, Err(_)) => format!(
                 "ghcr.io/siderolabs/installer:v{}",
                 self.talos_version.trim_start_matches('v')
             ),
@@ -355,10 +397,29 @@ impl SimConfig {
             {
                 return invalid(format!("address {address} is used by two nodes"));
             }
-            if let Err(e) = compat::parse_version(&node.talos_version) {
+            let talos = match compat::parse_version(&node.talos_version) {
+                Ok(talos) => talos,
+                Err(e) => {
+                    return invalid(format!(
+                        "node {}: talos_version {:?}: {e}",
+                        node.name, node.talos_version
+                    ));
+                }
+            };
+            if let Some(platform) = &node.platform
+                && !super::registry::is_platform(platform)
+            {
                 return invalid(format!(
-                    "node {}: talos_version {:?}: {e}",
-                    node.name, node.talos_version
+                    "node {}: platform {platform:?} is not a Talos platform (one of {})",
+                    node.name,
+                    super::registry::PLATFORMS.join(", ")
+                ));
+            }
+            if node.kubernetes_documents && !compat::knows_kubernetes_documents(&talos) {
+                // Such a config is created on 1.14; an older node could not even decode it.
+                return invalid(format!(
+                    "node {}: kubernetes_documents needs Talos 1.14 or later, not {talos}",
+                    node.name
                 ));
             }
             if let Err(e) = compat::parse_version(&node.kubernetes_version) {

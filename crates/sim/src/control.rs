@@ -4,7 +4,8 @@
 //! ```text
 //! GET    /nodes                          every node's state (JSON)
 //! GET    /record                         mutating calls received and power events (JSON)
-//! POST   /nodes/{node}/faults/{fault}    inject a fault; `fail-next-calls?count=N`, `ready-delay?ms=N`
+//! POST   /nodes/{node}/faults/{fault}    inject a fault; `fail-next-calls?count=N`, `ready-delay?ms=N`,
+//!                                        `installer-exits?code=N[&count=M]` (M absent or 0: until cleared)
 //! DELETE /nodes/{node}/faults            clear every fault on a node
 //! ```
 //!
@@ -34,9 +35,11 @@ pub const FAULT_NAMES: &[&str] = &[
     "apply-config-rejected",
     "reboot-lost",
     "install-unavailable",
+    "installer-exits",
 ];
 
-/// Parses a fault name and its query parameters (`count` for `fail-next-calls`, `ms` for `ready-delay`).
+/// Parses a fault name and its query parameters (`count` for `fail-next-calls`, `ms` for `ready-delay`,
+/// `code` and an optional `count` for `installer-exits`).
 pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault, String> {
     let number = |key: &str| -> Result<u64, String> {
         let raw = params
@@ -57,6 +60,23 @@ pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault
         "apply-config-rejected" => Fault::ApplyConfigRejected,
         "reboot-lost" => Fault::RebootLost,
         "install-unavailable" => Fault::InstallUnavailable,
+        "installer-exits" => {
+            let code = number("code")?;
+            if !(1..=255).contains(&code) {
+                return Err(format!(
+                    "fault {name}: code={code} is not a failing exit code (1 to 255; Talos's are 1 to 7)"
+                ));
+            }
+            let count = if params.contains_key("count") {
+                u32::try_from(number("count")?).map_err(|_| "count is too large".to_string())?
+            } else {
+                0
+            };
+            Fault::InstallerExits {
+                code: code as i32,
+                count,
+            }
+        }
         other => {
             return Err(format!(
                 "unknown fault {other:?}; known faults: {}",
@@ -125,7 +145,7 @@ mod tests {
 
     #[test]
     fn every_documented_fault_name_parses() {
-        let with_args = params(&[("count", "3"), ("ms", "1500")]);
+        let with_args = params(&[("count", "3"), ("ms", "1500"), ("code", "4")]);
         for name in FAULT_NAMES {
             assert!(parse_fault(name, &with_args).is_ok(), "{name}");
         }
@@ -137,6 +157,14 @@ mod tests {
             parse_fault("ready-delay", &with_args),
             Ok(Fault::ReadyDelay(Duration::from_millis(1500)))
         );
+        assert_eq!(
+            parse_fault("installer-exits", &with_args),
+            Ok(Fault::InstallerExits { code: 4, count: 3 })
+        );
+        assert_eq!(
+            parse_fault("installer-exits", &params(&[("code", "2")])),
+            Ok(Fault::InstallerExits { code: 2, count: 0 })
+        );
     }
 
     #[test]
@@ -147,5 +175,9 @@ mod tests {
         assert!(missing.contains("?count="), "{missing}");
         let bad = parse_fault("ready-delay", &params(&[("ms", "soon")])).unwrap_err();
         assert!(bad.contains("not a whole number"), "{bad}");
+        let zero = parse_fault("installer-exits", &params(&[("code", "0")])).unwrap_err();
+        assert!(zero.contains("not a failing exit code"), "{zero}");
+        let missing = parse_fault("installer-exits", &params(&[("count", "1")])).unwrap_err();
+        assert!(missing.contains("?code="), "{missing}");
     }
 }

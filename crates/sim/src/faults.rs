@@ -32,6 +32,19 @@ pub enum Fault {
     /// that result): the new system is never installed, while every other call is served. Stays until
     /// cleared.
     InstallUnavailable,
+    /// The next `count` installer runs (LifecycleService.Upgrade) fail with exit code `code` and a line
+    /// of output naming its category (machinery v1.14.1 `constants/constants.go`, "Installer/imager exit
+    /// codes"); an installer image older than 1.14 exits 1 whatever `code` is. `count` 0: every run
+    /// until the fault is cleared.
+    InstallerExits { code: i32, count: u32 },
+}
+
+/// The `installer-exits` fault as it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct InstallerExits {
+    pub code: i32,
+    /// Runs still to fail; `None`: until cleared.
+    pub remaining: Option<u32>,
 }
 
 /// The faults active on a node.
@@ -46,6 +59,7 @@ pub struct ActiveFaults {
     pub apply_config_rejected: bool,
     pub reboot_lost: bool,
     pub install_unavailable: bool,
+    pub installer_exits: Option<InstallerExits>,
 }
 
 /// A node's faults behind a watch channel, so waiting code (a node kept down, a delayed readiness)
@@ -73,6 +87,12 @@ impl FaultSet {
             Fault::ApplyConfigRejected => f.apply_config_rejected = true,
             Fault::RebootLost => f.reboot_lost = true,
             Fault::InstallUnavailable => f.install_unavailable = true,
+            Fault::InstallerExits { code, count } => {
+                f.installer_exits = Some(InstallerExits {
+                    code,
+                    remaining: (count > 0).then_some(count),
+                });
+            }
         });
     }
 
@@ -92,6 +112,29 @@ impl FaultSet {
     pub(crate) fn take_lost_reboot(&self) -> bool {
         self.tx
             .send_if_modified(|f| std::mem::replace(&mut f.reboot_lost, false))
+    }
+
+    /// Consume one injected installer failure: the exit code this installer run must end with.
+    pub(crate) fn take_installer_exit(&self) -> Option<i32> {
+        let mut code = None;
+        self.tx.send_if_modified(|f| {
+            let Some(exits) = &mut f.installer_exits else {
+                return false;
+            };
+            code = Some(exits.code);
+            match &mut exits.remaining {
+                None => false,
+                Some(1) => {
+                    f.installer_exits = None;
+                    true
+                }
+                Some(n) => {
+                    *n -= 1;
+                    true
+                }
+            }
+        });
+        code
     }
 
     /// Consume one injected call failure; true if this call must fail.
@@ -122,6 +165,26 @@ mod tests {
         assert!(faults.current().etcd_unhealthy);
         faults.clear();
         assert_eq!(faults.current(), ActiveFaults::default());
+    }
+
+    #[test]
+    fn installer_exits_count_down_or_stay() {
+        let faults = FaultSet::new();
+        assert_eq!(faults.take_installer_exit(), None);
+        faults.inject(Fault::InstallerExits { code: 5, count: 2 });
+        assert_eq!(faults.take_installer_exit(), Some(5));
+        assert_eq!(
+            faults.current().installer_exits.and_then(|e| e.remaining),
+            Some(1)
+        );
+        assert_eq!(faults.take_installer_exit(), Some(5));
+        assert_eq!(faults.take_installer_exit(), None);
+        faults.inject(Fault::InstallerExits { code: 3, count: 0 });
+        for _ in 0..3 {
+            assert_eq!(faults.take_installer_exit(), Some(3));
+        }
+        faults.clear();
+        assert_eq!(faults.take_installer_exit(), None);
     }
 
     #[test]

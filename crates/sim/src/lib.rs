@@ -32,7 +32,7 @@
 
 // Layering: a module uses only modules of its own or an earlier group, so imports never go round in a
 // circle. (1) auth, compat, config, etcd, events, faults, image_ref, machine_config, node_state, pki,
-// record, resources; (2) node_resources; (3) node; (4) cluster; (5) routing, sequences; (6) cosi,
+// record, registry, resources; (2) node_resources; (3) node; (4) cluster; (5) routing, sequences; (6) cosi,
 // lifecycle_service, machine_service; (7) server. The sequences restart a node's apid through
 // `Cluster::start_apid`, which `Simulator::start` points at `server::start`.
 mod auth;
@@ -52,6 +52,7 @@ mod node_resources;
 mod node_state;
 pub mod pki;
 pub mod record;
+mod registry;
 mod resources;
 mod routing;
 mod sequences;
@@ -129,6 +130,14 @@ impl Simulator {
         config.validate()?;
         let listeners = config::allocate_listeners(&config)?;
         let ca = CertAuthority::generate()?;
+        // The CAs every generated config carries, so that the configs pass Talos's own validation.
+        let etcd_ca = CertAuthority::generate()?;
+        let secrets = machine_config::ConfigSecrets {
+            os_ca_crt: ca.cert_pem().to_string(),
+            os_ca_key: ca.talos_key_pem(),
+            etcd_ca_crt: etcd_ca.cert_pem().to_string(),
+            etcd_ca_key: etcd_ca.talos_key_pem(),
+        };
         let shutdown = CancellationToken::new();
 
         let first_cp = config
@@ -159,6 +168,8 @@ impl Simulator {
                 control_plane_endpoint: &cp_endpoint,
                 image_registry: node_cfg.image_registry.as_deref(),
                 unattended_install: node_cfg.unattended_install,
+                kubernetes_documents: node_cfg.kubernetes_documents,
+                secrets: &secrets,
             });
             let parsed = machine_config::parse(
                 text.as_bytes(),
@@ -174,6 +185,7 @@ impl Simulator {
                 name: node_cfg.name.clone(),
                 role: node_cfg.role,
                 address: *address,
+                platform: node_cfg.platform_or_default().to_string(),
                 talos_version,
                 installer_image,
                 config: text.into_bytes(),

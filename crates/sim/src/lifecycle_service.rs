@@ -14,8 +14,9 @@ use tonic::{Request, Response, Status};
 
 use super::compat;
 use super::image_ref::ImageRef;
-use super::machine_service::{install_target, pull_image};
+use super::machine_service::{check_pullable, installer_version, pull_image};
 use super::node::Node;
+use super::node_state::Slot;
 use super::record::CallId;
 use super::routing::{ApiContext, Proxy, single};
 use talos_api::proto::{common, machine};
@@ -107,16 +108,13 @@ impl machine::image_service_server::ImageService for ImageApi {
             IMAGE_PULL,
             json!({"image_ref": req.image_ref, "containerd": containerd_json(req.containerd.as_ref())}),
         );
-        let start = (|| {
+        let start = (|| -> Result<ImageRef, Status> {
             install_unavailable(&node)?;
             let image = ImageRef::parse(&req.image_ref).map_err(Status::invalid_argument)?;
-            // containerd resolves the reference before streaming anything: a missing image fails the call.
-            if image.repository.contains("installer") && node.faults.current().installer_pull_fails
-            {
-                return Err(Status::not_found(format!(
-                    "failed to pull image {:?}: {}: not found (injected fault)",
-                    req.image_ref, req.image_ref
-                )));
+            // containerd resolves the reference before streaming anything: a missing image fails the
+            // call, at once (Talos 1.14 makes a single attempt; talos-1.14.md §4.4).
+            if !node.read(|s| s.pulled_images.contains(&req.image_ref)) {
+                check_pullable(&node, &image, &req.image_ref).map_err(Status::not_found)?;
             }
             Ok(image)
         })();
@@ -318,11 +316,39 @@ impl machine::lifecycle_service_server::LifecycleService for LifecycleApi {
     }
 }
 
+/// The installer's exit code for a failure of `category` (machinery v1.14.1 `constants/constants.go`,
+/// "Installer/imager exit codes"): an installer image of 1.14 or later reports the category, an older
+/// one (or one whose tag is not a version) exits 1 on every failure (talos v1.13 `cmd/installer`).
+fn exit_code_for(installer: Option<&semver::Version>, category: i32) -> i32 {
+    match installer {
+        Some(v) if compat::installer_has_exit_codes(v) => category,
+        _ => 1,
+    }
+}
+
+/// What the installer says before it exits with `code`, in the words of the code's category.
+fn category_line(code: i32) -> &'static str {
+    match code {
+        2 => {
+            "invalid input: the installer options or configuration were rejected before work started"
+        }
+        3 => "unsupported: the requested operation is not supported for this version or feature",
+        4 => "environment: host prerequisites are missing or unavailable",
+        5 => "dependency: an external dependency (image pull, signer, overlay installer) failed",
+        6 => "I/O: a local filesystem operation failed",
+        7 => "install: the installation failed after it began",
+        _ => "unknown error",
+    }
+}
+
 /// The installer run: pull if needed, pre-flight (upgrade path), install into the inactive slot.
-/// Failures end with a non-zero exit code, not a gRPC error (as the real service does). A client that
-/// goes away does not stop it: Talos waits on the installer with a detached context, so it runs to
-/// completion and the new system is installed for the next boot (talos-1.14.md §4, "A client
-/// disconnect does not cancel the install").
+/// Failures end with a non-zero exit code, not a gRPC error (as the real service does): on a 1.14 or
+/// later installer 5 for a failed pull (a dependency), 4 for a refused host version (the pre-flight
+/// check, tagged environment in talos v1.14.1 `cmd/installer/pkg/install/preflight.go`), the injected
+/// code of the `installer-exits` fault; 1 for all of them on older installers. A client that goes away
+/// does not stop it: Talos waits on the installer with a detached context, so it runs to completion
+/// and the new system is installed for the next boot (talos-1.14.md §4, "A client disconnect does not
+/// cancel the install").
 async fn run_installer(
     ctx: &ApiContext,
     node: &Arc<Node>,
@@ -331,27 +357,44 @@ async fn run_installer(
     call: CallId,
 ) {
     let send = |msg| async move { tx.send(Ok(msg)).await.is_ok() };
-    let fail = |reason: String| async move {
+    let installer = installer_version(image).ok();
+    let installer = installer.as_ref();
+    let fail = |category: i32, reason: String| async move {
+        let code = exit_code_for(installer, category);
         let _ = tx
             .send(Ok(progress_message(format!("error: {reason}"))))
             .await;
-        let _ = tx.send(Ok(exit_code(1))).await;
+        let _ = tx.send(Ok(exit_code(code))).await;
         ctx.cluster
             .record
-            .finish(call, format!("exit code 1: {reason}"));
+            .finish(call, format!("exit code {code}: {reason}"));
     };
     // Whether the client still listens; the install goes on either way.
     let mut listening = send(progress_message(format!("pulling installer image {image}"))).await;
     if let Err(reason) = pull_image(ctx, node, image).await {
-        fail(reason).await;
+        fail(5, reason).await;
         return;
     }
-    let target = match install_target(node, image) {
-        Ok(target) => target,
+    if let Some(code) = node.faults.take_installer_exit() {
+        let code = exit_code_for(installer, code);
+        fail(code, format!("{} (injected fault)", category_line(code))).await;
+        return;
+    }
+    let target = match installer_version(image) {
+        Ok(version) => version,
         Err(reason) => {
-            fail(reason).await;
+            fail(1, reason).await;
             return;
         }
+    };
+    // The pre-flight check: the installer asks the host for its version (`UpgradeableFrom`).
+    if let Err(reason) = compat::check_upgrade_path(&node.version(), &target) {
+        fail(4, format!("pre-flight checks failed: {reason}")).await;
+        return;
+    }
+    let target = Slot {
+        version: target,
+        installer_image: image.to_string(),
     };
     let tag = compat::tag(&target.version);
     let steps = [

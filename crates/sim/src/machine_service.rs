@@ -16,6 +16,7 @@ use super::image_ref::ImageRef;
 use super::machine_config;
 use super::node::Node;
 use super::node_state::Slot;
+use super::registry;
 use super::routing::{ApiContext, Proxy, fan_out, single};
 use super::sequences;
 use talos_api::proto::{common, machine};
@@ -91,7 +92,9 @@ fn is_installer(image: &ImageRef) -> bool {
     image.repository.contains("installer")
 }
 
-/// Pull an image as containerd would, honouring the InstallerPullFails fault.
+/// Pull an image as containerd would: one attempt (Talos 1.14's `image.Pull`), failing as the registry
+/// model says (an image the registry does not have, talos-1.14.md §1.3) or as the InstallerPullFails
+/// fault says. The error is containerd's, wrapped as Talos wraps it.
 pub(crate) async fn pull_image(
     ctx: &ApiContext,
     node: &Node,
@@ -102,23 +105,33 @@ pub(crate) async fn pull_image(
         return Ok(());
     }
     tokio::time::sleep(ctx.cluster.timings.pull()).await;
-    if is_installer(&image) && node.faults.current().installer_pull_fails {
-        return Err(format!(
-            "failed to pull image {reference:?}: {reference}: not found (injected fault)"
-        ));
-    }
+    check_pullable(node, &image, reference)?;
     node.update(&ctx.cluster.etcd, |s| {
         s.pulled_images.insert(reference.to_string());
     });
     Ok(())
 }
 
+/// Whether `reference` can be pulled on `node` now: the InstallerPullFails fault, then the registry.
+pub(crate) fn check_pullable(node: &Node, image: &ImageRef, reference: &str) -> Result<(), String> {
+    if is_installer(image) && node.faults.current().installer_pull_fails {
+        return Err(format!(
+            "failed to pull image {reference:?}: {reference}: not found (injected fault)"
+        ));
+    }
+    registry::resolve(reference).map_err(|e| format!("failed to pull image {reference:?}: {e}"))
+}
+
+/// The Talos version an installer image installs: its tag's, or why the simulator cannot tell.
+pub(crate) fn installer_version(image: &str) -> Result<semver::Version, String> {
+    ImageRef::parse(image)?.version().ok_or_else(|| {
+        format!("installer image tag of {image:?} is not a Talos version the simulator can install")
+    })
+}
+
 /// What a legacy upgrade or LifecycleService.Upgrade installs from `image`, or why it cannot.
 pub(crate) fn install_target(node: &Node, image: &str) -> Result<Slot, String> {
-    let parsed = ImageRef::parse(image)?;
-    let version = parsed.version().ok_or_else(|| {
-        format!("installer image tag of {image:?} is not a Talos version the simulator can install")
-    })?;
+    let version = installer_version(image)?;
     compat::check_upgrade_path(&node.version(), &version)?;
     Ok(Slot {
         version,
@@ -141,8 +154,8 @@ impl MachineApi {
                     arch: "amd64".to_string(),
                 }),
                 platform: Some(machine::PlatformInfo {
-                    name: "metal".to_string(),
-                    mode: "metal".to_string(),
+                    name: node.platform.clone(),
+                    mode: registry::platform_mode(&node.platform).to_string(),
                 }),
                 features: Some(machine::FeaturesInfo { rbac: true }),
             }],
@@ -461,6 +474,14 @@ impl MachineApi {
                 "scheduler": parsed.images.scheduler,
                 "proxy": parsed.images.proxy,
             });
+            // The Kube* documents the config carries (Talos 1.14's shape), in order.
+            params["kube_documents"] = json!(
+                parsed
+                    .kube_documents
+                    .iter()
+                    .map(|d| d.component.kind())
+                    .collect::<Vec<_>>()
+            );
         }
         let call = self.ctx.record(&node, APPLY_CONFIGURATION, params);
         let result = self.apply(&node, req, mode, parsed);
@@ -483,6 +504,8 @@ impl MachineApi {
         }
         let parsed = parsed.map_err(Status::invalid_argument)?;
         let version = node.version();
+        // A node that cannot decode a document refuses the config before validating anything.
+        machine_config::check_decodable(&parsed, &version).map_err(Status::invalid_argument)?;
         machine_config::validate(&parsed, node.role, &version).map_err(|e| {
             Status::invalid_argument(format!("configuration validation failed: {e}"))
         })?;

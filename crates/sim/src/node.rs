@@ -57,6 +57,8 @@ pub struct NodeSnapshot {
     pub name: String,
     pub role: Role,
     pub address: Ipv4Addr,
+    /// The platform the node booted on (`metal`, `aws`, …), as `Version` and `PlatformMetadata` report it.
+    pub platform: String,
     /// Running Talos version, e.g. "1.11.6".
     pub talos_version: String,
     /// Installer image of the running slot.
@@ -120,6 +122,7 @@ pub(crate) struct Node {
     pub name: String,
     pub role: Role,
     pub address: Ipv4Addr,
+    pub platform: String,
     state: Mutex<NodeState>,
     publish_lock: Mutex<()>,
     snapshot: watch::Sender<NodeSnapshot>,
@@ -150,6 +153,7 @@ pub(crate) struct NodeInit {
     pub name: String,
     pub role: Role,
     pub address: Ipv4Addr,
+    pub platform: String,
     pub talos_version: Version,
     pub installer_image: String,
     pub config: Vec<u8>,
@@ -195,6 +199,7 @@ impl Node {
             &init.name,
             init.role,
             init.address,
+            &init.platform,
             &state,
             None,
             &ResourceStore::new(),
@@ -204,6 +209,7 @@ impl Node {
             name: init.name,
             role: init.role,
             address: init.address,
+            platform: init.platform,
             state: Mutex::new(state),
             publish_lock: Mutex::new(()),
             snapshot: watch::Sender::new(snapshot),
@@ -241,9 +247,12 @@ impl Node {
             None
         };
         self.store.reconcile(node_resources::desired(
-            &self.name,
-            self.role,
-            self.address,
+            &node_resources::NodeIdentity {
+                name: &self.name,
+                role: self.role,
+                address: self.address,
+                platform: &self.platform,
+            },
             &state,
             member.as_ref(),
         ));
@@ -251,6 +260,7 @@ impl Node {
             &self.name,
             self.role,
             self.address,
+            &self.platform,
             &state,
             member,
             &self.store,
@@ -343,6 +353,7 @@ fn build_snapshot(
     name: &str,
     role: Role,
     address: Ipv4Addr,
+    platform: &str,
     state: &NodeState,
     etcd: Option<EtcdMemberSnapshot>,
     store: &ResourceStore,
@@ -361,6 +372,7 @@ fn build_snapshot(
         name: name.to_string(),
         role,
         address,
+        platform: platform.to_string(),
         talos_version: state.current.version.to_string(),
         installer_image: state.current.installer_image.clone(),
         installed_version: state

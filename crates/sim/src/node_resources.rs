@@ -13,9 +13,10 @@ use super::compat;
 use super::config::Role;
 use super::etcd::EtcdMemberSnapshot;
 use super::node_state::{NodeState, RunningComponent};
+use super::registry;
 use super::resources::{DesiredResource, ResourceKey};
 use talos_api::proto::resource::config as cfg;
-use talos_api::proto::talos::resource::definitions::{etcd, k8s, runtime, v1alpha1};
+use talos_api::proto::talos::resource::definitions::{etcd, extensions, k8s, runtime, v1alpha1};
 
 pub(crate) const CONFIG_NS: &str = "config";
 pub(crate) const RUNTIME_NS: &str = "runtime";
@@ -37,6 +38,9 @@ pub(crate) const CONTROLLER_MANAGER_CONFIG_TYPE: &str =
 pub(crate) const SCHEDULER_CONFIG_TYPE: &str = "SchedulerConfigs.kubernetes.talos.dev";
 pub(crate) const MANIFEST_TYPE: &str = "Manifests.kubernetes.talos.dev";
 pub(crate) const ETCD_MEMBER_TYPE: &str = "EtcdMembers.etcd.talos.dev";
+pub(crate) const PLATFORM_METADATA_TYPE: &str = "PlatformMetadatas.talos.dev";
+pub(crate) const EXTENSION_STATUS_TYPE: &str = "ExtensionStatuses.runtime.talos.dev";
+pub(crate) const IMAGE_FACTORY_SCHEMATIC_TYPE: &str = "ImageFactorySchematics.runtime.talos.dev";
 
 /// A resource type the simulator serves.
 #[derive(Debug, Clone, Copy)]
@@ -128,7 +132,78 @@ pub(crate) const TYPES: &[TypeInfo] = &[
         sensitive: false,
         since_minor: 0,
     },
+    TypeInfo {
+        type_: PLATFORM_METADATA_TYPE,
+        namespace: RUNTIME_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    TypeInfo {
+        type_: EXTENSION_STATUS_TYPE,
+        namespace: RUNTIME_NS,
+        sensitive: false,
+        since_minor: 0,
+    },
+    // New in 1.14 (machinery v1.14.1 `resources/runtime/image_factory_schematic.go`).
+    TypeInfo {
+        type_: IMAGE_FACTORY_SCHEMATIC_TYPE,
+        namespace: RUNTIME_NS,
+        sensitive: false,
+        since_minor: 14,
+    },
 ];
+
+/// `PlatformMetadataSpec` (machinery v1.14.1 `resources/runtime/platform_metadata.go`, identical in
+/// v1.13): the COSI spec is the Go struct encoded with its `protobuf:"N"` tags. Written here because the
+/// workspace's protos (`proto/`) do not carry it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct PlatformMetadataSpec {
+    #[prost(string, tag = "1")]
+    pub platform: String,
+    #[prost(string, tag = "2")]
+    pub hostname: String,
+    #[prost(string, tag = "3")]
+    pub region: String,
+    #[prost(string, tag = "4")]
+    pub zone: String,
+    #[prost(string, tag = "5")]
+    pub instance_type: String,
+    #[prost(string, tag = "6")]
+    pub instance_id: String,
+    #[prost(string, tag = "7")]
+    pub provider_id: String,
+    #[prost(bool, tag = "8")]
+    pub spot: bool,
+    #[prost(string, tag = "9")]
+    pub internal_dns: String,
+    #[prost(string, tag = "10")]
+    pub external_dns: String,
+    #[prost(map = "string, string", tag = "11")]
+    pub tags: std::collections::HashMap<String, String>,
+}
+
+/// `ImageFactorySchematicSpec` (machinery v1.14.1 `resources/runtime/image_factory_schematic.go`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct ImageFactorySchematicSpec {
+    #[prost(string, tag = "1")]
+    pub schematic_id: String,
+    #[prost(string, tag = "2")]
+    pub flavor: String,
+    #[prost(string, tag = "3")]
+    pub api_url: String,
+}
+
+/// The virtual extension's name that carries the schematic id (machinery v1.14.1
+/// `constants.ImageFactorySchematicExtensionName`).
+pub(crate) const SCHEMATIC_EXTENSION: &str = "schematic";
+
+/// Who a node is: what its resources say about it besides its state.
+pub(crate) struct NodeIdentity<'a> {
+    pub name: &'a str,
+    pub role: Role,
+    pub address: Ipv4Addr,
+    pub platform: &'a str,
+}
 
 pub(crate) fn type_info(type_: &str) -> Option<&'static TypeInfo> {
     TYPES.iter().find(|t| t.type_ == type_)
@@ -189,16 +264,88 @@ fn resource(
     }
 }
 
-/// The full set of resources the node `name` (with `role`, at `address`) exposes in `state`.
+/// The full set of resources the node exposes in `state`.
 pub(crate) fn desired(
-    name: &str,
-    role: Role,
-    address: Ipv4Addr,
+    node: &NodeIdentity<'_>,
     state: &NodeState,
     etcd_member: Option<&EtcdMemberSnapshot>,
 ) -> Vec<DesiredResource> {
+    let NodeIdentity {
+        name,
+        role,
+        address,
+        platform,
+    } = *node;
     let mut out = Vec::new();
     let version = &state.current.version;
+
+    // runtime/PlatformMetadatas/platformmetadata: the platform the node booted on.
+    out.push(resource(
+        RUNTIME_NS,
+        PLATFORM_METADATA_TYPE,
+        "platformmetadata",
+        "network.PlatformConfigController",
+        &PlatformMetadataSpec {
+            platform: platform.to_string(),
+            hostname: name.to_string(),
+            ..Default::default()
+        },
+        to_yaml(&json!({"platform": platform, "hostname": name})),
+    ));
+
+    // runtime/ExtensionStatuses: a node booted from an Image Factory asset carries the factory's virtual
+    // `schematic` extension (version = schematic id); from 1.14 machined also derives
+    // ImageFactorySchematic from it (talos v1.14.1 `controllers/runtime/image_factory_schematic.go`:
+    // flavor = the author before " (", apiUrl = the URL in the parentheses).
+    if let Some((host, schematic)) = registry::factory_schematic(&state.current.installer_image) {
+        let api_url = format!("https://{host}");
+        let author = format!("Image Factory ({api_url})");
+        let description = "Virtual extension which specifies the schematic ID";
+        out.push(resource(
+            RUNTIME_NS,
+            EXTENSION_STATUS_TYPE,
+            "0",
+            "runtime.ExtensionStatusController",
+            &extensions::Layer {
+                image: String::new(),
+                metadata: Some(extensions::Metadata {
+                    name: SCHEMATIC_EXTENSION.to_string(),
+                    version: schematic.clone(),
+                    author: author.clone(),
+                    description: description.to_string(),
+                    compatibility: None,
+                }),
+            },
+            to_yaml(&json!({
+                "image": "",
+                "metadata": {
+                    "name": SCHEMATIC_EXTENSION,
+                    "version": schematic,
+                    "author": author,
+                    "description": description,
+                    "compatibility": {"talos": {"version": ""}},
+                },
+            })),
+        ));
+        if compat::knows_kubernetes_documents(version) {
+            out.push(resource(
+                RUNTIME_NS,
+                IMAGE_FACTORY_SCHEMATIC_TYPE,
+                "image-factory-schematic",
+                "runtime.ImageFactorySchematicController",
+                &ImageFactorySchematicSpec {
+                    schematic_id: schematic.clone(),
+                    flavor: "Image Factory".to_string(),
+                    api_url: api_url.clone(),
+                },
+                to_yaml(&json!({
+                    "schematicId": schematic,
+                    "flavor": "Image Factory",
+                    "apiUrl": api_url,
+                })),
+            ));
+        }
+    }
 
     // runtime/MachineStatuses/machine
     let spec = runtime::MachineStatusSpec {

@@ -188,6 +188,16 @@ impl CertAuthority {
         &self.cert_der
     }
 
+    /// The CA key as a control plane's machine config carries it (`.machine.ca.key`), under Talos's
+    /// `ED25519 PRIVATE KEY` label. Only control-plane configs get it, and they are `os:admin` reads.
+    pub(crate) fn talos_key_pem(&self) -> String {
+        ClientIdentity {
+            cert_pem: String::new(),
+            key_pem: self.issuer.key().serialize_pem(),
+        }
+        .talos_key_pem()
+    }
+
     /// apid's serving certificate for a node: EKU ServerAuth, SANs = node IP, 127.0.0.1 and the
     /// hostname, so clients can verify by IP or by `domain_name(<hostname>)`.
     pub(crate) fn server_identity(

@@ -264,7 +264,8 @@ async fn talos_1_13_installs_without_reboot_then_reboots_and_can_roll_back() {
         .with_timings(Timings::fast());
     let sim = Simulator::start(config).await.expect("simulator");
     let client = client_for(&sim, ClientRole::Admin, "worker-1").await;
-    let image = "ghcr.io/siderolabs/installer:v1.14.0";
+    // The generic installer has no 1.14 release; the Image Factory's installer is the default one.
+    let image = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.0";
 
     let pulled = client.image_pull(image).await.expect("pull");
     assert!(pulled.contains("installer"), "{pulled}");

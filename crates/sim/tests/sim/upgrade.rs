@@ -279,7 +279,8 @@ async fn upgrade_of_every_control_plane_one_at_a_time() {
 #[tokio::test]
 async fn talos_1_13_pull_install_reboot_and_rollback() {
     let sim = start(SimConfig::uniform("new-flow", 1, 1, "1.13.0", "1.34.1")).await;
-    let image = "ghcr.io/siderolabs/installer:v1.14.0";
+    // The generic installer has no 1.14 release; the Image Factory's installer is the default one.
+    let image = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.0";
     let containerd = talos_api::proto::common::ContainerdInstance {
         driver: 1,
         namespace: 1,
