@@ -53,7 +53,7 @@ async fn a_healthy_cluster_is_observed_as_it_is() {
                 version,
                 boot_id,
                 ready,
-                installer_image,
+                install,
             } => {
                 assert_eq!(version.to_string(), "1.11.6", "{}", node.name);
                 assert_eq!(
@@ -62,10 +62,14 @@ async fn a_healthy_cluster_is_observed_as_it_is() {
                 );
                 assert!(ready, "{}", node.name);
                 // The machine config is read apart, for the nodes a run may start next only.
-                assert_eq!(installer_image, None);
+                assert_eq!(install, None);
+                // Its install image, and the platform it reports (the simulator's default, metal).
                 assert_eq!(
                     fleet.read_installer_image(node).await.expect("config"),
-                    "ghcr.io/siderolabs/installer:v1.11.6"
+                    talos_upgrade_core::talos::InstallSource::new(
+                        "ghcr.io/siderolabs/installer:v1.11.6",
+                        Some("metal")
+                    )
                 );
             }
             other => panic!("{} should be up: {other:?}", node.name),

@@ -658,10 +658,12 @@ mod tests {
     #[test]
     fn installer_overrides() {
         const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
-        let cases: Vec<(
-            Vec<(&str, &str)>,
-            Result<Option<InstallerOverride>, (&str, &str)>,
-        )> = vec![
+        // (annotations, the override or the invalid key and words of its reason)
+        type Case<'a> = (
+            Vec<(&'a str, &'a str)>,
+            Result<Option<InstallerOverride>, (&'a str, &'a str)>,
+        );
+        let cases: Vec<Case> = vec![
             (vec![], Ok(None)),
             (vec![(TALOS_INSTALLER_IMAGE, "  ")], Ok(None)),
             (

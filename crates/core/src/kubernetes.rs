@@ -703,9 +703,18 @@ fn check_patched(
                 ));
             }
             // The pod must come from the latest config, not merely carry the image: a pod rendered
-            // before a later config change would be replaced once more.
+            // before a later config change would be replaced once more. Rendered from that version
+            // or a later one counts, as talosctl 1.14.1 compares (`>=`, talos
+            // `pkg/cluster/kubernetes/talos_managed.go`).
             let current = node.config_versions.get(*component);
-            if current.is_none() || pod.config_version.as_deref() != current {
+            let rendered_from_latest = match (pod.config_version.as_deref(), current) {
+                (Some(pod), Some(current)) => match (pod.parse::<u64>(), current.parse::<u64>()) {
+                    (Ok(pod), Ok(current)) => pod >= current,
+                    _ => pod == current,
+                },
+                _ => false,
+            };
+            if !rendered_from_latest {
                 return waiting(format!(
                     "{component} on node {name} was not re-rendered from the latest machine config"
                 ));

@@ -87,8 +87,9 @@ impl std::fmt::Display for ImageField {
 /// Why the image for the target cannot be derived from the node's current one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the {field} image {image:?} is not a valid image reference ({problem}), so the new image cannot be derived from it: correct {path}",
-    path = field.config_path().join(".")
+    "the {field} image {image:?} is not a valid image reference ({problem}), so the new image cannot be derived from it: correct {path} (or the image of the {kind} document, where the node's config has one)",
+    path = field.config_path().join("."),
+    kind = field.document_kind()
 )]
 pub struct ImageError {
     pub field: ImageField,

@@ -392,6 +392,12 @@ fn a_control_plane_component_is_done_only_when_its_pod_is_rerendered_on_the_new_
     set(&mut verified, "cp-1", |n| {
         pod(n, Component::KubeApiserver).ready = true
     });
+    // Rendered from a later revision than the one last read (another change came after): it counts,
+    // as talosctl 1.14.1 compares config versions with `>=`.
+    let mut rendered_later = verified.clone();
+    set(&mut rendered_later, "cp-1", |n| {
+        pod(n, Component::KubeApiserver).config_version = Some("10".into())
+    });
     // Another node's NotReady does not hold a step already in flight.
     let mut verified_while_worker_down = verified.clone();
     set(&mut verified_while_worker_down, "w-2", |n| {
@@ -414,6 +420,12 @@ fn a_control_plane_component_is_done_only_when_its_pod_is_rerendered_on_the_new_
         (
             "verified",
             verified,
+            true,
+            vec!["patch kube-apiserver cp-2"],
+        ),
+        (
+            "rendered from a later revision",
+            rendered_later,
             true,
             vec!["patch kube-apiserver cp-2"],
         ),
@@ -934,7 +946,8 @@ fn an_image_the_target_cannot_be_derived_from_fails_before_any_call() {
         decision.report.message,
         "Kubernetes upgrade failed: node cp-2 cannot be upgraded: the kube-scheduler image \
          \"registry.k8s.io/kube-scheduler:\" is not a valid image reference (its tag is malformed), \
-         so the new image cannot be derived from it: correct cluster.scheduler.image"
+         so the new image cannot be derived from it: correct cluster.scheduler.image (or the \
+         image of the KubeSchedulerConfig document, where the node's config has one)"
     );
     assert_eq!(decision.report.failed_nodes, vec!["cp-2"]);
     assert_eq!(reasons(&decision.report.notes), vec!["UpgradeFailed"]);

@@ -263,7 +263,8 @@ mod tests {
         // (current image, platform, target, expected)
         let own_factory = format!("factory.talos.dev/metal-installer/{OWN}:v1.13.5");
         let own_private = format!("factory.example.corp:5000/installer-secureboot/{OWN}:v1.13.5");
-        let cases: Vec<(&str, Option<&str>, &str, Result<String, &str>)> = vec![
+        type Case<'a> = (&'a str, Option<&'a str>, &'a str, Result<String, &'a str>);
+        let cases: Vec<Case> = vec![
             // Below 1.14 the generic installer still exists: kept.
             (
                 "ghcr.io/siderolabs/installer:v1.12.5",
