@@ -5,6 +5,8 @@
 //
 //	conformance --talosconfig PATH --node IP [--worker-node IP] [--upgrade-image REF] [--timeout 60s]
 //
+// Built with -modfile=go114.mod -tags talos114 (machinery v1.14.1) it also takes the flags of talos114.go.
+//
 // --node is a control-plane node. One `PASS name[node]: detail` or `FAIL name[node]: error` line is
 // printed per check; the exit status is 1 if any check failed, 2 on bad usage or an unusable talosconfig.
 package main
@@ -30,6 +32,10 @@ import (
 )
 
 type check func(ctx context.Context, c *client.Client) (detail string, err error)
+
+// extraChecks, when set (talos114.go, built with -tags talos114 against machinery v1.14.1), runs the
+// checks of Talos 1.14's surface after the base ones; its flags are registered before main parses them.
+var extraChecks func(run func(name, target string, fn check))
 
 func main() {
 	talosconfig := flag.String("talosconfig", "", "`path` of the talosconfig (required)")
@@ -94,6 +100,10 @@ func main() {
 
 	if *image != "" {
 		run("Upgrade", upgradeTarget, checkUpgrade(*image))
+	}
+
+	if extraChecks != nil {
+		extraChecks(run)
 	}
 
 	if failed > 0 {
