@@ -620,6 +620,34 @@ timings:
     }
 
     #[test]
+    fn talos_1_14_knobs_default_and_are_checked() {
+        let yaml = "cluster_name: demo\nnodes:\n  - name: a\n    role: controlplane\n    talos_version: 1.14.1\n    kubernetes_version: 1.37.0\n    platform: aws\n    kubernetes_documents: true\n";
+        let config = SimConfig::from_yaml(yaml).unwrap();
+        assert_eq!(config.nodes[0].platform_or_default(), "aws");
+        assert!(config.nodes[0].kubernetes_documents);
+        // Created on 1.14: talosctl's default installer is the factory's metal one, empty schematic.
+        assert_eq!(
+            config.nodes[0].installer_image_or_default(),
+            "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.1"
+        );
+        let plain = NodeConfig::worker("w", "1.13.0", "1.36.0");
+        assert_eq!(plain.platform_or_default(), "metal");
+        assert!(!plain.kubernetes_documents);
+
+        let config = SimConfig::uniform("c", 1, 0, "1.14.1", "1.37.0")
+            .with_node(NodeConfig::worker("w", "1.14.1", "1.37.0").with_platform("mars"));
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("\"mars\" is not a Talos platform"), "{err}");
+        let config = SimConfig::uniform("c", 1, 0, "1.13.5", "1.36.0")
+            .with_node(NodeConfig::worker("w", "1.13.5", "1.36.0").created_on_1_14());
+        let err = config.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("kubernetes_documents needs Talos 1.14"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_process_holding_many_blocks_does_not_crowd_out_another() {
         // One process (the benchmark) holding 300 blocks; every other process still finds a free
         // block within its first few attempts.

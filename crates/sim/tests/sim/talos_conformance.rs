@@ -115,7 +115,7 @@ async fn talos_go_client_conforms() {
     );
 
     // The simulator serves this process's runtime, so the child is awaited, never waited on blocking.
-    let run = tokio::process::Command::new(&binary)
+    let run = tokio::process::Command::new(binary)
         .arg("--talosconfig")
         .arg(&talosconfig.0)
         .args(["--node", &cp_address, "--worker-node", &worker_address])
