@@ -34,6 +34,19 @@ pub struct ClusterShape {
     pub unattended_install: bool,
 }
 
+/// The Talos 1.14 knobs of every node of a shape, beside [`ClusterShape`]: the e2e world and the
+/// benchmark build `ClusterShape` with struct literals, so a new field there would break them; these
+/// go through [`ClusterShape::sim_config_with`] instead. The defaults are the nodes `sim_config` makes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeKnobs {
+    /// The platform the nodes booted on, as Talos names it (`aws`, `hcloud`, …); `None`: `metal`.
+    pub platform: Option<String>,
+    /// The nodes' configs carry their Kubernetes component images in the Kube* documents
+    /// (`KubeletConfig`, `KubeAPIServerConfig`, …), as configs created on Talos 1.14 do, instead of the
+    /// v1alpha1 fields. Talos 1.14 or later.
+    pub kubernetes_documents: bool,
+}
+
 impl ClusterShape {
     /// The simulator's config for this shape: cluster `name`, nodes `<name>-cp-<i>` and
     /// `<name>-worker-<i>` (numbered from 1) on auto-assigned loopback addresses.
@@ -41,6 +54,11 @@ impl ClusterShape {
     /// Node names carry the cluster's name because Nodes are cluster-wide in the API server: the
     /// clusters of one API server (a test namespace each, or the benchmark's fleet) must not collide.
     pub fn sim_config(&self, name: &str) -> SimConfig {
+        self.sim_config_with(name, &NodeKnobs::default())
+    }
+
+    /// [`ClusterShape::sim_config`] with the Talos 1.14 knobs of [`NodeKnobs`] set on every node.
+    pub fn sim_config_with(&self, name: &str, knobs: &NodeKnobs) -> SimConfig {
         let mirrored = |node: NodeConfig| {
             let node = match &self.image_registry {
                 Some(registry) => node.with_image_registry(registry),
@@ -48,6 +66,8 @@ impl ClusterShape {
             };
             let node = NodeConfig {
                 unattended_install: self.unattended_install,
+                platform: knobs.platform.clone(),
+                kubernetes_documents: knobs.kubernetes_documents,
                 ..node
             };
             match &self.installer_repository {
@@ -266,4 +286,44 @@ pub async fn create_kubernetes_cluster(
             )
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> ClusterShape {
+        ClusterShape {
+            control_planes: 1,
+            workers: 2,
+            talos: "1.14.1".into(),
+            kubernetes: "1.37.0".into(),
+            timings: Timings::fast(),
+            image_registry: None,
+            installer_repository: None,
+            unattended_install: true,
+        }
+    }
+
+    #[test]
+    fn the_talos_1_14_knobs_reach_every_node_and_default_to_none() {
+        let plain = shape().sim_config("c");
+        assert!(
+            plain
+                .nodes
+                .iter()
+                .all(|n| n.platform.is_none() && !n.kubernetes_documents)
+        );
+        let knobs = NodeKnobs {
+            platform: Some("aws".into()),
+            kubernetes_documents: true,
+        };
+        let config = shape().sim_config_with("c", &knobs);
+        assert_eq!(config.nodes.len(), 3);
+        for node in &config.nodes {
+            assert_eq!(node.platform.as_deref(), Some("aws"), "{}", node.name);
+            assert!(node.kubernetes_documents && node.unattended_install);
+        }
+        config.validate().expect("a valid simulator config");
+    }
 }

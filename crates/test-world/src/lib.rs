@@ -34,8 +34,8 @@ mod workload;
 
 pub use catalog::{guide_catalog, guide_catalog_allowing_unknown, guide_releases};
 pub use cluster::{
-    ClusterShape, Registration, SpecData, create_credentials_secret, create_kubernetes_cluster,
-    register_cluster, register_machines,
+    ClusterShape, NodeKnobs, Registration, SpecData, create_credentials_secret,
+    create_kubernetes_cluster, register_cluster, register_machines,
 };
 pub use crds::{
     CLUSTER_CRD_NAME, MACHINE_CRD, MACHINE_CRD_NAME, PROJECT_CLUSTER_CRD, VITISTACK_CLUSTER_CRD,
