@@ -10,8 +10,8 @@ use tokio::sync::watch;
 /// except `FailNextCalls`, which counts down.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Fault {
-    /// Pulling an installer image fails (legacy Upgrade RPC error, ImageService.Pull error,
-    /// LifecycleService.Upgrade non-zero exit code).
+    /// Pulling an installer image fails (legacy Upgrade RPC error, ImageService.Pull `NotFound`,
+    /// LifecycleService.Upgrade exit code 5 from a 1.14 or later installer, 1 from an older one).
     InstallerPullFails,
     /// After the next power-off the node stays down (connection refused) until the fault is cleared.
     NeverReturns,

@@ -12,7 +12,10 @@
 //! - every config change the simulator models applies live (`AUTO` → `NO_REBOOT`); `TRY` reverts after
 //!   its timeout; `STAGED` applies at the next boot; `REBOOT` applies and reboots (Unimplemented ≥ 1.14);
 //! - the installer's upgrade-path pre-flight (§3.5) is checked when the image is validated (legacy
-//!   Upgrade RPC error) or by the installer (LifecycleService.Upgrade exit code 1);
+//!   Upgrade RPC error) or by the installer (LifecycleService.Upgrade exit code 4 from a 1.14 or later
+//!   installer, 1 from an older one);
+//! - pulls ask a registry model: no generic installer for Talos ≥ 1.14, only installers on the Image
+//!   Factory, everything elsewhere (docs/simulator.md "Talos 1.14");
 //! - legacy `stage=true` runs the normal upgrade sequence; Talos 1.7's `preserve=false` extras are not
 //!   modelled; Reboot/Rollback during another sequence answer with a LOCKED event instead of taking over;
 //! - one-to-many (`nodes`) aggregation is emulated for unary MachineService calls only;
