@@ -107,7 +107,7 @@ pub struct NodeConfig {
     #[serde(default)]
     pub unattended_install: bool,
     /// The platform the node booted on, as Talos names it (machinery v1.14.1 `platforms/platforms.go`:
-    /// `metal` or a cloud platform such as `aws`); `metal` when absent.
+    /// `metal` or a cloud platform such as `aws`; or `container`); `metal` when absent.
     #[serde(default)]
     pub platform: Option<String>,
     /// The node's config is shaped as created on Talos 1.14 (machinery v1.14.1 `config/generate` with
@@ -410,9 +410,10 @@ impl SimConfig {
                 && !super::registry::is_platform(platform)
             {
                 return invalid(format!(
-                    "node {}: platform {platform:?} is not a Talos platform (one of {})",
+                    "node {}: platform {platform:?} is not a Talos platform (one of {}, {})",
                     node.name,
-                    super::registry::PLATFORMS.join(", ")
+                    super::registry::PLATFORMS.join(", "),
+                    super::registry::NODE_ONLY_PLATFORMS.join(", ")
                 ));
             }
             if node.kubernetes_documents && !compat::knows_kubernetes_documents(&talos) {

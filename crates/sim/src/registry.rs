@@ -50,20 +50,27 @@ pub(crate) const PLATFORMS: &[&str] = &[
     "alibabacloud",
 ];
 
+/// Platforms a node can report that the Image Factory builds nothing for: `container`, a Talos node
+/// running in a container (`talosctl cluster create` with docker), whose runtime mode is `container`
+/// (talos `internal/app/machined/pkg/runtime`; not in machinery's `platforms.go`, which lists what can be
+/// built).
+pub(crate) const NODE_ONLY_PLATFORMS: &[&str] = &["container"];
+
 /// The platform a node runs on when its config says nothing.
 pub(crate) const DEFAULT_PLATFORM: &str = "metal";
 
+/// A platform a simulated node may run on.
 pub(crate) fn is_platform(name: &str) -> bool {
-    PLATFORMS.contains(&name)
+    PLATFORMS.contains(&name) || NODE_ONLY_PLATFORMS.contains(&name)
 }
 
-/// `MachineService.Version`'s `platform.mode`: Talos's runtime mode, `metal` on bare metal and `cloud`
-/// on every cloud platform (talos `internal/app/machined/pkg/runtime/mode.go`).
+/// `MachineService.Version`'s `platform.mode`: Talos's runtime mode, `metal` on bare metal, `container`
+/// in a container and `cloud` on every cloud platform (talos `internal/app/machined/pkg/runtime/mode.go`).
 pub(crate) fn platform_mode(platform: &str) -> &'static str {
-    if platform == "metal" {
-        "metal"
-    } else {
-        "cloud"
+    match platform {
+        "metal" => "metal",
+        "container" => "container",
+        _ => "cloud",
     }
 }
 
@@ -189,6 +196,14 @@ mod tests {
         }
         // A private mirror holds what it is asked for.
         assert!(resolve("registry.local:5000/siderolabs/installer:v1.14.1").is_ok());
+        // A node can run in a container, but nothing is built for that platform.
+        assert!(is_platform("container") && platform_mode("container") == "container");
+        assert!(
+            resolve(&format!(
+                "factory.talos.dev/container-installer/{EMPTY_SCHEMATIC}:v1.14.1"
+            ))
+            .is_err()
+        );
     }
 
     #[test]

@@ -227,13 +227,15 @@ async fn nodes_report_their_platform_and_their_schematic() {
     let config = SimConfig::new("t114-platform")
         .with_node(NodeConfig::control_plane("cp-1", "1.13.0", "1.35.0"))
         .with_node(aws)
-        .with_node(old);
+        .with_node(old)
+        .with_node(NodeConfig::worker("box-1", "1.13.0", "1.35.0").with_platform("container"));
     let sim = start(config).await;
 
     for (node, platform, mode) in [
         ("cp-1", "metal", "metal"),
         ("aws-1", "aws", "cloud"),
         ("old-1", "hcloud", "cloud"),
+        ("box-1", "container", "container"),
     ] {
         let version = admin(&sim, node).await.version(()).await.unwrap();
         let reported = version.into_inner().messages[0].platform.clone().unwrap();
