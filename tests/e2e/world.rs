@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kube::api::Api;
 use talos_api::ConnectOptions;
 use talos_sim::workload::WorkloadMirror;
-use talos_sim::{Simulator, Timings};
+use talos_sim::{ClientRole, Simulator, Timings};
 use talos_upgrade_controller::admin::HealthState;
 use talos_upgrade_controller::catalog_sources::CatalogHandle;
 use talos_upgrade_controller::metrics::Metrics;
@@ -122,6 +122,18 @@ impl Drop for World {
     }
 }
 
+/// Where the nodes' configs keep their Kubernetes component images (Talos 1.14 moved them to documents;
+/// machinery v1.14.1 `config/types/k8s/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigShape {
+    /// In the v1alpha1 document, as every config created before Talos 1.14 (and kept through upgrades).
+    V1alpha1,
+    /// In the `Kube*Config` documents, as configs created on Talos 1.14.
+    Documents,
+    /// Control planes in v1alpha1 (upgraded from 1.13), workers in documents (created on 1.14).
+    Mixed,
+}
+
 pub struct WorldSpec {
     pub control_planes: usize,
     pub workers: usize,
@@ -143,6 +155,10 @@ pub struct WorldSpec {
     /// The nodes' configs carry the install image in an `UnattendedInstallConfig` document (configs
     /// created on Talos 1.14).
     pub unattended_install: bool,
+    /// The platform the nodes report (`None`: `metal`).
+    pub platform: Option<&'static str>,
+    /// Which nodes keep their Kubernetes component images in the Talos 1.14 `Kube*Config` documents.
+    pub config_shape: ConfigShape,
     /// The simulated nodes' timings; [`Timings::fast`] by default.
     pub timings: Timings,
     /// How often the controller looks again at a cluster with an upgrade in flight (100 ms by default,
@@ -170,6 +186,8 @@ impl Default for WorldSpec {
             image_registry: None,
             installer_repository: None,
             unattended_install: false,
+            platform: None,
+            config_shape: ConfigShape::V1alpha1,
             timings: Timings::fast(),
             poll_interval: Duration::from_millis(100),
             idle_interval: Settings::default().idle_interval,
@@ -223,9 +241,23 @@ impl World {
             installer_repository: spec.installer_repository.map(str::to_string),
             unattended_install: spec.unattended_install,
         };
-        let sim = Simulator::start(shape.sim_config(&ns.name))
-            .await
-            .expect("simulator");
+        let knobs = test_world::NodeKnobs {
+            platform: spec.platform.map(str::to_string),
+            kubernetes_documents: spec.config_shape == ConfigShape::Documents,
+        };
+        let mut config = shape.sim_config_with(&ns.name, &knobs);
+        if spec.config_shape == ConfigShape::Mixed {
+            // Workers joined after the cluster moved to 1.14, created with 1.14's config shape.
+            for node in config
+                .nodes
+                .iter_mut()
+                .filter(|n| !n.role.is_control_plane())
+            {
+                node.kubernetes_documents = true;
+                node.unattended_install = true;
+            }
+        }
+        let sim = Simulator::start(config).await.expect("simulator");
         let stop = CancellationToken::new();
 
         // The workload cluster is the test API server itself.
@@ -701,6 +733,35 @@ impl World {
             self.sim.record_json()
         );
         calls
+    }
+
+    /// The running machine config of node `short` (`cp-1`, `worker-2`), read through its Talos API the
+    /// way talosctl reads it (`MachineConfigs.config.talos.dev`).
+    pub async fn machine_config(&self, short: &str) -> String {
+        use talos_api::{TalosClient, Talosconfig, Target};
+        let name = self.node(short);
+        let address = self
+            .sim
+            .nodes()
+            .into_iter()
+            .find(|node| node.name == name)
+            .map(|node| std::net::IpAddr::V4(node.address))
+            .expect("the node in the simulator");
+        let credentials = Talosconfig::from_yaml(&self.sim.talosconfig(ClientRole::Admin))
+            .and_then(|config| config.current_context()?.credentials())
+            .expect("the simulator's talosconfig");
+        let client = TalosClient::connect(
+            &credentials,
+            Target::Node(address),
+            &ConnectOptions {
+                port: self.sim.config().port,
+                ..ConnectOptions::default()
+            },
+        )
+        .await
+        .expect("connecting to the node");
+        let config = client.machine_config().await.expect("the machine config");
+        String::from_utf8(config.as_bytes().to_vec()).expect("UTF-8")
     }
 
     /// Upgrade calls received, per node, in order.
