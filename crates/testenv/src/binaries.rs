@@ -59,7 +59,7 @@ impl Binaries {
     }
 
     fn build() -> Result<PathBuf> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-k8s-bins.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-k8s-bins.sh");
         let output = Command::new("bash")
             .arg(&script)
             .stderr(std::process::Stdio::inherit())
