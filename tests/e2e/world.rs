@@ -817,6 +817,18 @@ impl World {
     /// the target exactly once, never two control planes down at once, no node left cordoned, and the
     /// cluster says completed with the right versions, progress, phase and condition.
     pub async fn assert_talos_run_kept_its_promises(&self, target: &str) {
+        self.assert_talos_run_kept_its_promises_rebooting_twice(target, &[])
+            .await;
+    }
+
+    /// [`World::assert_talos_run_kept_its_promises`], where the nodes in `twice` went down twice: each
+    /// had a reboot whose install got no answer, came back on its old version, and was installed and
+    /// rebooted again on `resume` (see `tests/e2e/chaos.rs`).
+    pub async fn assert_talos_run_kept_its_promises_rebooting_twice(
+        &self,
+        target: &str,
+        twice: &[String],
+    ) {
         use talos_sim::{PowerKind, Role, max_concurrently_down};
         let power = self.sim.power_events();
         for node in self.sim.nodes() {
@@ -824,7 +836,12 @@ impl World {
                 .iter()
                 .filter(|e| e.node == node.name && e.kind == PowerKind::Down)
                 .count();
-            assert_eq!(downs, 1, "{} went down {downs} times: {power:?}", node.name);
+            let expected = if twice.contains(&node.name) { 2 } else { 1 };
+            assert_eq!(
+                downs, expected,
+                "{} went down {downs} times: {power:?}",
+                node.name
+            );
             let snapshot = self.sim.node_snapshot(&node.name).expect("node");
             assert_eq!(snapshot.talos_version, target, "{}", node.name);
         }
