@@ -191,9 +191,9 @@ async fn the_schematic_annotation_names_every_nodes_installer() {
     );
 }
 
-/// A node whose platform the Image Factory builds no installer for cannot be given a 1.14 installer
-/// in place of the generic one: the run fails at that node before any call to it, saying which
-/// annotation to set, and no node pulls, installs or reboots.
+/// Nodes whose platform the Image Factory builds no installer for cannot be given a 1.14 installer in
+/// place of the generic one: the run fails before any call to any node, naming every such node and
+/// saying which annotation to set; no node pulls, installs or reboots.
 #[tokio::test]
 async fn a_platform_the_factory_does_not_serve_fails_before_any_call() {
     let world = cluster_on_1_13(
@@ -208,20 +208,33 @@ async fn a_platform_the_factory_does_not_serve_fails_before_any_call() {
     world
         .wait_for_annotation("talos-status", "failed", "120s")
         .await;
-    let worker = world.node("worker-1");
     let message = world.annotation("talos-message").await;
-    assert_eq!(
-        message,
-        format!(
-            "Talos upgrade failed: node {worker} has an installer image the upgrade cannot be \
-             derived from: the node's platform \"container\" is not one the Image Factory builds \
-             installers for (needed for its installer ghcr.io/siderolabs/installer, which has no \
-             Talos {TARGET} images): set the annotation upgrade.vitistack.io/talos-installer-image \
-             to the installer repository to use (for example \
-             factory.talos.dev/metal-installer/<schematic>; the target's tag is added)"
-        )
-    );
-    assert_eq!(world.annotation("failed-nodes").await, worker);
+    let order = ["worker-1", "worker-2", "cp-1", "cp-2", "cp-3"].map(|short| world.node(short));
+    let each = order
+        .iter()
+        .map(|node| {
+            format!(
+                "node {node} has an installer image the upgrade cannot be derived from: the \
+                 node's platform \"container\" is not one the Image Factory builds installers for \
+                 (needed for its installer ghcr.io/siderolabs/installer, which has no Talos \
+                 {TARGET} images): set the annotation upgrade.vitistack.io/talos-installer-image to \
+                 the installer repository to use (for example \
+                 factory.talos.dev/metal-installer/<schematic>; the target's tag is added)"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    assert_eq!(message, format!("Talos upgrade failed: {each}"));
+    let mut failed: Vec<String> = world
+        .annotation("failed-nodes")
+        .await
+        .split(',')
+        .map(String::from)
+        .collect();
+    failed.sort();
+    let mut expected = order.to_vec();
+    expected.sort();
+    assert_eq!(failed, expected);
     let touched: Vec<CallRecord> = world
         .sim
         .record()

@@ -821,6 +821,35 @@ pub fn advance(
             }
         }
     }
+    // Every node not started whose install source was read (every node when the run starts) must have
+    // an installer for the target: one that has none (an unserved platform, an empty install image)
+    // fails the run before any call to any node, all such nodes named at once, rather than after the
+    // nodes before it in the order were upgraded.
+    if !settings.paused {
+        let underivable: Vec<(String, String)> = run
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.step, NodeStep::Pending))
+            .filter_map(|n| match observation.node(&n.name).map(|o| &o.talos) {
+                Some(TalosState::Up {
+                    version,
+                    install: Some(install),
+                    ..
+                }) if *version != target => installer_image_for(install, &target)
+                    .err()
+                    .map(|reason| (n.name.clone(), reason)),
+                _ => None,
+            })
+            .collect();
+        for (name, reason) in underivable {
+            fail_node(
+                &mut run,
+                &name,
+                &format!("has an installer image the upgrade cannot be derived from: {reason}"),
+                now,
+            );
+        }
+    }
     // Failed nodes, and failed ones being uncordoned before they are recorded as failed.
     let failed: Vec<(String, String)> = run
         .nodes

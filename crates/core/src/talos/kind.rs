@@ -61,8 +61,9 @@ impl TalosVersions {
 pub enum StartingNodes {
     /// The nodes a run under way may start in this pass ([`super::may_start`]).
     Named(Vec<String>),
-    /// A run about to start: the nodes of the role its order upgrades first (the first role present).
-    FirstInOrder(UpgradeOrder),
+    /// A run about to start: every node, so that a node no installer can be chosen for fails the run
+    /// before the first call to any node (see `advance`).
+    Every,
 }
 
 impl StartingNodes {
@@ -70,17 +71,7 @@ impl StartingNodes {
     pub fn names(&self, nodes: &[(&str, NodeRole)]) -> Vec<String> {
         match self {
             StartingNodes::Named(names) => names.clone(),
-            StartingNodes::FirstInOrder(order) => {
-                let first = nodes
-                    .iter()
-                    .map(|(_, role)| super::role_rank(*role, *order))
-                    .min();
-                nodes
-                    .iter()
-                    .filter(|(_, role)| Some(super::role_rank(*role, *order)) == first)
-                    .map(|(name, _)| name.to_string())
-                    .collect()
-            }
+            StartingNodes::Every => nodes.iter().map(|(name, _)| name.to_string()).collect(),
         }
     }
 }
@@ -251,7 +242,8 @@ impl Kind for Talos {
     fn request(run: Option<&Run>, settings: &Settings) -> StartingNodes {
         // The machine configs (installer images) of the nodes this pass may start are read together
         // with every node's state, not one round trip after it: the run under way names them; a run
-        // about to start begins with the nodes of the role its order puts first.
+        // about to start reads every node's, so that one no installer can be chosen for fails the
+        // run before any call (once per run: a run under way reads only those it may start).
         match run {
             Some(run) => StartingNodes::Named(
                 super::may_start(run, settings)
@@ -259,7 +251,7 @@ impl Kind for Talos {
                     .map(str::to_string)
                     .collect(),
             ),
-            None => StartingNodes::FirstInOrder(settings.order),
+            None => StartingNodes::Every,
         }
     }
 
@@ -808,7 +800,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_about_to_start_reads_the_installer_images_of_the_role_its_order_puts_first() {
+    fn a_run_about_to_start_reads_every_nodes_installer_a_run_under_way_those_it_may_start() {
         use NodeRole::{ControlPlane, Worker};
         let mixed = [
             ("cp-1", ControlPlane),
@@ -816,30 +808,14 @@ mod tests {
             ("cp-2", ControlPlane),
             ("w-2", Worker),
         ];
-        let control_planes_only = [("cp-1", ControlPlane), ("cp-2", ControlPlane)];
         type Nodes<'a> = &'a [(&'a str, NodeRole)];
-        let cases: [(Nodes, StartingNodes, &[&str]); 5] = [
+        let cases: [(Nodes, StartingNodes, &[&str]); 3] = [
             (
                 &mixed,
-                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
-                &["w-1", "w-2"],
+                StartingNodes::Every,
+                &["cp-1", "w-1", "cp-2", "w-2"],
             ),
-            (
-                &mixed,
-                StartingNodes::FirstInOrder(UpgradeOrder::ControlPlanesFirst),
-                &["cp-1", "cp-2"],
-            ),
-            // No workers: the control planes come first whatever the order.
-            (
-                &control_planes_only,
-                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
-                &["cp-1", "cp-2"],
-            ),
-            (
-                &[],
-                StartingNodes::FirstInOrder(UpgradeOrder::WorkersFirst),
-                &[],
-            ),
+            (&[], StartingNodes::Every, &[]),
             (&mixed, StartingNodes::Named(vec!["cp-2".into()]), &["cp-2"]),
         ];
         for (nodes, starting, expected) in cases {

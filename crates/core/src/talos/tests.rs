@@ -1672,3 +1672,52 @@ fn the_only_node_of_a_cluster_is_rebooted_without_a_drain() {
             .any(|further| matches!(further, Further::Drain(_)))
     );
 }
+
+/// At the start every node's install source is read: every node no installer can be chosen for is
+/// named at once, and the run fails before the first call to any node, not after the nodes before
+/// them in the order were upgraded.
+#[test]
+fn nodes_without_an_installer_fail_the_run_before_any_call_all_named() {
+    let mut obs = cluster("1.13.0");
+    for name in ["worker-2", "cp-3"] {
+        set(&mut obs, name, |n| {
+            if let TalosState::Up { install, .. } = &mut n.talos {
+                *install = Some(InstallSource::new("no-tag-here", Some("metal")));
+            }
+        });
+    }
+    let run = workers_first("1.13.1", &obs);
+    let decision = decide(&run, &settings(), &obs, t0());
+    assert_eq!(decision.actions, vec![]);
+    assert_eq!(decision.report.state, RunState::Failed);
+    let mut failed = decision.report.failed_nodes.clone();
+    failed.sort();
+    assert_eq!(failed, ["cp-3", "worker-2"]);
+    assert!(
+        decision
+            .report
+            .message
+            .contains("node worker-2 has an installer image")
+            && decision
+                .report
+                .message
+                .contains("node cp-3 has an installer image"),
+        "{}",
+        decision.report.message
+    );
+    // A node whose source was not read (a run under way reads only those it may start) is not judged.
+    let mut unread = obs.clone();
+    set(&mut unread, "cp-3", |n| {
+        if let TalosState::Up { install, .. } = &mut n.talos {
+            *install = None;
+        }
+    });
+    set(&mut unread, "worker-2", |n| {
+        if let TalosState::Up { install, .. } = &mut n.talos {
+            *install = None;
+        }
+    });
+    let going = decide(&run, &settings(), &unread, t0());
+    assert_eq!(going.report.state, RunState::InProgress);
+    assert_eq!(going.actions.len(), 1, "{:?}", going.actions);
+}
