@@ -10,9 +10,10 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use super::discovery::{self, ClusterChanges};
 use super::node::Node;
 use super::node_resources::{TypeInfo, type_info};
-use super::resources::{Change, ChangeKind, ResourceKey, StoredResource, tombstone};
+use super::resources::{CLUSTER_NS, Change, ChangeKind, ResourceKey, StoredResource, tombstone};
 use super::routing::{ApiContext, Proxy, peer, single};
 use talos_api::proto::cosi::resource as cosi;
 
@@ -41,7 +42,7 @@ impl StateApi {
         let node = single(self.ctx.route(request, method, Proxy::Cosi)?)?;
         let version = node.version();
         let info = type_info(type_)
-            .filter(|t| version.minor >= t.since_minor || version.major > 1)
+            .filter(|t| t.served_on(&version))
             .ok_or_else(|| {
                 Status::permission_denied(format!("resource type {type_:?} is not supported"))
             })?;
@@ -50,10 +51,14 @@ impl StateApi {
                 "namespace {namespace:?} is not supported for resource type {type_:?}"
             )));
         }
-        if info.sensitive && !peer(request)?.roles.admin {
+        if info.sensitive_on(&version) && !peer(request)?.roles.admin {
             return Err(Status::permission_denied(format!(
                 "access to resource type {type_:?} requires the os:admin role"
             )));
+        }
+        if namespace == CLUSTER_NS {
+            // What discovery knows is the rest of the cluster: bring it up to date before reading.
+            discovery::refresh(&self.ctx.cluster, &node);
         }
         Ok((node, info))
     }
@@ -201,6 +206,11 @@ impl cosi::state_server::State for StateApi {
         }
 
         let boot = node.boot_token();
+        // A watch of the `cluster` namespace follows the other nodes: each change to one of them
+        // refreshes this node's view, and the store reports what that changed.
+        let mut cluster_changes =
+            (r.namespace == CLUSTER_NS).then(|| ClusterChanges::new(&self.ctx.cluster));
+        let cluster = self.ctx.cluster.clone();
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             for response in initial {
@@ -236,6 +246,8 @@ impl cosi::state_server::State for StateApi {
                         return;
                     }
                     _ = tx.closed() => return,
+                    _ = async { cluster_changes.as_mut().expect("guarded").changed().await },
+                        if cluster_changes.is_some() => discovery::refresh(&cluster, &node),
                     received = changes.recv() => match received {
                         Ok(change) => {
                             if wanted(&change) && tx.send(Ok(change_event(&change))).await.is_err() {

@@ -34,8 +34,8 @@
 //! ```
 
 // Layering: a module uses only modules of its own or an earlier group, so imports never go round in a
-// circle. (1) auth, compat, config, etcd, events, faults, image_ref, machine_config, node_state, pki,
-// record, registry, resources; (2) node_resources; (3) node; (4) cluster; (5) routing, sequences; (6) cosi,
+// circle. (1) auth, compat, config, etcd, events, faults, image_ref, machine_config, meta, node_state, pki,
+// record, registry, resources; (2) node_resources; (3) node; (4) cluster; (5) discovery, routing, sequences; (6) cosi,
 // lifecycle_service, machine_service; (7) server. The sequences restart a node's apid through
 // `Cluster::start_apid`, which `Simulator::start` points at `server::start`.
 mod auth;
@@ -43,6 +43,7 @@ mod cluster;
 mod compat;
 pub mod config;
 mod cosi;
+mod discovery;
 mod etcd;
 mod events;
 pub mod faults;
@@ -50,6 +51,7 @@ mod image_ref;
 mod lifecycle_service;
 mod machine_config;
 mod machine_service;
+mod meta;
 mod node;
 mod node_resources;
 mod node_state;

@@ -3,18 +3,21 @@
 //! Each resource's `proto_spec` is the matching Talos spec message, and `yaml_spec` is the YAML Talos
 //! prints for it (camelCase keys). The type table also drives the State service's access checks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+use std::sync::Mutex;
 
 use prost::Message;
+use semver::Version;
 use serde_json::{Value as Json, json};
 
 use super::compat;
 use super::config::Role;
 use super::etcd::EtcdMemberSnapshot;
+use super::meta::{self, PrintColumn};
 use super::node_state::{NodeState, RunningComponent};
 use super::registry;
-use super::resources::{DesiredResource, ResourceKey};
+use super::resources::{CLUSTER_NS, DesiredResource, ResourceKey};
 use talos_api::proto::resource::config as cfg;
 use talos_api::proto::talos::resource::definitions::{etcd, extensions, k8s, runtime, v1alpha1};
 
@@ -41,117 +44,302 @@ pub(crate) const ETCD_MEMBER_TYPE: &str = "EtcdMembers.etcd.talos.dev";
 pub(crate) const PLATFORM_METADATA_TYPE: &str = "PlatformMetadatas.talos.dev";
 pub(crate) const EXTENSION_STATUS_TYPE: &str = "ExtensionStatuses.runtime.talos.dev";
 pub(crate) const IMAGE_FACTORY_SCHEMATIC_TYPE: &str = "ImageFactorySchematics.runtime.talos.dev";
+pub(crate) const MEMBER_TYPE: &str = "Members.cluster.talos.dev";
+pub(crate) const AFFILIATE_TYPE: &str = "Affiliates.cluster.talos.dev";
 
-/// A resource type the simulator serves.
+/// A Talos version as `(major, minor, patch)`, for what changed in a patch release.
+pub(crate) type Since = (u64, u64, u64);
+
+/// Every Talos version the simulator plays.
+const ALWAYS: Since = (0, 0, 0);
+
+/// A resource type the simulator serves, with the definition Talos declares for it (its
+/// `ResourceDefinition()` in machinery `resources/...`), which `talosctl get` reads from the node's
+/// `ResourceDefinitions.meta.cosi.dev` ([`super::meta`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TypeInfo {
     pub type_: &'static str,
+    /// The namespace the resources live in: the definition's `DefaultNamespace`.
     pub namespace: &'static str,
-    /// Reading needs `os:admin`.
-    pub sensitive: bool,
+    /// Reading needs `os:admin` from this Talos version on (`None`: never), the definition's
+    /// `Sensitivity`.
+    pub sensitive_since: Option<Since>,
     /// The type only exists on Talos ≥ this minor (1.x).
     pub since_minor: u64,
+    /// The aliases the definition declares (cosi's `Fill` adds the generated ones).
+    pub aliases: &'static [&'static str],
+    /// The definition's `PrintColumns`, each with the first Talos version that has it.
+    pub columns: &'static [(PrintColumn, Since)],
 }
 
+impl TypeInfo {
+    /// Does a node on `version` serve this type?
+    pub(crate) fn served_on(&self, version: &Version) -> bool {
+        version.minor >= self.since_minor || version.major > 1
+    }
+
+    /// Is the type sensitive (readable with `os:admin` only) on `version`?
+    pub(crate) fn sensitive_on(&self, version: &Version) -> bool {
+        self.sensitive_since
+            .is_some_and(|since| (version.major, version.minor, version.patch) >= since)
+    }
+
+    /// The definition as Talos `version` declares it.
+    pub(crate) fn declared_on(&self, version: &Version) -> meta::Declared<'static> {
+        let core = (version.major, version.minor, version.patch);
+        meta::Declared {
+            type_: self.type_,
+            default_namespace: self.namespace,
+            aliases: self.aliases,
+            print_columns: self
+                .columns
+                .iter()
+                .filter(|(_, since)| core >= *since)
+                .map(|(column, _)| *column)
+                .collect(),
+            sensitive: self.sensitive_on(version),
+        }
+    }
+}
+
+const fn column(name: &'static str, json_path: &'static str) -> (PrintColumn, Since) {
+    (PrintColumn { name, json_path }, ALWAYS)
+}
+
+/// Marked sensitive by "fix: mark more resources as sensitive" (talos 166854959, 1.14.0-alpha.2,
+/// backported): machinery v1.13.4 and v1.14.1 have it, v1.13.3 and v1.12.0 do not. Whether a 1.12
+/// patch got it is not verified (the module proxy here serves no machinery between v1.12.0 and v1.13.3),
+/// so 1.12 nodes keep the types readable.
+const MORE_SENSITIVE: Since = (1, 13, 4);
+
+// The definitions below are machinery v1.14.1's, identical in v1.11.6, v1.12.0 and v1.13.x except
+// where a `Since` says otherwise.
 pub(crate) const TYPES: &[TypeInfo] = &[
+    // `resources/runtime/machine_status.go`
     TypeInfo {
         type_: MACHINE_STATUS_TYPE,
         namespace: RUNTIME_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &[],
+        columns: &[
+            column("Stage", "{.stage}"),
+            column("Ready", "{.status.ready}"),
+        ],
     },
+    // `resources/runtime/version.go`: the spec has a name (and the table its column) from 1.13.0.
     TypeInfo {
         type_: VERSION_TYPE,
         namespace: RUNTIME_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 10,
+        aliases: &[],
+        columns: &[
+            (
+                PrintColumn {
+                    name: "Name",
+                    json_path: "{.name}",
+                },
+                VERSION_NAME_SINCE,
+            ),
+            column("Version", "{.version}"),
+        ],
     },
+    // `resources/config/machine_config.go`
     TypeInfo {
         type_: MACHINE_CONFIG_TYPE,
         namespace: CONFIG_NS,
-        sensitive: true,
+        sensitive_since: Some(ALWAYS),
         since_minor: 0,
+        aliases: &[],
+        columns: &[],
     },
+    // `resources/config/machine_type.go`
     TypeInfo {
         type_: MACHINE_TYPE_TYPE,
         namespace: CONFIG_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &[],
+        columns: &[column("Type", "{@}")],
     },
+    // `resources/k8s/nodename.go`
     TypeInfo {
         type_: NODENAME_TYPE,
         namespace: K8S_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &[],
+        columns: &[column("Nodename", "{.nodename}")],
     },
+    // `resources/v1alpha1/service.go`
     TypeInfo {
         type_: SERVICE_TYPE,
         namespace: RUNTIME_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &["svc"],
+        columns: &[
+            column("Running", "{.running}"),
+            column("Healthy", "{.healthy}"),
+            column("Health Unknown", "{.unknown}"),
+        ],
     },
+    // `resources/k8s/kubelet_spec.go`
     TypeInfo {
         type_: KUBELET_SPEC_TYPE,
         namespace: K8S_NS,
-        sensitive: false,
+        sensitive_since: Some(MORE_SENSITIVE),
         since_minor: 0,
+        aliases: &[],
+        columns: &[],
     },
+    // `resources/k8s/static_pod_status.go`
     TypeInfo {
         type_: STATIC_POD_STATUS_TYPE,
         namespace: K8S_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &["podstatus"],
+        columns: &[column(
+            "Ready",
+            r#"{.conditions[?(@.type=="Ready")].status}"#,
+        )],
     },
+    // `resources/k8s/apiserver_config.go`
     TypeInfo {
         type_: APISERVER_CONFIG_TYPE,
         namespace: CONTROLPLANE_NS,
-        sensitive: false,
+        sensitive_since: Some(MORE_SENSITIVE),
         since_minor: 0,
+        aliases: &[],
+        columns: &[],
     },
+    // `resources/k8s/controllermanager_config.go`
     TypeInfo {
         type_: CONTROLLER_MANAGER_CONFIG_TYPE,
         namespace: CONTROLPLANE_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &[],
+        columns: &[],
     },
+    // `resources/k8s/scheduler_config.go`
     TypeInfo {
         type_: SCHEDULER_CONFIG_TYPE,
         namespace: CONTROLPLANE_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &[],
+        columns: &[],
     },
+    // `resources/k8s/manifest.go`
     TypeInfo {
         type_: MANIFEST_TYPE,
         namespace: CONTROLPLANE_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &[],
+        columns: &[],
     },
+    // `resources/etcd/member.go`
     TypeInfo {
         type_: ETCD_MEMBER_TYPE,
         namespace: ETCD_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &[],
+        columns: &[column("Member ID", "{.memberID}")],
     },
+    // `resources/runtime/platform_metadata.go`
     TypeInfo {
         type_: PLATFORM_METADATA_TYPE,
         namespace: RUNTIME_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &[],
+        columns: &[
+            column("Platform", "{.platform}"),
+            column("Type", "{.instanceType}"),
+            column("Region", "{.region}"),
+            column("Zone", "{.zone}"),
+        ],
     },
+    // `resources/runtime/extension_status.go`
     TypeInfo {
         type_: EXTENSION_STATUS_TYPE,
         namespace: RUNTIME_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 0,
+        aliases: &["extensions"],
+        columns: &[
+            column("Name", "{.metadata.name}"),
+            column("Version", "{.metadata.version}"),
+        ],
     },
     // New in 1.14 (machinery v1.14.1 `resources/runtime/image_factory_schematic.go`).
     TypeInfo {
         type_: IMAGE_FACTORY_SCHEMATIC_TYPE,
         namespace: RUNTIME_NS,
-        sensitive: false,
+        sensitive_since: None,
         since_minor: 14,
+        aliases: &[],
+        columns: &[
+            column("Schematic ID", "{.schematicId}"),
+            column("Flavor", "{.flavor}"),
+            column("API URL", "{.apiUrl}"),
+        ],
+    },
+    // `resources/cluster/member.go` (the resources: [`super::discovery`])
+    TypeInfo {
+        type_: MEMBER_TYPE,
+        namespace: CLUSTER_NS,
+        sensitive_since: None,
+        since_minor: 0,
+        aliases: &[],
+        columns: &[
+            column("Hostname", "{.hostname}"),
+            column("Machine Type", "{.machineType}"),
+            column("OS", "{.operatingSystem}"),
+            column("Addresses", "{.addresses}"),
+        ],
+    },
+    // `resources/cluster/affiliate.go`
+    TypeInfo {
+        type_: AFFILIATE_TYPE,
+        namespace: CLUSTER_NS,
+        sensitive_since: None,
+        since_minor: 0,
+        aliases: &[],
+        columns: &[
+            column("Hostname", "{.hostname}"),
+            column("Machine Type", "{.machineType}"),
+            column("Addresses", "{.addresses}"),
+        ],
+    },
+    // cosi-project/runtime `pkg/resource/meta/resource_definition.go`
+    TypeInfo {
+        type_: meta::RESOURCE_DEFINITION_TYPE,
+        namespace: meta::META_NS,
+        sensitive_since: None,
+        since_minor: 0,
+        aliases: &["api-resources"],
+        columns: &[column("Aliases", "{.aliases[:]}")],
+    },
+    // cosi-project/runtime `pkg/resource/meta/namespace.go`
+    TypeInfo {
+        type_: meta::NAMESPACE_TYPE,
+        namespace: meta::META_NS,
+        sensitive_since: None,
+        since_minor: 0,
+        aliases: &["ns"],
+        columns: &[],
     },
 ];
+
+/// `VersionSpec` has a `name` from Talos 1.13.0 (machinery v1.12.0 `resources/runtime/version.go` has
+/// only `version`, v1.13.0 both).
+const VERSION_NAME_SINCE: Since = (1, 13, 0);
 
 /// `PlatformMetadataSpec` (machinery v1.14.1 `resources/runtime/platform_metadata.go`, identical in
 /// v1.13): the COSI spec is the Go struct encoded with its `protobuf:"N"` tags. Written here because the
@@ -207,6 +395,28 @@ pub(crate) struct NodeIdentity<'a> {
 
 pub(crate) fn type_info(type_: &str) -> Option<&'static TypeInfo> {
     TYPES.iter().find(|t| t.type_ == type_)
+}
+
+/// The `meta` namespace of a node on `version`: a ResourceDefinition per type it serves and a
+/// Namespace per namespace those types live in (Talos registers all of its namespaces, also those of
+/// the types the simulator does not serve; those are left out here).
+fn meta_resources(version: &Version) -> Vec<DesiredResource> {
+    // The same for every node on a version, and computed on every state change: built once.
+    static BUILT: Mutex<BTreeMap<Since, Vec<DesiredResource>>> = Mutex::new(BTreeMap::new());
+    let core = (version.major, version.minor, version.patch);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    built
+        .entry(core)
+        .or_insert_with(|| {
+            let served: Vec<&TypeInfo> = TYPES.iter().filter(|t| t.served_on(version)).collect();
+            let namespaces: BTreeSet<&str> = served.iter().map(|t| t.namespace).collect();
+            served
+                .iter()
+                .map(|t| meta::Definition::fill(&t.declared_on(version)).resource())
+                .chain(namespaces.into_iter().map(meta::namespace_resource))
+                .collect()
+        })
+        .clone()
 }
 
 /// Convert JSON into a `google.protobuf.Struct` (what Talos puts in pod and manifest specs).
@@ -276,8 +486,9 @@ pub(crate) fn desired(
         address,
         platform,
     } = *node;
-    let mut out = Vec::new();
     let version = &state.current.version;
+    // meta/ResourceDefinitions and meta/Namespaces: what a node of this version serves.
+    let mut out = meta_resources(version);
 
     // runtime/PlatformMetadatas/platformmetadata: the platform the node booted on.
     out.push(resource(
@@ -380,14 +591,16 @@ pub(crate) fn desired(
         yaml,
     ));
 
-    // runtime/Versions/version (1.10+)
+    // runtime/Versions/version (1.10+). The spec carries the name on every version, although machinery
+    // before v1.13.0 has no `name` field (v1.11.6, v1.12.0 `resources/runtime/version.go`), as
+    // tests/sim/cosi.rs expects; the table's Name column follows the version (see TYPES).
     if compat::has_version_resource(version) {
         let tag = compat::tag(version);
         let spec = runtime::VersionSpec {
             version: tag.clone(),
             name: "Talos".to_string(),
         };
-        let yaml = to_yaml(&json!({"version": tag, "name": "Talos"}));
+        let yaml = to_yaml(&json!({"name": "Talos", "version": tag}));
         out.push(resource(
             RUNTIME_NS,
             VERSION_TYPE,
@@ -445,7 +658,9 @@ pub(crate) fn desired(
         &cfg::MachineTypeSpec {
             machine_type: machine_type as i32,
         },
-        to_yaml(&json!({"machineType": role.as_str()})),
+        // A bare string: the spec's MarshalYAML returns `Type.String()` (machinery
+        // `resources/config/machine_type.go`), which the table's `{@}` column prints.
+        to_yaml(&json!(role.as_str())),
     ));
 
     // k8s/Nodenames/nodename
@@ -459,7 +674,7 @@ pub(crate) fn desired(
             hostname_version: "1".to_string(),
             skip_node_registration: false,
         },
-        to_yaml(&json!({"nodename": name, "hostnameVersion": "1"})),
+        to_yaml(&json!({"nodename": name, "hostnameVersion": "1", "skipNodeRegistration": false})),
     ));
 
     // runtime/Services/<id>: only services that run exist (the resource goes away when one stops).
@@ -585,7 +800,10 @@ fn control_plane_resources(
                 &k8s::StaticPodStatusSpec {
                     pod_status: Some(json_to_struct(&status)),
                 },
-                to_yaml(&json!({"podStatus": status})),
+                // The pod status itself: the spec's MarshalYAML returns it (machinery
+                // `resources/k8s/static_pod_status.go`), so the table's Ready column finds
+                // `.conditions`.
+                to_yaml(&status),
             ));
         }
     }

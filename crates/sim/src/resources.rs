@@ -14,6 +14,10 @@ use tokio::sync::broadcast;
 
 use talos_api::proto::cosi::resource as cosi;
 
+/// Talos's `cluster` namespace (machinery `resources/cluster/cluster.go`): what cluster discovery
+/// learns about the other nodes, kept apart from what a node derives from its own state.
+pub(crate) const CLUSTER_NS: &str = "cluster";
+
 /// Namespace, type and id of a resource.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct ResourceKey {
@@ -133,8 +137,25 @@ impl ResourceStore {
         self.resources.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Make the store hold exactly `desired`: create, update (only on a real change) and destroy.
+    /// Make the store hold exactly `desired` outside the [`CLUSTER_NS`] namespace (which
+    /// [`ResourceStore::reconcile_namespace`] keeps): create, update (only on a real change) and destroy.
     pub(crate) fn reconcile(&self, desired: Vec<DesiredResource>) {
+        self.reconcile_where(|key| key.namespace != CLUSTER_NS, desired);
+    }
+
+    /// Make the store hold exactly `desired` in `namespace`, leaving every other namespace alone: the
+    /// resources a node learns from the rest of the cluster rather than derives from its own state.
+    pub(crate) fn reconcile_namespace(&self, namespace: &str, desired: Vec<DesiredResource>) {
+        debug_assert!(desired.iter().all(|d| d.key.namespace == namespace));
+        self.reconcile_where(|key| key.namespace == namespace, desired);
+    }
+
+    /// Reconcile the resources whose key is `in_scope` with `desired`.
+    fn reconcile_where(
+        &self,
+        in_scope: impl Fn(&ResourceKey) -> bool,
+        desired: Vec<DesiredResource>,
+    ) {
         let now = SystemTime::now();
         let mut inner = self.lock();
         let generation = inner.generation;
@@ -142,7 +163,7 @@ impl ResourceStore {
         let wanted: HashSet<ResourceKey> = desired.iter().map(|d| d.key.clone()).collect();
         let gone: Vec<ResourceKey> = map
             .keys()
-            .filter(|k| !wanted.contains(*k))
+            .filter(|k| in_scope(k) && !wanted.contains(*k))
             .cloned()
             .collect();
         for key in gone {
@@ -271,5 +292,19 @@ mod tests {
         store.reconcile(vec![]);
         assert_eq!(rx.try_recv().unwrap().kind, ChangeKind::Destroyed);
         assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn the_cluster_namespace_is_reconciled_apart() {
+        let store = ResourceStore::new();
+        let mut member = desired("m", b"1");
+        member.key.namespace = CLUSTER_NS.into();
+        store.reconcile_namespace(CLUSTER_NS, vec![member]);
+        store.reconcile(vec![desired("a", b"1")]);
+        // The node's own reconcile leaves what discovery put there, and the other way round.
+        assert_eq!(store.version_of(CLUSTER_NS, "T", "m"), 1);
+        store.reconcile_namespace(CLUSTER_NS, vec![]);
+        assert_eq!(store.version_of(CLUSTER_NS, "T", "m"), 0);
+        assert_eq!(store.version_of("runtime", "T", "a"), 1);
     }
 }
