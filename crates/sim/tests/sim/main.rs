@@ -14,5 +14,6 @@ mod faults;
 mod talos_1_14;
 mod talos_client;
 mod talos_conformance;
+mod talosctl;
 mod upgrade;
 mod workload;
