@@ -611,38 +611,32 @@ pub(crate) fn desired(
         ));
     }
 
-    // config/MachineConfigs/{v1alpha1,persistent}
-    let config_yaml = |bytes: &[u8]| {
+    // config/MachineConfigs/{v1alpha1,persistent}. Where the YAML spec is a string scalar, Talos marks
+    // the resource with the `talos.dev/yaml-spec` annotation (machinery v1.12.0 and later
+    // `resources/config/machine_config.go`), which tells `talosctl get mc -o yaml` not to wrap the spec
+    // in a string once more (talosctl `cmd/talos/output/yaml.go`).
+    let scalar = compat::machine_config_yaml_spec_is_scalar(version);
+    let machine_config = |id: &str, bytes: &[u8]| {
         let text = String::from_utf8_lossy(bytes).into_owned();
-        if compat::machine_config_yaml_spec_is_scalar(version) {
+        let yaml = if scalar {
             to_yaml(&Json::String(text))
         } else {
             text
+        };
+        let spec = cfg::MachineConfigSpec {
+            yaml_marshalled: bytes.to_vec(),
+        };
+        let mut resource = resource(CONFIG_NS, MACHINE_CONFIG_TYPE, id, "", &spec, yaml);
+        if scalar {
+            resource
+                .annotations
+                .insert("talos.dev/yaml-spec".to_string(), "1".to_string());
         }
+        resource
     };
-    let active = cfg::MachineConfigSpec {
-        yaml_marshalled: state.config.clone(),
-    };
-    out.push(resource(
-        CONFIG_NS,
-        MACHINE_CONFIG_TYPE,
-        "v1alpha1",
-        "",
-        &active,
-        config_yaml(&state.config),
-    ));
-    let persistent_bytes = state.staged_config.as_ref().unwrap_or(&state.config);
-    let persistent = cfg::MachineConfigSpec {
-        yaml_marshalled: persistent_bytes.clone(),
-    };
-    out.push(resource(
-        CONFIG_NS,
-        MACHINE_CONFIG_TYPE,
-        "persistent",
-        "",
-        &persistent,
-        config_yaml(persistent_bytes),
-    ));
+    out.push(machine_config("v1alpha1", &state.config));
+    let persistent = state.staged_config.as_ref().unwrap_or(&state.config);
+    out.push(machine_config("persistent", persistent));
 
     // config/MachineTypes/machine-type
     let machine_type = if role.is_control_plane() {

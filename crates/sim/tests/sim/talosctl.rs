@@ -10,6 +10,7 @@ use std::process::{Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use serde::Deserialize;
 use talos_sim::{NodeInfo, SimConfig, Simulator, Timings};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -424,6 +425,21 @@ async fn get_resources(c: &Cluster, talos: &str) {
         "{}",
         run.report
     );
+
+    // `get mc v1alpha1 -o yaml`: the spec is the machine config's text, not a string of a string.
+    let run = c
+        .ok("worker-1", &["get", "mc", "v1alpha1", "-o", "yaml"])
+        .await;
+    let doc: serde_yaml::Value = serde_yaml::from_str(&run.stdout).expect("YAML");
+    let text = doc["spec"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the spec is the config's text\n{}", run.report));
+    let first = serde_yaml::Deserializer::from_str(text)
+        .next()
+        .expect("a document");
+    let config = serde_yaml::Value::deserialize(first).expect("the config is YAML");
+    assert_eq!(config["machine"]["type"], "worker", "{}", run.report);
+    assert_eq!(config["machine"]["network"]["hostname"], "worker-1");
 
     // `get apiserverconfig` in its default namespace, controlplane.
     let run = c.ok("cp-3", &["get", "apiserverconfig"]).await;
