@@ -15,16 +15,22 @@ fn collect_protos(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // The protos live at the top of the repository (`proto/`), beside the crates.
-    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../proto"));
+    // The protos live at the top of the repository (`proto/`), beside the crates. The package directory
+    // is read when the script runs, not when it is compiled, and the paths cargo watches are relative to
+    // it: checkouts of the repository that share one target directory (git worktrees) then each generate
+    // from their own protos instead of from the checkout that compiled the script.
+    let package = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    let relative = Path::new("../../proto");
+    let root = package.join(relative);
     let mut files = Vec::new();
-    collect_protos(root, &mut files)?;
+    collect_protos(&root, &mut files)?;
     files.sort();
-    println!("cargo:rerun-if-changed={}", root.display());
+    println!("cargo:rerun-if-changed={}", relative.display());
     for file in &files {
-        println!("cargo:rerun-if-changed={}", file.display());
+        let watched = file.strip_prefix(&package).unwrap_or(file);
+        println!("cargo:rerun-if-changed={}", watched.display());
     }
-    let descriptors = protox::compile(&files, [root])?;
+    let descriptors = protox::compile(&files, [&root])?;
     // The client half is what the controller uses; the server half only serves the Talos node simulator,
     // which asks for it with the `server` feature.
     let server = std::env::var_os("CARGO_FEATURE_SERVER").is_some();
