@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::Timings;
 use super::etcd::EtcdCluster;
+use super::kubeconfig::WorkloadKubeconfig;
 use super::node::Node;
 use super::pki::CertAuthority;
 use super::record::Recorder;
@@ -33,6 +34,8 @@ pub(crate) struct Cluster {
     pub shutdown: CancellationToken,
     /// How a booting node starts listening; see [`StartApid`].
     pub apid: StartApid,
+    /// The workload cluster's admin kubeconfig the control planes hand out, if one was given.
+    pub workload_kubeconfig: WorkloadKubeconfig,
 }
 
 impl Cluster {

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -74,6 +74,13 @@ pub struct SimConfig {
     pub nodes: Vec<NodeConfig>,
     #[serde(default)]
     pub timings: Timings,
+    /// An admin kubeconfig of the workload cluster (a real API server the nodes are mirrored into),
+    /// which the control planes hand out through `MachineService.Kubeconfig`: `talosctl kubeconfig`,
+    /// and the Kubernetes steps of `talosctl health` and `upgrade-k8s`. It must be shaped as Talos
+    /// generates one (client certificate, no token); see docs/simulator.md. Also settable while
+    /// running: `Simulator::set_workload_kubeconfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_kubeconfig: Option<PathBuf>,
 }
 
 /// One simulated node.
@@ -307,6 +314,7 @@ impl SimConfig {
             port: default_port(),
             nodes: Vec::new(),
             timings: Timings::default(),
+            workload_kubeconfig: None,
         }
     }
 

@@ -34,10 +34,10 @@
 //! ```
 
 // Layering: a module uses only modules of its own or an earlier group, so imports never go round in a
-// circle. (1) auth, compat, config, etcd, events, faults, image_ref, machine_config, meta, node_state, pki,
-// record, registry, resources; (2) node_resources; (3) node; (4) cluster; (5) discovery, routing, sequences; (6) cosi,
-// lifecycle_service, machine_service; (7) server. The sequences restart a node's apid through
-// `Cluster::start_apid`, which `Simulator::start` points at `server::start`.
+// circle. (1) auth, compat, config, etcd, events, faults, image_ref, kubeconfig, machine_config, meta,
+// node_state, pki, record, registry, resources; (2) node_resources; (3) node; (4) cluster; (5) discovery,
+// routing, sequences; (6) cosi, lifecycle_service, logs, machine_service; (7) server. The sequences
+// restart a node's apid through `Cluster::start_apid`, which `Simulator::start` points at `server::start`.
 mod auth;
 mod cluster;
 mod compat;
@@ -48,7 +48,9 @@ mod etcd;
 mod events;
 pub mod faults;
 mod image_ref;
+mod kubeconfig;
 mod lifecycle_service;
+mod logs;
 mod machine_config;
 mod machine_service;
 mod meta;
@@ -214,7 +216,18 @@ impl Simulator {
             record: record::Recorder::new(),
             shutdown,
             apid: server::start,
+            workload_kubeconfig: Default::default(),
         });
+        if let Some(path) = &config.workload_kubeconfig {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
+            kubeconfig::validate(&text).map_err(|e| {
+                ConfigError::Invalid(format!("workload_kubeconfig {}: {e}", path.display()))
+            })?;
+            cluster.workload_kubeconfig.set(Some(text));
+        }
         for (node, (_, listener)) in cluster.nodes.iter().zip(listeners) {
             cluster.start_apid(node, listener);
             node.update(&cluster.etcd, |s| s.sequence = Some("boot"));
@@ -248,6 +261,35 @@ impl Simulator {
     /// The configuration with every node's address filled in.
     pub fn config(&self) -> &SimConfig {
         &self.config
+    }
+
+    /// Give the control planes the admin kubeconfig of the workload cluster to hand out through
+    /// `MachineService.Kubeconfig` (`talosctl kubeconfig`, and the Kubernetes steps of `talosctl
+    /// health` and `upgrade-k8s`), or take it away (`None`: they answer `FailedPrecondition`, as Talos
+    /// does without what a kubeconfig is made of, and talosctl's health checks skip Kubernetes).
+    ///
+    /// A Talos node generates it (talos v1.14.1 `pkg/kubeconfig/generate.go`); a simulated node
+    /// cannot, so this is the kubeconfig of the real API server the workload mirror writes into. It must
+    /// be shaped as Talos generates one, since talosctl refuses anything else: one cluster with its CA
+    /// data, one user with a client certificate and key (no token), one context in namespace `default`.
+    /// A kubeconfig that is not is refused with talosctl's reasons. It is never logged.
+    pub fn set_workload_kubeconfig(&self, kubeconfig: Option<&str>) -> Result<(), SimError> {
+        if let Some(text) = kubeconfig {
+            kubeconfig::validate(text)
+                .map_err(|e| ConfigError::Invalid(format!("workload kubeconfig: {e}")))?;
+        }
+        self.cluster
+            .workload_kubeconfig
+            .set(kubeconfig.map(str::to_string));
+        Ok(())
+    }
+
+    /// The API server the handed-out workload kubeconfig points at, if one was given.
+    pub fn workload_api_server(&self) -> Option<String> {
+        self.cluster
+            .workload_kubeconfig
+            .get()
+            .and_then(|k| kubeconfig::server_of(&k))
     }
 
     pub fn cluster_name(&self) -> &str {

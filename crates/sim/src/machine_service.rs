@@ -13,11 +13,13 @@ use super::compat;
 use super::etcd::ForfeitError;
 use super::events::{Tail, new_xid};
 use super::image_ref::ImageRef;
+use super::kubeconfig;
+use super::logs;
 use super::machine_config;
 use super::node::Node;
 use super::node_state::Slot;
 use super::registry;
-use super::routing::{ApiContext, Proxy, fan_out, single};
+use super::routing::{ApiContext, MessageStream, Proxy, fan_out, fan_out_stream};
 use super::sequences;
 use talos_api::proto::{common, machine};
 
@@ -25,11 +27,16 @@ use machine::apply_configuration_request::Mode as ApplyMode;
 use machine::machine_service_server::MachineService;
 
 pub(crate) const APPLY_CONFIGURATION: &str = "/machine.MachineService/ApplyConfiguration";
+pub(crate) const DMESG: &str = "/machine.MachineService/Dmesg";
 pub(crate) const EVENTS: &str = "/machine.MachineService/Events";
 pub(crate) const ETCD_MEMBER_LIST: &str = "/machine.MachineService/EtcdMemberList";
 pub(crate) const ETCD_FORFEIT_LEADERSHIP: &str = "/machine.MachineService/EtcdForfeitLeadership";
 pub(crate) const ETCD_STATUS: &str = "/machine.MachineService/EtcdStatus";
 pub(crate) const IMAGE_PULL: &str = "/machine.MachineService/ImagePull";
+pub(crate) const KUBECONFIG: &str = "/machine.MachineService/Kubeconfig";
+pub(crate) const LOGS: &str = "/machine.MachineService/Logs";
+pub(crate) const LOGS_CONTAINERS: &str = "/machine.MachineService/LogsContainers";
+pub(crate) const MEMORY: &str = "/machine.MachineService/Memory";
 pub(crate) const READ: &str = "/machine.MachineService/Read";
 pub(crate) const REBOOT: &str = "/machine.MachineService/Reboot";
 pub(crate) const ROLLBACK: &str = "/machine.MachineService/Rollback";
@@ -140,7 +147,7 @@ pub(crate) fn install_target(node: &Node, image: &str) -> Result<Slot, String> {
 }
 
 impl MachineApi {
-    fn version_of(&self, node: &Node) -> machine::VersionResponse {
+    pub(crate) fn version_of(&self, node: &Node) -> machine::VersionResponse {
         let version = node.version();
         machine::VersionResponse {
             messages: vec![machine::Version {
@@ -162,30 +169,49 @@ impl MachineApi {
         }
     }
 
-    fn service_list_of(&self, node: &Node) -> machine::ServiceListResponse {
+    pub(crate) fn service_list_of(&self, node: &Node) -> machine::ServiceListResponse {
+        // etcd's health check is a quorum read through the local member (talos v1.14.1
+        // `system/services/etcd.go`): it fails while the member is faulted or the cluster has no quorum.
+        let etcd_failure = node.role.is_control_plane().then(|| {
+            let etcd = &self.ctx.cluster.etcd;
+            if etcd.member(&node.name).is_some_and(|m| m.faulted) {
+                Some("etcdserver: member is unhealthy (injected fault)")
+            } else if !etcd.has_quorum() {
+                Some("context deadline exceeded")
+            } else {
+                None
+            }
+        });
         let services = node.read(|s| {
             s.services
                 .iter()
-                .map(|(id, svc)| machine::ServiceInfo {
-                    id: id.clone(),
-                    state: svc.state.to_string(),
-                    events: Some(machine::ServiceEvents {
-                        events: vec![machine::ServiceEvent {
-                            msg: if svc.state == "Running" {
-                                "Health check successful".to_string()
-                            } else {
-                                "Service finished successfully".to_string()
-                            },
-                            state: svc.state.to_string(),
-                            ts: Some(svc.since.into()),
-                        }],
-                    }),
-                    health: Some(machine::ServiceHealth {
-                        unknown: false,
-                        healthy: svc.healthy,
-                        last_message: String::new(),
-                        last_change: Some(svc.since.into()),
-                    }),
+                .map(|(id, svc)| {
+                    let failure = (id == "etcd" && svc.state == "Running")
+                        .then_some(etcd_failure.flatten())
+                        .flatten();
+                    machine::ServiceInfo {
+                        id: id.clone(),
+                        state: svc.state.to_string(),
+                        events: Some(machine::ServiceEvents {
+                            events: vec![machine::ServiceEvent {
+                                msg: match (svc.state, failure) {
+                                    ("Running", Some(failure)) => {
+                                        format!("Health check failed: {failure}")
+                                    }
+                                    ("Running", None) => "Health check successful".to_string(),
+                                    _ => "Service finished successfully".to_string(),
+                                },
+                                state: svc.state.to_string(),
+                                ts: Some(svc.since.into()),
+                            }],
+                        }),
+                        health: Some(machine::ServiceHealth {
+                            unknown: false,
+                            healthy: svc.healthy && failure.is_none(),
+                            last_message: failure.unwrap_or_default().to_string(),
+                            last_change: Some(svc.since.into()),
+                        }),
+                    }
                 })
                 .collect()
         });
@@ -237,7 +263,10 @@ impl MachineApi {
         })
     }
 
-    fn etcd_member_list_of(&self, node: &Node) -> Result<machine::EtcdMemberListResponse, Status> {
+    pub(crate) fn etcd_member_list_of(
+        &self,
+        node: &Node,
+    ) -> Result<machine::EtcdMemberListResponse, Status> {
         only_control_plane(node, "etcd members list")?;
         etcd_running(node)?;
         let etcd = &self.ctx.cluster.etcd;
@@ -263,6 +292,123 @@ impl MachineApi {
                     .collect(),
             }],
         })
+    }
+
+    /// `/proc/meminfo` of a plausible machine: 4 GiB for a control plane, 8 GiB for a worker (above
+    /// what `talosctl health` requires: talos v1.14.1 `pkg/minimal` `Memory`), a little different on
+    /// every node.
+    pub(crate) fn memory_of(&self, node: &Node) -> machine::MemoryResponse {
+        let gib: u64 = if node.role.is_control_plane() { 4 } else { 8 };
+        let spread = 4096 * (node.index as u64 % 7);
+        // What the kernel keeps for itself is not in MemTotal.
+        let total = gib * 1024 * 1024 - 174_988;
+        let used = 1_100_000 + spread * 16;
+        let cached = 1_350_000 + spread * 8;
+        let free = total - used - cached;
+        machine::MemoryResponse {
+            messages: vec![machine::Memory {
+                metadata: None,
+                meminfo: Some(machine::MemInfo {
+                    memtotal: total,
+                    memfree: free,
+                    memavailable: free + cached - 120_000,
+                    buffers: 4_116,
+                    cached,
+                    active: used / 2 + cached / 2,
+                    inactive: used / 2,
+                    activeanon: used / 2,
+                    inactiveanon: 40_960,
+                    activefile: cached / 2,
+                    inactivefile: cached / 2,
+                    anonpages: used - 160_000,
+                    mapped: 420_000,
+                    shmem: 40_960,
+                    slab: 160_000,
+                    sreclaimable: 90_000,
+                    sunreclaim: 70_000,
+                    kernelstack: 11_000,
+                    pagetables: 9_500,
+                    commitlimit: total / 2,
+                    committedas: used * 2,
+                    vmalloctotal: 34_359_738_367,
+                    vmallocused: 30_000,
+                    hugepagesize: 2_048,
+                    directmap4k: 180_000,
+                    directmap2m: total - 180_000,
+                    ..Default::default()
+                }),
+            }],
+        }
+    }
+
+    /// The service logs this node has (`LogsContainers`).
+    fn logs_containers_of(&self, node: &Node) -> machine::LogsContainersResponse {
+        machine::LogsContainersResponse {
+            messages: vec![machine::LogsContainer {
+                metadata: None,
+                ids: logs::registered(node),
+            }],
+        }
+    }
+
+    /// `Logs` as machined answers it (talos v1.14.1 `v1alpha1_server.go` `Logs`): the `system`
+    /// namespace, or the id `kubelet`, is a service log (`log "x" was not registered` for a service the
+    /// node does not run); anything else is a container, and the simulator runs none.
+    fn logs_on(
+        &self,
+        node: &Node,
+        req: &machine::LogsRequest,
+    ) -> Result<MessageStream<common::Data>, Status> {
+        if req.namespace == "system" || req.id == "kubelet" {
+            if !logs::registered(node).contains(&req.id) {
+                return Err(Status::unknown(format!(
+                    "log {:?} was not registered",
+                    req.id
+                )));
+            }
+            let start = match usize::try_from(req.tail_lines) {
+                Ok(n) => logs::Start::Last(n),
+                Err(_) => logs::Start::All,
+            };
+            return Ok(logs::stream(
+                node,
+                logs::Source::Service(req.id.clone()),
+                start,
+                req.follow,
+            ));
+        }
+        if req.namespace.is_empty() {
+            return Err(Status::invalid_argument("namespace can't be empty"));
+        }
+        if req.driver == common::ContainerDriver::Cri as i32 && req.namespace != "k8s.io" {
+            return Err(Status::unknown(
+                "CRI inspector is supported only for K8s namespace",
+            ));
+        }
+        Err(Status::unknown(format!("container {:?} not found", req.id)))
+    }
+
+    /// `Kubeconfig` (talos v1.14.1 `v1alpha1_server.go`): control planes only, the admin kubeconfig of
+    /// the workload cluster as a `.tar.gz` holding `kubeconfig`, in one chunk. Without one the node
+    /// answers `FailedPrecondition`, as Talos does when its config lacks what a kubeconfig is made of;
+    /// talosctl's health checks skip their Kubernetes part on that code.
+    fn kubeconfig_on(&self, node: &Node) -> Result<MessageStream<common::Data>, Status> {
+        only_control_plane(node, "kubeconfig")?;
+        let Some(text) = self.ctx.cluster.workload_kubeconfig.get() else {
+            return Err(Status::failed_precondition(
+                "k8s API server CA config is not set: the simulator was given no kubeconfig of a \
+                 workload cluster (Simulator::set_workload_kubeconfig, or workload_kubeconfig in its config)",
+            ));
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let archive = kubeconfig::tar_gz("kubeconfig", 0o600, text.as_bytes(), now);
+        Ok(Box::pin(tokio_stream::once(Ok(common::Data {
+            metadata: None,
+            bytes: archive,
+        }))))
     }
 
     async fn forfeit_on(
@@ -598,8 +744,8 @@ impl MachineApi {
     }
 }
 
-type EventStream = ReceiverStream<Result<machine::Event, Status>>;
-type DataStream = ReceiverStream<Result<common::Data, Status>>;
+type EventStream = MessageStream<machine::Event>;
+type DataStream = MessageStream<common::Data>;
 
 /// Stream events of `node`: hello, the replayed tail, then live events until the client goes away or
 /// the node's boot ends (then `Unavailable`, what a proxied stream sees when its backend reboots).
@@ -663,7 +809,7 @@ fn event_stream(node: &Node, tail: Tail, actor: String) -> EventStream {
             }
         }
     });
-    ReceiverStream::new(rx)
+    Box::pin(ReceiverStream::new(rx))
 }
 
 #[tonic::async_trait]
@@ -686,10 +832,90 @@ impl MachineService for MachineApi {
         &self,
         request: Request<machine::EventsRequest>,
     ) -> Result<Response<Self::EventsStream>, Status> {
-        let node = single(self.ctx.route(&request, EVENTS, Proxy::Streaming)?)?;
+        let targets = self.ctx.route(&request, EVENTS, Proxy::Streaming)?;
         let req = request.into_inner();
         let tail = Tail::from_request(&req).map_err(Status::invalid_argument)?;
-        Ok(Response::new(event_stream(&node, tail, req.with_actor_id)))
+        let stream = fan_out_stream(targets, |node| {
+            let stream = event_stream(&node, tail.clone(), req.with_actor_id.clone());
+            async move { Ok(stream) }
+        })
+        .await?;
+        Ok(Response::new(stream))
+    }
+
+    type DmesgStream = DataStream;
+
+    async fn dmesg(
+        &self,
+        request: Request<machine::DmesgRequest>,
+    ) -> Result<Response<Self::DmesgStream>, Status> {
+        let targets = self.ctx.route(&request, DMESG, Proxy::Streaming)?;
+        let req = request.into_inner();
+        // `tail` means "only new messages", and only makes sense with `follow` (talosctl's flag help).
+        let start = if req.tail {
+            logs::Start::Now
+        } else {
+            logs::Start::All
+        };
+        let stream = fan_out_stream(targets, |node| {
+            let stream = logs::stream(&node, logs::Source::Kernel, start, req.follow);
+            async move { Ok(stream) }
+        })
+        .await?;
+        Ok(Response::new(stream))
+    }
+
+    type KubeconfigStream = DataStream;
+
+    async fn kubeconfig(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<Self::KubeconfigStream>, Status> {
+        let targets = self.ctx.route(&request, KUBECONFIG, Proxy::Streaming)?;
+        let stream = fan_out_stream(targets, |node| {
+            let stream = self.kubeconfig_on(&node);
+            async move { stream }
+        })
+        .await?;
+        Ok(Response::new(stream))
+    }
+
+    type LogsStream = DataStream;
+
+    async fn logs(
+        &self,
+        request: Request<machine::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let targets = self.ctx.route(&request, LOGS, Proxy::Streaming)?;
+        let req = request.into_inner();
+        let stream = fan_out_stream(targets, |node| {
+            let stream = self.logs_on(&node, &req);
+            async move { stream }
+        })
+        .await?;
+        Ok(Response::new(stream))
+    }
+
+    async fn logs_containers(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::LogsContainersResponse>, Status> {
+        let targets = self.ctx.route(&request, LOGS_CONTAINERS, Proxy::Unary)?;
+        let reply = fan_out(
+            targets,
+            |node| async move { Ok(self.logs_containers_of(&node)) },
+        )
+        .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn memory(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<machine::MemoryResponse>, Status> {
+        let targets = self.ctx.route(&request, MEMORY, Proxy::Unary)?;
+        let reply = fan_out(targets, |node| async move { Ok(self.memory_of(&node)) }).await?;
+        Ok(Response::new(reply))
     }
 
     async fn etcd_member_list(
@@ -741,21 +967,24 @@ impl MachineService for MachineApi {
         &self,
         request: Request<machine::ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
-        let node = single(self.ctx.route(&request, READ, Proxy::Streaming)?)?;
+        let targets = self.ctx.route(&request, READ, Proxy::Streaming)?;
         let path = request.into_inner().path;
-        if path != BOOT_ID_PATH {
-            return Err(Status::not_found(format!(
-                "open {path}: no such file or directory"
-            )));
-        }
-        let boot_id = node.read(|s| s.boot_id.to_string());
-        let (tx, rx) = mpsc::channel(1);
-        // Capacity 1 and a fresh channel: this send cannot fail or block.
-        let _ = tx.try_send(Ok(common::Data {
-            metadata: None,
-            bytes: format!("{boot_id}\n").into_bytes(),
-        }));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let stream = fan_out_stream(targets, |node| {
+            let result: Result<DataStream, Status> = if path == BOOT_ID_PATH {
+                let boot_id = node.read(|s| s.boot_id.to_string());
+                Ok(Box::pin(tokio_stream::once(Ok(common::Data {
+                    metadata: None,
+                    bytes: format!("{boot_id}\n").into_bytes(),
+                }))))
+            } else {
+                Err(Status::not_found(format!(
+                    "open {path}: no such file or directory"
+                )))
+            };
+            async move { result }
+        })
+        .await?;
+        Ok(Response::new(stream))
     }
 
     async fn reboot(

@@ -3,19 +3,28 @@
 //!
 //! Every node serves the API of every other node in-process: a `node: <ip|name>` header routes the
 //! call to that node's state, as one-to-one proxying would (control planes only; a down target answers
-//! `Unavailable`). `nodes: a,b` fans unary MachineService calls out and aggregates the replies with
-//! `metadata.hostname` / `metadata.error`, as apid's one-to-many mode does.
+//! `Unavailable`). `nodes: a,b` fans MachineService and ClusterService calls out, as apid's one-to-many
+//! mode does (talos v1.14.1 `internal/app/apid/pkg/director/director.go`, which allows it for those
+//! services and refuses it with `InvalidArgument` for the others): unary replies are aggregated with
+//! `metadata.hostname` / `metadata.error`; the messages of streamed replies are merged as they come, each
+//! stamped with `metadata.hostname`, and a node that cannot be reached or whose stream fails adds one
+//! message carrying only `metadata.error` (`internal/app/apid/pkg/backend/apid.go` `AppendInfo` and
+//! `BuildError` with `streaming` set).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Status};
 
 use super::auth::{self, PeerIdentity};
 use super::cluster::Cluster;
 use super::node::Node;
 use super::record::CallId;
-use talos_api::proto::{common, google, machine};
+use talos_api::proto::{cluster, common, google, machine};
 
 /// Per-endpoint context shared by the service implementations of one node's server.
 #[derive(Debug, Clone)]
@@ -39,7 +48,8 @@ pub(crate) enum Targets {
 pub(crate) enum Proxy {
     /// Unary MachineService methods: `node` and `nodes`.
     Unary,
-    /// Streaming MachineService/Image/Lifecycle methods: `node` only in the simulator.
+    /// Streaming methods: `node`, and `nodes` for MachineService and ClusterService (apid refuses it
+    /// for ImageService and LifecycleService).
     Streaming,
     /// COSI: `node` only; `nodes` is refused by apid.
     Cosi,
@@ -93,10 +103,10 @@ impl ApiContext {
                 Proxy::Cosi => Err(Status::invalid_argument(
                     "one-2-many proxying is not supported for COSI methods",
                 )),
-                Proxy::Streaming => Err(Status::unimplemented(
-                    "the simulator does not fan out streaming methods; use the node header",
+                Proxy::Streaming if !one_to_many_allowed(method) => Err(Status::invalid_argument(
+                    format!("one-2-many proxying is not supported for method {method}"),
                 )),
-                Proxy::Unary => Ok(Targets::Many(
+                Proxy::Streaming | Proxy::Unary => Ok(Targets::Many(
                     nodes
                         .into_iter()
                         .map(|n| {
@@ -121,8 +131,8 @@ impl ApiContext {
         }
     }
 
-    /// One-to-one proxying to `target` (an IP or hostname).
-    fn forward_to(&self, target: &str) -> Result<Arc<Node>, Status> {
+    /// One-to-one proxying to `target` (an IP or hostname): the node, or the error apid answers.
+    pub(crate) fn forward_to(&self, target: &str) -> Result<Arc<Node>, Status> {
         let Some(node) = self.cluster.resolve(target) else {
             return Err(Status::unavailable(format!(
                 "connection error: desc = \"transport: Error while dialing: dial tcp {target}:{}: connect: connection refused\"",
@@ -155,6 +165,12 @@ impl ApiContext {
     pub(crate) fn finish<T>(&self, id: CallId, result: &Result<T, Status>) {
         self.cluster.record.finish(id, outcome(result));
     }
+}
+
+/// The services apid proxies one-to-many (director.go's explicit list, of which the simulator serves
+/// these two).
+fn one_to_many_allowed(method: &str) -> bool {
+    method.starts_with("/machine.MachineService/") || method.starts_with("/cluster.ClusterService/")
 }
 
 /// `"ok"` or `"<code>: <message>"` for the call record.
@@ -218,6 +234,8 @@ envelope!(
     machine::ApplyConfiguration
 );
 envelope!(machine::ImagePullResponse, machine::ImagePull);
+envelope!(machine::MemoryResponse, machine::Memory);
+envelope!(machine::LogsContainersResponse, machine::LogsContainer);
 
 /// Run a unary handler on the routed target(s). One target: its reply or error as is (one-to-one
 /// proxying passes both through verbatim). Many: replies concatenated, each message stamped with
@@ -250,19 +268,7 @@ where
                     }
                     Err(status) => {
                         let mut message = R::Message::default();
-                        *R::metadata_mut(&mut message) = Some(common::Metadata {
-                            hostname: hostname.clone(),
-                            error: format!(
-                                "rpc error: code = {} desc = {}",
-                                code_name(status.code()),
-                                status.message()
-                            ),
-                            status: Some(google::rpc::Status {
-                                code: status.code() as i32,
-                                message: status.message().to_string(),
-                                details: Vec::new(),
-                            }),
-                        });
+                        *R::metadata_mut(&mut message) = Some(error_metadata(&hostname, &status));
                         out.messages_mut().push(message);
                     }
                 }
@@ -270,6 +276,114 @@ where
             Ok(out)
         }
     }
+}
+
+/// What apid puts into a reply for a node it could not get an answer from (`BuildError`): the node,
+/// the error as grpc-go prints it, and the status.
+fn error_metadata(hostname: &str, status: &Status) -> common::Metadata {
+    common::Metadata {
+        hostname: hostname.to_string(),
+        error: grpc_error_text(status),
+        status: Some(google::rpc::Status {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+            details: Vec::new(),
+        }),
+    }
+}
+
+/// A status as a Go client prints the error: `rpc error: code = <Code> desc = <message>`.
+pub(crate) fn grpc_error_text(status: &Status) -> String {
+    format!(
+        "rpc error: code = {} desc = {}",
+        code_name(status.code()),
+        status.message()
+    )
+}
+
+/// A streamed reply message: `common.Metadata` at field 1, which apid stamps in one-to-many mode.
+pub(crate) trait Stamped: Default + Send + 'static {
+    fn metadata_mut(&mut self) -> &mut Option<common::Metadata>;
+}
+
+macro_rules! stamped {
+    ($msg:ty) => {
+        impl Stamped for $msg {
+            fn metadata_mut(&mut self) -> &mut Option<common::Metadata> {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+stamped!(machine::Event);
+stamped!(common::Data);
+stamped!(cluster::HealthCheckProgress);
+
+/// The reply stream of a streaming method.
+pub(crate) type MessageStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// Open a streaming reply on the routed target(s). One target: its stream or error as is (one-to-one
+/// proxying passes both through). Many: every node's stream is opened, then their messages are
+/// merged in arrival order, each stamped with `metadata.hostname`; a node that cannot be reached, or
+/// whose stream ends in an error, contributes one message carrying only `metadata.error/status`.
+/// The merged stream ends, successfully, when every node's stream has ended.
+pub(crate) async fn fan_out_stream<T, F, Fut>(
+    targets: Targets,
+    mut open: F,
+) -> Result<MessageStream<T>, Status>
+where
+    T: Stamped,
+    F: FnMut(Arc<Node>) -> Fut,
+    Fut: Future<Output = Result<MessageStream<T>, Status>>,
+{
+    let list = match targets {
+        Targets::One(node) => return open(node).await,
+        Targets::Many(list) => list,
+    };
+    let error_message = |hostname: &str, status: &Status| {
+        let mut message = T::default();
+        *message.metadata_mut() = Some(error_metadata(hostname, status));
+        message
+    };
+    // Room for one error per node before anyone reads, so opening never waits on the reader.
+    let (tx, rx) = mpsc::channel(list.len().max(64));
+    for (hostname, target) in list {
+        let opened = match target {
+            Ok(node) => open(node).await,
+            Err(status) => Err(status),
+        };
+        match opened {
+            Err(status) => {
+                let _ = tx.send(Ok(error_message(&hostname, &status))).await;
+            }
+            Ok(mut stream) => {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let item = tokio::select! {
+                            // The client went away: stop reading this node.
+                            _ = tx.closed() => return,
+                            item = stream.next() => item,
+                        };
+                        let (message, last) = match item {
+                            None => return,
+                            Some(Ok(mut message)) => {
+                                message.metadata_mut().get_or_insert_default().hostname =
+                                    hostname.clone();
+                                (message, false)
+                            }
+                            Some(Err(status)) => (error_message(&hostname, &status), true),
+                        };
+                        if tx.send(Ok(message)).await.is_err() || last {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    }
+    Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
 /// grpc-go's spelling of a code, as it appears in `metadata.error`.
@@ -295,7 +409,8 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// The single target of a streaming or COSI call (fan-out was refused in `route`).
+/// The single target of a COSI, ImageService or LifecycleService call (fan-out was refused in
+/// `route`).
 pub(crate) fn single(targets: Targets) -> Result<Arc<Node>, Status> {
     match targets {
         Targets::One(node) => Ok(node),

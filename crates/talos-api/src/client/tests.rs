@@ -294,6 +294,49 @@ impl MachineService for FakeNode {
     ) -> Result<Response<machine::UpgradeResponse>, Status> {
         unimplemented()
     }
+
+    // The reads `talosctl health`, `dmesg`, `logs` and `kubeconfig` make; the client does not call them.
+
+    type DmesgStream = BoxStream<common::Data>;
+
+    async fn dmesg(
+        &self,
+        _request: Request<machine::DmesgRequest>,
+    ) -> Result<Response<Self::DmesgStream>, Status> {
+        unimplemented()
+    }
+
+    type KubeconfigStream = BoxStream<common::Data>;
+
+    async fn kubeconfig(
+        &self,
+        _request: Request<()>,
+    ) -> Result<Response<Self::KubeconfigStream>, Status> {
+        unimplemented()
+    }
+
+    type LogsStream = BoxStream<common::Data>;
+
+    async fn logs(
+        &self,
+        _request: Request<machine::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        unimplemented()
+    }
+
+    async fn logs_containers(
+        &self,
+        _request: Request<()>,
+    ) -> Result<Response<machine::LogsContainersResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn memory(
+        &self,
+        _request: Request<()>,
+    ) -> Result<Response<machine::MemoryResponse>, Status> {
+        unimplemented()
+    }
 }
 
 #[tonic::async_trait]
