@@ -36,10 +36,12 @@
 // Layering: a module uses only modules of its own or an earlier group, so imports never go round in a
 // circle. (1) auth, compat, config, etcd, events, faults, image_ref, kubeconfig, machine_config, meta,
 // node_state, pki, record, registry, resources; (2) node_resources; (3) node; (4) cluster; (5) discovery,
-// routing, sequences; (6) cosi, lifecycle_service, logs, machine_service; (7) server. The sequences
-// restart a node's apid through `Cluster::start_apid`, which `Simulator::start` points at `server::start`.
+// routing, sequences; (6) cosi, lifecycle_service, logs, machine_service; (7) cluster_service (which asks
+// machine_service what a node answers); (8) server. The sequences restart a node's apid through
+// `Cluster::start_apid`, which `Simulator::start` points at `server::start`.
 mod auth;
 mod cluster;
+mod cluster_service;
 mod compat;
 pub mod config;
 mod cosi;

@@ -37,12 +37,14 @@ use tonic::transport::server::Connected;
 
 use super::auth::{self, PeerIdentity};
 use super::cluster::Cluster;
+use super::cluster_service::ClusterApi;
 use super::cosi::StateApi;
 use super::lifecycle_service::{ImageApi, LifecycleApi};
 use super::machine_service::MachineApi;
 use super::node::Node;
 use super::pki::{CertAuthority, ServerIdentity};
 use super::routing::ApiContext;
+use talos_api::proto::cluster::cluster_service_server::ClusterServiceServer;
 use talos_api::proto::cosi::resource::state_server::StateServer;
 use talos_api::proto::machine::image_service_server::ImageServiceServer;
 use talos_api::proto::machine::lifecycle_service_server::LifecycleServiceServer;
@@ -242,6 +244,7 @@ struct NodeRouter {
     image: ImageServiceServer<ImageApi>,
     lifecycle: LifecycleServiceServer<LifecycleApi>,
     state: StateServer<StateApi>,
+    cluster: ClusterServiceServer<ClusterApi>,
 }
 
 impl Service<http::Request<Body>> for NodeRouter {
@@ -266,6 +269,7 @@ impl Service<http::Request<Body>> for NodeRouter {
             "machine.ImageService" => self.image.call(req),
             "machine.LifecycleService" => self.lifecycle.call(req),
             "cosi.resource.State" => self.state.call(req),
+            "cluster.ClusterService" => self.cluster.call(req),
             other => {
                 let response =
                     tonic::Status::unimplemented(format!("unknown service {other}")).into_http();
@@ -311,6 +315,7 @@ fn spawn(
             state: StateServer::new(StateApi::new(ctx.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            cluster: ClusterServiceServer::new(ClusterApi::new(ctx.clone())),
         };
         let serve = Server::builder().serve_with_incoming_shutdown(
             router,
