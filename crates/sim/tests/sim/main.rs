@@ -11,6 +11,7 @@ mod basics;
 mod cosi;
 mod etcd;
 mod faults;
+mod health;
 mod talos_1_14;
 mod talos_client;
 mod talos_conformance;
