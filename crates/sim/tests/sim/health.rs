@@ -798,9 +798,7 @@ async fn memory_containers_and_kubeconfig_answer_as_talos() {
     );
 
     let refused = sim
-        .set_workload_kubeconfig(Some(
-            &std::fs::read_to_string(api_server_free_kubeconfig()).expect("read"),
-        ))
+        .set_workload_kubeconfig(Some(TOKEN_KUBECONFIG))
         .unwrap_err()
         .to_string();
     assert!(
@@ -810,15 +808,7 @@ async fn memory_containers_and_kubeconfig_answer_as_talos() {
 }
 
 /// A token kubeconfig, as `kubectl` users have them (talosctl refuses those).
-fn api_server_free_kubeconfig() -> PathBuf {
-    let path = std::env::temp_dir().join(format!("tuc-token-kubeconfig-{}", std::process::id()));
-    std::fs::write(
-        &path,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
-    )
-    .expect("write");
-    path
-}
+const TOKEN_KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n";
 
 #[tokio::test]
 async fn server_side_health_streams_talos_progress_lines() {
