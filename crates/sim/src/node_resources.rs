@@ -34,6 +34,9 @@ pub(crate) const MACHINE_TYPE_TYPE: &str = "MachineTypes.config.talos.dev";
 pub(crate) const NODENAME_TYPE: &str = "Nodenames.kubernetes.talos.dev";
 pub(crate) const SERVICE_TYPE: &str = "Services.v1alpha1.talos.dev";
 pub(crate) const KUBELET_SPEC_TYPE: &str = "KubeletSpecs.kubernetes.talos.dev";
+pub(crate) const KUBELET_CONFIG_TYPE: &str = "KubeletConfigs.kubernetes.talos.dev";
+pub(crate) const BOOTSTRAP_MANIFESTS_CONFIG_TYPE: &str =
+    "BootstrapManifestsConfigs.kubernetes.talos.dev";
 pub(crate) const STATIC_POD_STATUS_TYPE: &str = "StaticPodStatuses.kubernetes.talos.dev";
 pub(crate) const APISERVER_CONFIG_TYPE: &str = "APIServerConfigs.kubernetes.talos.dev";
 pub(crate) const CONTROLLER_MANAGER_CONFIG_TYPE: &str =
@@ -194,6 +197,24 @@ pub(crate) const TYPES: &[TypeInfo] = &[
         aliases: &[],
         columns: &[],
     },
+    // `resources/k8s/kubelet_config.go` (sensitive from v1.13.4, as KubeletSpec)
+    TypeInfo {
+        type_: KUBELET_CONFIG_TYPE,
+        namespace: K8S_NS,
+        sensitive_since: Some(MORE_SENSITIVE),
+        since_minor: 0,
+        aliases: &[],
+        columns: &[],
+    },
+    // `resources/k8s/manifests_config.go`
+    TypeInfo {
+        type_: BOOTSTRAP_MANIFESTS_CONFIG_TYPE,
+        namespace: CONTROLPLANE_NS,
+        sensitive_since: None,
+        since_minor: 0,
+        aliases: &[],
+        columns: &[],
+    },
     // `resources/k8s/static_pod_status.go`
     TypeInfo {
         type_: STATIC_POD_STATUS_TYPE,
@@ -340,6 +361,29 @@ pub(crate) const TYPES: &[TypeInfo] = &[
 /// `VersionSpec` has a `name` from Talos 1.13.0 (machinery v1.12.0 `resources/runtime/version.go` has
 /// only `version`, v1.13.0 both).
 const VERSION_NAME_SINCE: Since = (1, 13, 0);
+
+/// The fields of `KubeletConfigSpec` (machinery v1.14.1 `resources/k8s/kubelet_config.go`) the
+/// simulator fills, with their `protobuf:"N"` tags; the workspace's protos do not carry it. `talosctl
+/// health` only needs the resource to exist (talos v1.14.1 `pkg/cluster/check/default.go`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct KubeletConfigSpec {
+    #[prost(string, tag = "1")]
+    pub image: String,
+    #[prost(string, repeated, tag = "2")]
+    pub cluster_dns: Vec<String>,
+    #[prost(string, tag = "3")]
+    pub cluster_domain: String,
+    #[prost(bool, tag = "8")]
+    pub default_runtime_seccomp_enabled: bool,
+}
+
+/// The field of `BootstrapManifestsConfigSpec` (machinery v1.14.1 `resources/k8s/manifests_config.go`)
+/// `talosctl health` reads: the CNI (`none` turns its CNI checks off).
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct BootstrapManifestsConfigSpec {
+    #[prost(string, tag = "21")]
+    pub cni_name: String,
+}
 
 /// `PlatformMetadataSpec` (machinery v1.14.1 `resources/runtime/platform_metadata.go`, identical in
 /// v1.13): the COSI spec is the Go struct encoded with its `protobuf:"N"` tags. Written here because the
@@ -723,7 +767,40 @@ pub(crate) fn desired(
         })),
     ));
 
+    // k8s/KubeletConfigs/kubelet: the kubelet's settings from the machine config (the source of
+    // KubeletSpec).
+    out.push(resource(
+        K8S_NS,
+        KUBELET_CONFIG_TYPE,
+        "kubelet",
+        "k8s.KubeletConfigController",
+        &KubeletConfigSpec {
+            image: kubelet_image.clone(),
+            cluster_dns: vec!["10.96.0.10".to_string()],
+            cluster_domain: "cluster.local".to_string(),
+            default_runtime_seccomp_enabled: true,
+        },
+        to_yaml(&json!({
+            "image": kubelet_image,
+            "clusterDNS": ["10.96.0.10"],
+            "clusterDomain": "cluster.local",
+            "defaultRuntimeSeccompEnabled": true,
+        })),
+    ));
+
     if role.is_control_plane() {
+        // controlplane/BootstrapManifestsConfigs/manifests: the bootstrap manifests' settings; the
+        // generated configs use Talos's default CNI, flannel.
+        out.push(resource(
+            CONTROLPLANE_NS,
+            BOOTSTRAP_MANIFESTS_CONFIG_TYPE,
+            "manifests",
+            "k8s.ManifestsConfigController",
+            &BootstrapManifestsConfigSpec {
+                cni_name: "flannel".to_string(),
+            },
+            to_yaml(&json!({"cniName": "flannel"})),
+        ));
         control_plane_resources(name, state, etcd_member, &mut out);
     }
     out

@@ -412,12 +412,11 @@ async fn talosctl_health_passes_on_a_healthy_cluster() {
 /// talosctl runs the checks itself. Before its kubelet check it asks the node for
 /// `KubeletConfigs.kubernetes.talos.dev` (talos v1.14.1 `pkg/cluster/check/default.go`
 /// `kubeletDisabled`), and before its node readiness check for
-/// `BootstrapManifestsConfigs.kubernetes.talos.dev` (`cniDisabledStatus`); the simulator's COSI does
-/// not serve those two types yet, so talosctl stops at "kubelet to be healthy" with `PermissionDenied`.
-/// With them served (a KubeletConfig `kubelet` on every node, a BootstrapManifestsConfig `manifests` with
-/// `cniName: flannel` on control planes) this passes.
+/// `BootstrapManifestsConfigs.kubernetes.talos.dev` (`cniDisabledStatus`), which the simulator serves
+/// as Talos does (a KubeletConfig `kubelet` on every node, a BootstrapManifestsConfig `manifests` with
+/// `cniName: flannel` on control planes): without them talosctl stopped at "kubelet to be healthy" with
+/// `PermissionDenied`.
 #[tokio::test]
-#[ignore = "needs KubeletConfigs and BootstrapManifestsConfigs in the simulator's COSI (node_resources.rs)"]
 async fn talosctl_health_client_side_passes_on_a_healthy_cluster() {
     let _turn = take_api_server().await;
     let world = world("health-client").await;
