@@ -61,12 +61,18 @@ impl Access {
     }
 }
 
-/// Required access per full method path (apid's authz table for the subset served here).
+/// Required access per full method path (machined's authz table for the subset served here: talos
+/// v1.14.1 `internal/app/machined/pkg/system/services/machined.go`).
 pub(crate) fn required_access(method: &str) -> Access {
     match method {
         "/machine.MachineService/Version"
         | "/machine.MachineService/ServiceList"
         | "/machine.MachineService/Events"
+        | "/machine.MachineService/Memory"
+        | "/machine.MachineService/Dmesg"
+        | "/machine.MachineService/Logs"
+        | "/machine.MachineService/LogsContainers"
+        | "/cluster.ClusterService/HealthCheck"
         | "/cosi.resource.State/Get"
         | "/cosi.resource.State/List"
         | "/cosi.resource.State/Watch" => Access::Read,
@@ -76,7 +82,7 @@ pub(crate) fn required_access(method: &str) -> Access {
         "/machine.MachineService/Reboot"
         | "/machine.MachineService/ImagePull"
         | "/machine.ImageService/Pull" => Access::Operate,
-        // Upgrade, Rollback, EtcdForfeitLeadership, ApplyConfiguration, Read,
+        // Upgrade, Rollback, EtcdForfeitLeadership, ApplyConfiguration, Read, Kubeconfig,
         // LifecycleService.Upgrade and anything not listed: admin only (deny by default).
         _ => Access::Admin,
     }
@@ -151,6 +157,7 @@ mod tests {
             "/machine.MachineService/EtcdForfeitLeadership",
             "/machine.MachineService/Read",
             "/machine.LifecycleService/Upgrade",
+            "/machine.MachineService/Kubeconfig",
         ] {
             assert!(!required_access(m).allows(reader), "{m}");
             assert!(!required_access(m).allows(operator), "{m}");
@@ -160,6 +167,17 @@ mod tests {
         assert!(!required_access("/machine.MachineService/Reboot").allows(reader));
         assert!(!required_access("/machine.ImageService/Pull").allows(reader));
         assert!(required_access("/machine.MachineService/Version").allows(reader));
+        // What talosctl health, logs and dmesg read: readers too, as in Talos.
+        for m in [
+            "/machine.MachineService/Memory",
+            "/machine.MachineService/Dmesg",
+            "/machine.MachineService/Logs",
+            "/machine.MachineService/LogsContainers",
+            "/cluster.ClusterService/HealthCheck",
+        ] {
+            assert!(required_access(m).allows(reader), "{m}");
+            assert!(!required_access(m).allows(nobody), "{m}");
+        }
         assert!(!required_access("/machine.MachineService/Version").allows(nobody));
         assert!(
             required_access("/machine.MachineService/EtcdStatus").allows(roles("os:etcd:backup"))
