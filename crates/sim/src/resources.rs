@@ -75,7 +75,7 @@ impl StoredResource {
     }
 }
 
-/// A COSI tombstone: metadata only, version undefined, for a watched resource that does not exist.
+/// A COSI tombstone: metadata and an empty spec, version undefined, for a watched resource that does not exist.
 pub(crate) fn tombstone(key: &ResourceKey) -> cosi::Resource {
     cosi::Resource {
         metadata: Some(cosi::Metadata {
@@ -86,7 +86,11 @@ pub(crate) fn tombstone(key: &ResourceKey) -> cosi::Resource {
             phase: "running".to_string(),
             ..Default::default()
         }),
-        spec: None,
+        // An empty spec, not none: the COSI runtime marshals every resource with a `Spec` message
+        // (cosi-project/runtime v1.16.2 `pkg/resource/protobuf/resource.go` `Marshal`), and its
+        // client refuses one without ("spec is missing"), e.g. talosctl upgrade-k8s probing the
+        // `final-` configs Talos 1.13 does not have.
+        spec: Some(cosi::Spec::default()),
     }
 }
 
