@@ -37,6 +37,7 @@ pub(crate) const KUBELET_SPEC_TYPE: &str = "KubeletSpecs.kubernetes.talos.dev";
 pub(crate) const KUBELET_CONFIG_TYPE: &str = "KubeletConfigs.kubernetes.talos.dev";
 pub(crate) const BOOTSTRAP_MANIFESTS_CONFIG_TYPE: &str =
     "BootstrapManifestsConfigs.kubernetes.talos.dev";
+pub(crate) const STATIC_POD_TYPE: &str = "StaticPods.kubernetes.talos.dev";
 pub(crate) const STATIC_POD_STATUS_TYPE: &str = "StaticPodStatuses.kubernetes.talos.dev";
 pub(crate) const APISERVER_CONFIG_TYPE: &str = "APIServerConfigs.kubernetes.talos.dev";
 pub(crate) const CONTROLLER_MANAGER_CONFIG_TYPE: &str =
@@ -210,6 +211,16 @@ pub(crate) const TYPES: &[TypeInfo] = &[
     TypeInfo {
         type_: BOOTSTRAP_MANIFESTS_CONFIG_TYPE,
         namespace: CONTROLPLANE_NS,
+        sensitive_since: None,
+        since_minor: 0,
+        aliases: &[],
+        columns: &[],
+    },
+    // `resources/k8s/static_pod.go` (not sensitive; `talosctl upgrade-k8s` reads the pods' commands
+    // for removed flags, go-kubernetes v0.2.41 `kubernetes/upgrade/checks.go`)
+    TypeInfo {
+        type_: STATIC_POD_TYPE,
+        namespace: K8S_NS,
         sensitive_since: None,
         since_minor: 0,
         aliases: &[],
@@ -848,6 +859,33 @@ fn control_plane_resources(
         to_yaml(&json!({"enabled": true, "image": images.scheduler})),
     ));
 
+    // k8s/StaticPods/<component>: the pod manifests machined renders for kubelet
+    // (k8s.ControlPlaneStaticPodController, `internal/app/machined/pkg/controllers/k8s/
+    // control_plane_static_pod.go` and `k8stemplates/`), stamped with the config resource's version.
+    // Simplification: rendered from the running component, so the manifest follows the config after
+    // the simulated apply delay rather than at once.
+    for (component, running) in [
+        ("kube-apiserver", &state.apiserver),
+        ("kube-controller-manager", &state.controller_manager),
+        ("kube-scheduler", &state.scheduler),
+    ] {
+        if !running.running {
+            continue;
+        }
+        let pod = static_pod(component, running);
+        out.push(resource(
+            K8S_NS,
+            STATIC_POD_TYPE,
+            component,
+            "k8s.ControlPlaneStaticPodController",
+            &k8s::StaticPodSpec {
+                pod: Some(json_to_struct(&pod)),
+            },
+            // The spec's MarshalYAML returns the pod itself (machinery `resources/k8s/static_pod.go`).
+            to_yaml(&pod),
+        ));
+    }
+
     // k8s/StaticPodStatuses/kube-system/<component>-<node>: what kubelet reports for running pods.
     let kubelet_up = state
         .services
@@ -916,6 +954,46 @@ fn control_plane_resources(
             to_yaml(&json!({"memberID": member.member_id})),
         ));
     }
+}
+
+/// A static pod manifest as machined renders it (talos v1.14.1 `k8stemplates/apiserver.go` and
+/// siblings): its metadata, labels and annotations, one container running the component's binary.
+fn static_pod(component: &str, running: &RunningComponent) -> Json {
+    let version = running
+        .image
+        .rsplit_once(':')
+        .map(|(_, tag)| tag)
+        .unwrap_or_default();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": component,
+            "namespace": "kube-system",
+            "annotations": {
+                "talos.dev/config-version": running.config_version.to_string(),
+            },
+            "labels": {
+                "tier": "control-plane",
+                "k8s-app": component,
+                "component": component,
+                "app.kubernetes.io/name": component,
+                "app.kubernetes.io/version": version,
+                "app.kubernetes.io/component": "control-plane",
+                "app.kubernetes.io/managed-by": "Talos",
+            },
+        },
+        "spec": {
+            "priorityClassName": "system-cluster-critical",
+            "hostNetwork": true,
+            "containers": [{
+                "name": component,
+                "image": running.image,
+                "command": [format!("/usr/local/bin/{component}")],
+            }],
+        },
+        "status": {},
+    })
 }
 
 /// A `corev1.PodStatus` as JSON, as kubelet reports a running, Ready static pod.
