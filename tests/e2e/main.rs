@@ -28,3 +28,4 @@ mod talos_refresh;
 mod talos_starts;
 mod talos_stops;
 mod talos_upgrade;
+mod upgrade_k8s_comparison;

@@ -1,0 +1,790 @@
+//! The real `talosctl upgrade-k8s` (v1.14.1, built by scripts/build-talosctl.sh) against a simulated
+//! cluster mirrored into an API server of its own, and the same cluster shape upgraded by the
+//! controller: both must end in the same state, compared field by field (every field of every node's
+//! machine config read through the Talos API, the configuration changes each node accepted, the
+//! running components in the simulator's snapshot, the Nodes, the static pods' images, config versions
+//! and status, the objects the bootstrap manifests made in kube-system). Differences on purpose are
+//! asserted as such (docs/upgrades.md, "Compared with talosctl upgrade-k8s"); any other fails the test.
+//! The clusters run Talos 1.13.4 (server-side apply of the manifests, no `final-` configs).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use talos_sim::ClientRole;
+
+use crate::world::{World, WorldSpec};
+
+const FROM: &str = "1.34.1";
+const TO: &str = "1.35.0";
+const TALOS: &str = "1.13.4";
+const APPLY: &str = "/machine.MachineService/ApplyConfiguration";
+
+/// The real talosctl, built (or found in the cache) by scripts/build-talosctl.sh.
+fn talosctl() -> &'static Path {
+    static TALOSCTL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = TALOSCTL.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-talosctl.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let path = stdout.lines().last().unwrap_or_default().trim().to_string();
+        if !output.status.success() || !Path::new(&path).is_file() {
+            return Err(format!(
+                "{} failed ({}): {stdout}",
+                script.display(),
+                output.status
+            ));
+        }
+        Ok(PathBuf::from(path))
+    });
+    match built {
+        Ok(path) => path,
+        Err(e) => panic!("the real talosctl is needed and could not be built: {e}"),
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    serde_json::to_value(ByteString(bytes.to_vec()))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .expect("base64")
+}
+
+/// Two identical clusters, each on an API server of its own; no controller yet.
+async fn cluster(prefix: &str) -> World {
+    let world = World::start(
+        prefix,
+        WorldSpec {
+            talos: TALOS,
+            kubernetes: FROM,
+            start_controller: false,
+            own_control_plane: true,
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    wait_for_ready_nodes(&world, FROM).await;
+    world
+}
+
+/// Every simulated node registered Ready with kubelet `v<version>`.
+async fn wait_for_ready_nodes(world: &World, version: &str) {
+    let nodes: Api<Node> = Api::all(world.ns.client.clone());
+    let expected = world.sim.nodes().len();
+    let kubelet = format!("v{version}");
+    world
+        .poll(
+            Duration::from_secs(120),
+            "every node Ready on the expected kubelet",
+            || {
+                let nodes = nodes.clone();
+                let kubelet = kubelet.clone();
+                async move {
+                    let Ok(list) = nodes.list(&ListParams::default()).await else {
+                        return false;
+                    };
+                    let ready = list
+                        .items
+                        .iter()
+                        .filter(|n| {
+                            let status = n.status.clone().unwrap_or_default();
+                            status
+                                .node_info
+                                .is_some_and(|i| i.kubelet_version == kubelet)
+                                && status
+                                    .conditions
+                                    .unwrap_or_default()
+                                    .iter()
+                                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                        .count();
+                    ready == expected
+                }
+            },
+        )
+        .await;
+}
+
+/// The kubeconfig Talos hands out has a client certificate (talosctl accepts no other kind); this API
+/// server has no client CA, so its requests arrive as `system:anonymous`, which is made cluster-admin
+/// on this world's own API server (and only there).
+async fn serve_talos_kubeconfig(world: &World) {
+    let api = world.ns.control_plane();
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some("upgrade-k8s-anonymous-admin".into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: "system:anonymous".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        }]),
+    };
+    match Api::<ClusterRoleBinding>::all(world.ns.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("granting anonymous requests cluster-admin: {e}"),
+    }
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "admin");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:masters");
+    let cert = params.self_signed(&key).expect("certificate");
+    let cluster = world.sim.cluster_name().to_string();
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin@{cluster}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\ncontexts:\n- name: admin@{cluster}\n  context:\n    cluster: {cluster}\n    namespace: default\n    user: admin@{cluster}\ncurrent-context: admin@{cluster}\n",
+        server = api.server(),
+        ca = b64(api.ca_pem().as_bytes()),
+        crt = b64(cert.pem().as_bytes()),
+        key = b64(key.serialize_pem().as_bytes()),
+    );
+    world
+        .sim
+        .set_workload_kubeconfig(Some(&kubeconfig))
+        .expect("the workload kubeconfig");
+}
+
+/// A finished talosctl run.
+struct Run {
+    args: String,
+    success: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "$ talosctl {}\n--- stdout\n{}--- stderr\n{}---",
+            self.args, self.stdout, self.stderr
+        )
+    }
+}
+
+/// `talosctl --talosconfig … -e <cp-1> -n <cp-1> <args>` to its end.
+async fn run_talosctl(world: &World, dir: &Path, args: &[&str]) -> Run {
+    let talosconfig = dir.join("talosconfig");
+    std::fs::write(&talosconfig, world.sim.talosconfig(ClientRole::Admin)).expect("talosconfig");
+    let cp1 = node_ip(world, "cp-1");
+    let mut command = tokio::process::Command::new(talosctl());
+    command
+        .arg("--talosconfig")
+        .arg(&talosconfig)
+        .args(["-e", &cp1, "-n", &cp1])
+        .args(args)
+        .env("HOME", dir)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(600), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("talosctl {} did not finish", args.join(" ")))
+        .expect("running talosctl");
+    let run = Run {
+        args: args.join(" "),
+        success: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    println!("{run}");
+    run
+}
+
+fn node_ip(world: &World, short: &str) -> String {
+    let name = world.node(short);
+    world
+        .sim
+        .nodes()
+        .into_iter()
+        .find(|n| n.name == name)
+        .unwrap_or_else(|| panic!("no node {name}"))
+        .address
+        .to_string()
+}
+
+/// Everything compared, flattened to `what → value`, with the cluster's own names and addresses
+/// replaced by placeholders (the two clusters differ in those from the start).
+type State = BTreeMap<String, String>;
+
+/// Flatten a JSON value into `prefix.path → scalar` entries.
+fn flatten(prefix: &str, value: &serde_json::Value, out: &mut State) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map {
+                flatten(&format!("{prefix}.{key}"), value, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, value) in items.iter().enumerate() {
+                flatten(&format!("{prefix}[{i}]"), value, out);
+            }
+        }
+        scalar => {
+            out.insert(prefix.to_string(), scalar.to_string());
+        }
+    }
+}
+
+/// The metadata a server or a run stamps (uids, times, resource versions, boot ids), never compared.
+fn volatile(key: &str) -> bool {
+    [
+        ".uid",
+        ".resourceVersion",
+        ".creationTimestamp",
+        ".generation",
+        ".managedFields[",
+        ".time",
+        ".lastTransitionTime",
+        ".lastHeartbeatTime",
+        ".boot_id",
+        ".startTime",
+        ".podIP",
+        "kubernetes.io/config.hash",
+    ]
+    .iter()
+    .any(|v| key.contains(v))
+}
+
+/// Read everything compared from one world: per node the machine config (through the Talos API), the
+/// simulator's snapshot, the Node and its static pods as the API server has them; the objects in
+/// kube-system the bootstrap manifests are made of, and who manages their fields.
+/// Each node's images as the simulator's ApplyConfiguration record names them, from its snapshot.
+fn images_now(world: &World) -> BTreeMap<String, serde_json::Value> {
+    world
+        .sim
+        .snapshots()
+        .into_iter()
+        .map(|n| {
+            let mut images = serde_json::json!({"kubelet": n.kubelet.desired_image});
+            if let Some(cp) = &n.control_plane {
+                images["apiserver"] = cp.apiserver.desired_image.clone().into();
+                images["controller_manager"] = cp.controller_manager.desired_image.clone().into();
+                images["scheduler"] = cp.scheduler.desired_image.clone().into();
+                images["proxy"] = cp.proxy_image.clone().into();
+            }
+            (n.name, images)
+        })
+        .collect()
+}
+
+/// Where one world's upgrade starts: the images each node had, and how many calls the simulator had
+/// recorded (talosctl's dry run among them) before it.
+struct Start {
+    images: BTreeMap<String, serde_json::Value>,
+    calls: usize,
+}
+
+impl Start {
+    fn now(world: &World) -> Start {
+        Start {
+            images: images_now(world),
+            calls: world.sim.record().len(),
+        }
+    }
+}
+
+/// Which images each configuration change in `calls` changed, per node: `field+field (mode)`.
+fn config_changes(
+    world: &World,
+    start: &Start,
+    calls: &[talos_sim::CallRecord],
+) -> BTreeMap<String, Vec<String>> {
+    let mut last = start.images.clone();
+    let mut applied: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for call in calls {
+        if call.method != APPLY || call.result != "ok" {
+            continue;
+        }
+        let images = call.params["images"].clone();
+        let before = last.get(&call.node).cloned().unwrap_or_default();
+        // Worker configs carry no control-plane images (the record shows Talos's defaults there).
+        let changed: Vec<String> = images
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(field, image)| before.get(field).is_some_and(|b| b != image))
+            .map(|(field, _)| field)
+            .collect();
+        let short = call
+            .node
+            .trim_start_matches(&format!("{}-", world.ns.name))
+            .to_string();
+        applied.entry(short).or_default().push(format!(
+            "{} ({})",
+            changed.join("+"),
+            call.params["mode"]
+        ));
+        last.insert(call.node.clone(), images);
+    }
+    applied
+}
+
+async fn observe(world: &World, start: &Start) -> State {
+    let mut raw = State::new();
+    let client = world.ns.client.clone();
+    let prefix_ip = {
+        let ip = node_ip(world, "cp-1");
+        ip.rsplit_once('.')
+            .map(|(p, _)| format!("{p}."))
+            .unwrap_or(ip)
+    };
+    for node in world.sim.nodes() {
+        let short = node
+            .name
+            .trim_start_matches(&format!("{}-", world.ns.name))
+            .to_string();
+        let config = world.machine_config(&short).await;
+        for (i, document) in serde_yaml::Deserializer::from_str(&config).enumerate() {
+            let value: serde_json::Value =
+                serde::Deserialize::deserialize(document).expect("a YAML document");
+            flatten(&format!("{short} config[{i}]"), &value, &mut raw);
+        }
+        let snapshot = world.sim.node_snapshot(&node.name).expect("snapshot");
+        let snapshot = serde_json::to_value(&snapshot).expect("snapshot as JSON");
+        for part in [
+            "kubelet",
+            "control_plane",
+            "machine_config_version",
+            "talos_version",
+        ] {
+            flatten(
+                &format!("{short} snapshot.{part}"),
+                &snapshot[part],
+                &mut raw,
+            );
+        }
+    }
+    // The configuration changes each node accepted since the start, in order.
+    let calls = world.sim.record();
+    for (short, changes) in config_changes(world, start, &calls[start.calls.min(calls.len())..]) {
+        raw.insert(format!("{short} applied"), changes.join(", "));
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes
+        .list(&ListParams::default())
+        .await
+        .expect("nodes")
+        .items
+    {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let short = name
+            .trim_start_matches(&format!("{}-", world.ns.name))
+            .to_string();
+        let status = serde_json::to_value(node.status.unwrap_or_default()).expect("status");
+        flatten(
+            &format!("{short} Node.nodeInfo"),
+            &status["nodeInfo"],
+            &mut raw,
+        );
+        flatten(
+            &format!("{short} Node.conditions"),
+            &status["conditions"],
+            &mut raw,
+        );
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    for pod in pods.list(&ListParams::default()).await.expect("pods").items {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let value = serde_json::to_value(&pod).expect("pod");
+        flatten(
+            &format!("Pod {name}.annotations"),
+            &value["metadata"]["annotations"],
+            &mut raw,
+        );
+        flatten(
+            &format!("Pod {name}.labels"),
+            &value["metadata"]["labels"],
+            &mut raw,
+        );
+        flatten(
+            &format!("Pod {name}.spec"),
+            &value["spec"]["containers"],
+            &mut raw,
+        );
+        flatten(&format!("Pod {name}.status"), &value["status"], &mut raw);
+    }
+    // The bootstrap manifests' objects: every ServiceAccount, ConfigMap, DaemonSet and Deployment in
+    // kube-system (whatever a sync created), and the field managers that own them.
+    let mut objects = Vec::new();
+    for list in [
+        serde_json::to_value(
+            Api::<DaemonSet>::namespaced(client.clone(), "kube-system")
+                .list(&ListParams::default())
+                .await
+                .expect("daemonsets")
+                .items,
+        ),
+        serde_json::to_value(
+            Api::<Deployment>::namespaced(client.clone(), "kube-system")
+                .list(&ListParams::default())
+                .await
+                .expect("deployments")
+                .items,
+        ),
+        serde_json::to_value(
+            Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+                client.clone(),
+                "kube-system",
+            )
+            .list(&ListParams::default())
+            .await
+            .expect("service accounts")
+            .items,
+        ),
+        serde_json::to_value(
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "kube-system")
+                .list(&ListParams::default())
+                .await
+                .expect("config maps")
+                .items,
+        ),
+    ] {
+        objects.extend(
+            list.expect("objects as JSON")
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    for object in objects {
+        let kind = object["kind"].as_str().unwrap_or("object").to_string();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        // Service accounts and config maps the API server makes itself are not the manifests'.
+        if name == "default"
+            || name == "kube-root-ca.crt"
+            || name.starts_with("extension-apiserver")
+        {
+            continue;
+        }
+        let key = format!("kube-system {kind} {name}");
+        flatten(
+            &format!("{key}.labels"),
+            &object["metadata"]["labels"],
+            &mut raw,
+        );
+        flatten(
+            &format!("{key}.annotations"),
+            &object["metadata"]["annotations"],
+            &mut raw,
+        );
+        flatten(&format!("{key}.spec"), &object["spec"], &mut raw);
+        flatten(&format!("{key}.data"), &object["data"], &mut raw);
+        let managers: Vec<String> = object["metadata"]["managedFields"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|f| {
+                format!(
+                    "{}/{}",
+                    f["manager"].as_str().unwrap_or_default(),
+                    f["operation"].as_str().unwrap_or_default()
+                )
+            })
+            .collect();
+        raw.insert(format!("{key} managers"), managers.join(","));
+    }
+    raw.into_iter()
+        .filter(|(key, _)| !volatile(key))
+        .map(|(key, value)| {
+            let normalize = |text: &str| {
+                text.replace(&world.ns.name, "<cluster>")
+                    .replace(&prefix_ip, "<net>.")
+            };
+            (normalize(&key), normalize(&value))
+        })
+        .collect()
+}
+
+/// `key → (talosctl's value, the controller's)` for every key whose values differ.
+fn differences(by_talosctl: &State, by_controller: &State) -> BTreeMap<String, (String, String)> {
+    let keys: std::collections::BTreeSet<&String> =
+        by_talosctl.keys().chain(by_controller.keys()).collect();
+    keys.into_iter()
+        .filter_map(|key| {
+            let a = by_talosctl
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| "<absent>".into());
+            let b = by_controller
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| "<absent>".into());
+            (a != b).then(|| (key.clone(), (a, b)))
+        })
+        .collect()
+}
+
+fn show(diff: &BTreeMap<String, (String, String)>) -> String {
+    diff.iter()
+        .map(|(k, (a, b))| format!("  {k}\n    talosctl:   {a}\n    controller: {b}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Why a difference between talosctl's result and the controller's is on purpose (docs/upgrades.md,
+/// "Compared with talosctl upgrade-k8s"), or `None`: a difference that fails the test.
+fn on_purpose(key: &str, talosctl: &str, controller: &str) -> Option<&'static str> {
+    const INVENTORY: &str = "talosctl records what it applied in an inventory ConfigMap (to prune what \
+        a newer Talos stops rendering); the controller does not prune";
+    if key.starts_with("kube-system ConfigMap talos-bootstrap-manifests-inventory")
+        && controller == "<absent>"
+    {
+        return Some(INVENTORY);
+    }
+    if key.ends_with(".annotations.config.k8s.io/owning-inventory")
+        && talosctl == "\"talos-bootstrap-manifests-inventory\""
+        && controller == "<absent>"
+    {
+        return Some(INVENTORY);
+    }
+    // The same annotation, on an object that has no other: the controller's has none at all.
+    if key.ends_with(".annotations") && talosctl == "<absent>" && controller == "null" {
+        return Some(INVENTORY);
+    }
+    // The annotation is the one field talos applies to the ServiceAccount; without it server-side
+    // apply records no manager.
+    if key == "kube-system ServiceAccount kube-proxy managers"
+        && talosctl == "talos/Apply"
+        && controller.is_empty()
+    {
+        return Some(INVENTORY);
+    }
+    if key.starts_with("worker-")
+        && key.ends_with(".machine.ca.key")
+        && talosctl == "\"\""
+        && controller == "<absent>"
+    {
+        return Some(
+            "talosctl re-encodes the whole config through Talos's encoder, which writes the \
+            worker's empty CA key; the controller changes only the image field and keeps the rest",
+        );
+    }
+    None
+}
+
+#[tokio::test]
+async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
+    let by_talosctl = cluster("k8s-cmp-talosctl").await;
+    let by_controller = cluster("k8s-cmp-controller").await;
+    serve_talos_kubeconfig(&by_talosctl).await;
+    // What differs between the two clusters before either is upgraded is not the upgrades' doing.
+    let initial = Start::now(&by_talosctl);
+    let before = differences(
+        &observe(&by_talosctl, &initial).await,
+        &observe(&by_controller, &Start::now(&by_controller)).await,
+    );
+
+    let dir = std::env::temp_dir().join(format!("tuc-upgrade-k8s-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let dry = run_talosctl(
+        &by_talosctl,
+        &dir,
+        &["upgrade-k8s", "--to", TO, "--dry-run"],
+    )
+    .await;
+    assert!(dry.success, "the dry run failed:\n{dry}");
+    for text in [
+        "checking for removed Kubernetes component flags",
+        "checking for removed Kubernetes API resource versions",
+        &format!("update kube-apiserver: {FROM} -> {TO}"),
+        &format!("update kubelet: {FROM} -> {TO}"),
+        "updating manifests (dry run)",
+        "created DaemonSet/kube-system/kube-proxy",
+    ] {
+        assert!(
+            dry.stdout.contains(text),
+            "the dry run does not show {text:?}:\n{dry}"
+        );
+    }
+    // The dry run changes no image, but its kube-proxy step still sends each control plane its
+    // config, unchanged (talos v1.14.1 pkg/cluster/kubernetes/talos_managed.go: `patchKubeProxy`
+    // returns no patch under --dry-run and `patchNodeConfig` applies the result all the same).
+    let after_dry = Start::now(&by_talosctl);
+    let dry_changes = config_changes(
+        &by_talosctl,
+        &initial,
+        &by_talosctl.sim.record()[initial.calls..after_dry.calls],
+    );
+    let expected: BTreeMap<String, Vec<String>> = ["cp-1", "cp-2", "cp-3"]
+        .into_iter()
+        .map(|cp| (cp.to_string(), vec![" (\"NO_REBOOT\")".to_string()]))
+        .collect();
+    assert_eq!(dry_changes, expected, "what the dry run applied");
+    assert_eq!(
+        after_dry.images, initial.images,
+        "the dry run changed an image"
+    );
+
+    // The test API server runs no DaemonSet or Deployment controller, so a rollout never completes:
+    // talosctl is told not to wait for one (`--manifests-reconcile-timeout 0`); the controller never
+    // waits for one.
+    let real = run_talosctl(
+        &by_talosctl,
+        &dir,
+        &[
+            "upgrade-k8s",
+            "--to",
+            TO,
+            "--manifests-reconcile-timeout",
+            "0",
+        ],
+    )
+    .await;
+    assert!(real.success, "upgrade-k8s failed:\n{real}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let controller_start = Start::now(&by_controller);
+    by_controller.start_controller();
+    by_controller
+        .wait_for_annotation("kubernetes-current", FROM, "60s")
+        .await;
+    by_controller.annotate("kubernetes-target", TO).await;
+    by_controller
+        .wait_for_annotation("kubernetes-status", "completed", "300s")
+        .await;
+    wait_for_ready_nodes(&by_talosctl, TO).await;
+    wait_for_ready_nodes(&by_controller, TO).await;
+
+    let talosctl_state = observe(&by_talosctl, &after_dry).await;
+    let controller_state = observe(&by_controller, &controller_start).await;
+    // The upgrade itself: every control plane's static pods, kube-proxy, then kubelet, one change at
+    // a time, each node's kubelet after the control planes; the same on both sides.
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        assert_eq!(
+            talosctl_state[&format!("{cp} applied")],
+            "apiserver (\"NO_REBOOT\"), controller_manager (\"NO_REBOOT\"), scheduler (\"NO_REBOOT\"), \
+             proxy (\"NO_REBOOT\"), kubelet (\"NO_REBOOT\")",
+            "{cp}"
+        );
+        // The dry run's apply is one more config version on talosctl's side.
+        let version = |state: &State| -> u64 {
+            state[&format!("{cp} snapshot.machine_config_version")]
+                .parse()
+                .expect("a number")
+        };
+        assert_eq!(
+            version(&talosctl_state),
+            version(&controller_state) + 1,
+            "{cp}"
+        );
+    }
+    for state in [&talosctl_state, &controller_state] {
+        // What the comparison covers is there on both sides.
+        for (key, value) in [
+            ("cp-1 Node.nodeInfo.kubeletVersion", format!("\"v{TO}\"")),
+            (
+                "worker-1 Node.nodeInfo.kubeletVersion",
+                format!("\"v{TO}\""),
+            ),
+            ("worker-1 snapshot.kubelet.version", format!("\"{TO}\"")),
+            (
+                "cp-2 config[0].cluster.controllerManager.image",
+                format!("\"registry.k8s.io/kube-controller-manager:v{TO}\""),
+            ),
+            (
+                "worker-2 config[0].machine.kubelet.image",
+                format!("\"ghcr.io/siderolabs/kubelet:v{TO}\""),
+            ),
+            (
+                "Pod kube-scheduler-<cluster>-cp-3.spec[0].image",
+                format!("\"registry.k8s.io/kube-scheduler:v{TO}\""),
+            ),
+            (
+                "Pod kube-apiserver-<cluster>-cp-1.annotations.talos.dev/config-version",
+                "\"2\"".to_string(),
+            ),
+            (
+                "kube-system DaemonSet kube-proxy.spec.template.spec.containers[0].image",
+                format!("\"registry.k8s.io/kube-proxy:v{TO}\""),
+            ),
+            (
+                "kube-system Deployment coredns.spec.template.spec.containers[0].image",
+                "\"registry.k8s.io/coredns/coredns:v1.12.1\"".to_string(),
+            ),
+            (
+                "kube-system DaemonSet kube-proxy managers",
+                "talos/Apply".to_string(),
+            ),
+        ] {
+            assert_eq!(state.get(key), Some(&value), "{key}");
+        }
+        for (key, image) in [
+            (
+                "cp-1 snapshot.control_plane.apiserver.image",
+                "registry.k8s.io/kube-apiserver",
+            ),
+            (
+                "cp-2 snapshot.control_plane.scheduler.image",
+                "registry.k8s.io/kube-scheduler",
+            ),
+            (
+                "cp-3 snapshot.control_plane.proxy_image",
+                "registry.k8s.io/kube-proxy",
+            ),
+            (
+                "worker-2 snapshot.kubelet.image",
+                "ghcr.io/siderolabs/kubelet",
+            ),
+        ] {
+            assert_eq!(state[key], format!("\"{image}:v{TO}\""), "{key}");
+        }
+    }
+
+    let after = differences(&talosctl_state, &controller_state);
+    let (explained, unexplained): (Vec<_>, Vec<_>) = after
+        .into_iter()
+        .filter(|(key, values)| before.get(key) != Some(values))
+        .filter(|(key, _)| !key.ends_with("snapshot.machine_config_version"))
+        .partition(|(key, (a, b))| on_purpose(key, a, b).is_some());
+    let explained: BTreeMap<_, _> = explained.into_iter().collect();
+    let unexplained: BTreeMap<_, _> = unexplained.into_iter().collect();
+    println!("differences on purpose:\n{}", show(&explained));
+    assert!(
+        unexplained.is_empty(),
+        "unexpected differences:\n{}",
+        show(&unexplained)
+    );
+    // Each difference on purpose is there (the comparison sees what it should).
+    for key in [
+        "kube-system ConfigMap talos-bootstrap-manifests-inventory managers",
+        "kube-system DaemonSet kube-proxy.annotations.config.k8s.io/owning-inventory",
+        "kube-system ServiceAccount kube-proxy managers",
+        "worker-1 config[0].machine.ca.key",
+    ] {
+        assert!(
+            explained.contains_key(key),
+            "no difference at {key}:\n{}",
+            show(&explained)
+        );
+    }
+}
