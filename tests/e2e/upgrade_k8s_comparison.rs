@@ -24,7 +24,6 @@ use crate::world::{World, WorldSpec};
 
 const FROM: &str = "1.34.1";
 const TO: &str = "1.35.0";
-const TALOS: &str = "1.13.4";
 const APPLY: &str = "/machine.MachineService/ApplyConfiguration";
 
 /// The real talosctl, built (or found in the cache) by scripts/build-talosctl.sh.
@@ -62,11 +61,11 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 /// Two identical clusters, each on an API server of its own; no controller yet.
-async fn cluster(prefix: &str) -> World {
+async fn cluster(prefix: &str, talos: &'static str) -> World {
     let world = World::start(
         prefix,
         WorldSpec {
-            talos: TALOS,
+            talos,
             kubernetes: FROM,
             start_controller: false,
             own_control_plane: true,
@@ -503,6 +502,8 @@ async fn observe(world: &World, start: &Start) -> State {
             .cloned()
             .unwrap_or_default()
             .iter()
+            // A status writer (the rollouts the test plays) is not the sync.
+            .filter(|f| f["subresource"].is_null())
             .map(|f| {
                 format!(
                     "{}/{}",
@@ -579,6 +580,15 @@ fn on_purpose(key: &str, talosctl: &str, controller: &str) -> Option<&'static st
     {
         return Some(INVENTORY);
     }
+    // Before Talos 1.13 both sides create and update the objects (no server-side apply), and neither
+    // write names a field manager: the API server takes one from the User-Agent, talosctl's Go
+    // client's, and has none for the controller's.
+    if key.ends_with(" managers")
+        && talosctl == "Go-http-client/Update"
+        && controller == "unknown/Update"
+    {
+        return Some("the legacy sync's writes name no field manager on either side");
+    }
     if key.starts_with("worker-")
         && key.ends_with(".machine.ca.key")
         && talosctl == "\"\""
@@ -592,10 +602,80 @@ fn on_purpose(key: &str, talosctl: &str, controller: &str) -> Option<&'static st
     None
 }
 
+/// Plays the DaemonSet and Deployment controllers the test API server does not run, for the objects
+/// in kube-system: each is marked rolled out at its generation, so that the legacy manifest sync's
+/// rollout wait (go-kubernetes v0.2.41 `kubernetes/manifests/rollout.go`) ends. Runs until aborted.
+async fn play_rollouts(client: kube::Client) {
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let deployments: Api<Deployment> = Api::namespaced(client, "kube-system");
+    let params = kube::api::PatchParams::default();
+    loop {
+        if let Ok(list) = daemonsets.list(&ListParams::default()).await {
+            for ds in list.items {
+                let generation = ds.metadata.generation.unwrap_or_default();
+                if ds.status.as_ref().map(|s| s.observed_generation) == Some(Some(generation)) {
+                    continue;
+                }
+                let status = serde_json::json!({"status": {
+                    "observedGeneration": generation,
+                    "desiredNumberScheduled": 5,
+                    "currentNumberScheduled": 5,
+                    "updatedNumberScheduled": 5,
+                    "numberAvailable": 5,
+                    "numberReady": 5,
+                    "numberMisscheduled": 0,
+                }});
+                let name = ds.metadata.name.unwrap_or_default();
+                let _ = daemonsets
+                    .patch_status(&name, &params, &kube::api::Patch::Merge(&status))
+                    .await;
+            }
+        }
+        if let Ok(list) = deployments.list(&ListParams::default()).await {
+            for deployment in list.items {
+                let generation = deployment.metadata.generation.unwrap_or_default();
+                if deployment.status.as_ref().map(|s| s.observed_generation)
+                    == Some(Some(generation))
+                {
+                    continue;
+                }
+                let replicas = deployment
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.replicas)
+                    .unwrap_or(1);
+                let status = serde_json::json!({"status": {
+                    "observedGeneration": generation,
+                    "replicas": replicas,
+                    "updatedReplicas": replicas,
+                    "readyReplicas": replicas,
+                    "availableReplicas": replicas,
+                }});
+                let name = deployment.metadata.name.unwrap_or_default();
+                let _ = deployments
+                    .patch_status(&name, &params, &kube::api::Patch::Merge(&status))
+                    .await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Talos 1.13 and later: talosctl syncs the manifests with server-side apply and an inventory.
 #[tokio::test]
 async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
-    let by_talosctl = cluster("k8s-cmp-talosctl").await;
-    let by_controller = cluster("k8s-cmp-controller").await;
+    compare("1.13.4", true).await;
+}
+
+/// Talos 1.12: talosctl's legacy manifest sync (get, create or update, then a rollout wait).
+#[tokio::test]
+async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state_before_talos_1_13() {
+    compare("1.12.0", false).await;
+}
+
+async fn compare(talos: &'static str, server_side_apply: bool) {
+    let by_talosctl = cluster("k8s-cmp-talosctl", talos).await;
+    let by_controller = cluster("k8s-cmp-controller", talos).await;
     serve_talos_kubeconfig(&by_talosctl).await;
     // What differs between the two clusters before either is upgraded is not the upgrades' doing.
     let initial = Start::now(&by_talosctl);
@@ -618,8 +698,16 @@ async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
         "checking for removed Kubernetes API resource versions",
         &format!("update kube-apiserver: {FROM} -> {TO}"),
         &format!("update kubelet: {FROM} -> {TO}"),
-        "updating manifests (dry run)",
-        "created DaemonSet/kube-system/kube-proxy",
+        if server_side_apply {
+            "updating manifests (dry run)"
+        } else {
+            "dry run, change skipped"
+        },
+        if server_side_apply {
+            "created DaemonSet/kube-system/kube-proxy"
+        } else {
+            "processing manifest apps/v1.DaemonSet/kube-system/kube-proxy"
+        },
     ] {
         assert!(
             dry.stdout.contains(text),
@@ -648,6 +736,8 @@ async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
     // The test API server runs no DaemonSet or Deployment controller, so a rollout never completes:
     // talosctl is told not to wait for one (`--manifests-reconcile-timeout 0`); the controller never
     // waits for one.
+    // Before Talos 1.13 the wait cannot be skipped: the test plays the rollouts.
+    let rollouts = tokio::spawn(play_rollouts(by_talosctl.ns.client.clone()));
     let real = run_talosctl(
         &by_talosctl,
         &dir,
@@ -660,6 +750,7 @@ async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
         ],
     )
     .await;
+    rollouts.abort();
     assert!(real.success, "upgrade-k8s failed:\n{real}");
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -731,12 +822,14 @@ async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
                 "kube-system Deployment coredns.spec.template.spec.containers[0].image",
                 "\"registry.k8s.io/coredns/coredns:v1.12.1\"".to_string(),
             ),
-            (
-                "kube-system DaemonSet kube-proxy managers",
-                "talos/Apply".to_string(),
-            ),
         ] {
             assert_eq!(state.get(key), Some(&value), "{key}");
+        }
+        if server_side_apply {
+            assert_eq!(
+                state["kube-system DaemonSet kube-proxy managers"],
+                "talos/Apply"
+            );
         }
         for (key, image) in [
             (
@@ -775,12 +868,21 @@ async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
         show(&unexplained)
     );
     // Each difference on purpose is there (the comparison sees what it should).
-    for key in [
-        "kube-system ConfigMap talos-bootstrap-manifests-inventory managers",
-        "kube-system DaemonSet kube-proxy.annotations.config.k8s.io/owning-inventory",
-        "kube-system ServiceAccount kube-proxy managers",
-        "worker-1 config[0].machine.ca.key",
-    ] {
+    let expected: &[&str] = if server_side_apply {
+        &[
+            "kube-system ConfigMap talos-bootstrap-manifests-inventory managers",
+            "kube-system DaemonSet kube-proxy.annotations.config.k8s.io/owning-inventory",
+            "kube-system ServiceAccount kube-proxy managers",
+            "worker-1 config[0].machine.ca.key",
+        ]
+    } else {
+        &[
+            "kube-system DaemonSet kube-proxy managers",
+            "kube-system Deployment coredns managers",
+            "worker-1 config[0].machine.ca.key",
+        ]
+    };
+    for &key in expected {
         assert!(
             explained.contains_key(key),
             "no difference at {key}:\n{}",
