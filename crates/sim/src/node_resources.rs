@@ -858,6 +858,45 @@ fn control_plane_resources(
         },
         to_yaml(&json!({"enabled": true, "image": images.scheduler})),
     ));
+    // controlplane/*Configs/final-<component> (Talos 1.14): the configs merged with Talos's defaults,
+    // which the static pods are rendered from and whose version they carry (talos v1.14.1
+    // `controllers/k8s/control_plane_final.go`, transform controllers of the unprefixed ones; machinery
+    // `resources/k8s/k8s.go` `FinalPrefix`). Their own version counters; the simulator changes them
+    // together with the unprefixed ones, so the two read the same.
+    if (state.current.version.major, state.current.version.minor) >= (1, 14) {
+        out.push(resource(
+            CONTROLPLANE_NS,
+            APISERVER_CONFIG_TYPE,
+            "final-kube-apiserver",
+            "k8s.ControlPlaneAPIServerFinalController",
+            &k8s::ApiServerConfigSpec {
+                image: images.apiserver.clone(),
+            },
+            to_yaml(&json!({"image": images.apiserver})),
+        ));
+        out.push(resource(
+            CONTROLPLANE_NS,
+            CONTROLLER_MANAGER_CONFIG_TYPE,
+            "final-kube-controller-manager",
+            "k8s.ControlPlaneControllerManagerFinalController",
+            &k8s::ControllerManagerConfigSpec {
+                enabled: true,
+                image: images.controller_manager.clone(),
+            },
+            to_yaml(&json!({"enabled": true, "image": images.controller_manager})),
+        ));
+        out.push(resource(
+            CONTROLPLANE_NS,
+            SCHEDULER_CONFIG_TYPE,
+            "final-kube-scheduler",
+            "k8s.ControlPlaneSchedulerFinalController",
+            &k8s::SchedulerConfigSpec {
+                enabled: true,
+                image: images.scheduler.clone(),
+            },
+            to_yaml(&json!({"enabled": true, "image": images.scheduler})),
+        ));
+    }
 
     // k8s/StaticPods/<component>: the pod manifests machined renders for kubelet
     // (k8s.ControlPlaneStaticPodController, `internal/app/machined/pkg/controllers/k8s/

@@ -561,13 +561,16 @@ async fn wait_ready(cluster: &Cluster, node: &Node) {
 /// *Config resources (so their config version is the resource version), kubelet from KubeletSpec.
 pub(crate) fn settle_components(cluster: &Cluster, node: &Node, static_pods: bool, kubelet: bool) {
     let version = |type_: &str, id: &str, ns: &str| node.store.version_of(ns, type_, id);
-    let api = version(APISERVER_CONFIG_TYPE, "kube-apiserver", CONTROLPLANE_NS);
-    let cm = version(
-        CONTROLLER_MANAGER_CONFIG_TYPE,
-        "kube-controller-manager",
-        CONTROLPLANE_NS,
-    );
-    let sched = version(SCHEDULER_CONFIG_TYPE, "kube-scheduler", CONTROLPLANE_NS);
+    // Talos 1.14 renders the static pods from `final-<id>` and stamps its version (talos v1.14.1
+    // `controllers/k8s/control_plane_static_pod.go`); older Talos from `<id>`.
+    let config =
+        |type_: &str, id: &str| match version(type_, &format!("final-{id}"), CONTROLPLANE_NS) {
+            0 => version(type_, id, CONTROLPLANE_NS),
+            v => v,
+        };
+    let api = config(APISERVER_CONFIG_TYPE, "kube-apiserver");
+    let cm = config(CONTROLLER_MANAGER_CONFIG_TYPE, "kube-controller-manager");
+    let sched = config(SCHEDULER_CONFIG_TYPE, "kube-scheduler");
     let kubelet_spec = version(KUBELET_SPEC_TYPE, "kubelet", K8S_NS);
     node.update(&cluster.etcd, |s| {
         let images = s.parsed.images.clone();
