@@ -5,7 +5,8 @@
 //! running components in the simulator's snapshot, the Nodes, the static pods' images, config versions
 //! and status, the objects the bootstrap manifests made in kube-system). Differences on purpose are
 //! asserted as such (docs/upgrades.md, "Compared with talosctl upgrade-k8s"); any other fails the test.
-//! The clusters run Talos 1.13.4 (server-side apply of the manifests, no `final-` configs).
+//! The clusters run Talos 1.14.0 (`final-` configs), 1.13.4 (server-side apply of the manifests, no
+//! `final-` configs) or 1.12.0 (talosctl's legacy manifest sync).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -671,6 +672,12 @@ async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
 #[tokio::test]
 async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state_before_talos_1_13() {
     compare("1.12.0", false).await;
+}
+
+/// Talos 1.14: the static pods are rendered from the `final-` configs, which talosctl 1.14.1 waits on.
+#[tokio::test]
+async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state_on_talos_1_14() {
+    compare("1.14.0", true).await;
 }
 
 async fn compare(talos: &'static str, server_side_apply: bool) {
