@@ -691,7 +691,8 @@ async fn compare(talos: &'static str, server_side_apply: bool) {
         &observe(&by_controller, &Start::now(&by_controller)).await,
     );
 
-    let dir = std::env::temp_dir().join(format!("tuc-upgrade-k8s-{}", std::process::id()));
+    // One per test: the tests run side by side in one process, each with its own talosconfig.
+    let dir = std::env::temp_dir().join(format!("tuc-upgrade-k8s-{talos}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let dry = run_talosctl(
         &by_talosctl,
