@@ -10,6 +10,7 @@
 mod floor;
 mod proxy;
 mod report;
+mod talosctl;
 mod world;
 
 use std::path::PathBuf;
@@ -52,9 +53,10 @@ struct Args {
     /// second, so the whole fleet's upgrade is squeezed into seconds and its API traffic with it) or
     /// `demo` (the demo's: about 11 s per node, still several times faster than a real Talos node) or
     /// `guide` (the fastest end of the user guide's per-node times, each step ± 20 %: about 100 s per
-    /// node, where real nodes take 2–4 minutes; a run of one size takes about 10 minutes).
-    #[arg(long, value_enum, default_value_t = NodeTimings::Fast)]
-    node_timings: NodeTimings,
+    /// node, where real nodes take 2–4 minutes; a run of one size takes about 10 minutes). Default:
+    /// `fast`, and `demo` with `--talosctl-comparison`.
+    #[arg(long, value_enum)]
+    node_timings: Option<NodeTimings>,
     /// Extra arguments for `talos-upgrade-controller run` (none by default: production defaults), e.g.
     /// --controller-arg=--poll-interval=500ms.
     #[arg(long = "controller-arg", allow_hyphen_values = true)]
@@ -70,6 +72,22 @@ struct Args {
     /// clusters at once. What the API server alone takes on this machine; no controller can be faster.
     #[arg(long)]
     floor: bool,
+    /// Instead of the fleet benchmark: the real `talosctl upgrade --wait` (v1.14.1, built by
+    /// scripts/build-talosctl.sh), node by node as the runbook of seed 002 does, against the controller,
+    /// each on a fresh world with one identical 3 + 2 cluster (demo timings unless --node-timings says
+    /// otherwise). Prints both wall times, their ratio and per-node times, `--repeats` times.
+    #[arg(long)]
+    talosctl_comparison: bool,
+    /// Rounds of `--talosctl-comparison` (each runs both sides, alternating which goes first).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// The node order of `--talosctl-comparison`, on both sides.
+    #[arg(long, value_enum, default_value_t = talosctl::Order::WorkersFirst)]
+    order: talosctl::Order,
+    /// The talosctl binary for `--talosctl-comparison` (default: the one scripts/build-talosctl.sh
+    /// builds or finds in its cache).
+    #[arg(long)]
+    talosctl_bin: Option<PathBuf>,
 }
 
 /// The simulated nodes' timings a run uses.
@@ -88,6 +106,11 @@ impl NodeTimings {
             NodeTimings::Guide => Timings::like_the_guide(),
         }
     }
+}
+
+/// The fleet benchmark's and the floor's node timings: `fast` unless asked otherwise.
+fn node_timings(args: &Args) -> NodeTimings {
+    args.node_timings.unwrap_or(NodeTimings::Fast)
 }
 
 #[tokio::main]
@@ -112,6 +135,9 @@ async fn main() -> anyhow::Result<()> {
     }
     let machine = report::Machine::current();
     eprintln!("machine: {}", machine.summary());
+    if args.talosctl_comparison {
+        return talosctl_comparison(&args, &binary, &machine).await;
+    }
     let mut results = Vec::new();
     for &n in &args.clusters {
         eprintln!("\n=== {n} cluster(s), {} nodes ===", 5 * n);
@@ -132,6 +158,35 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--talosctl-comparison`: talosctl and the controller side by side (see `talosctl.rs`).
+async fn talosctl_comparison(
+    args: &Args,
+    binary: &std::path::Path,
+    machine: &report::Machine,
+) -> anyhow::Result<()> {
+    let talosctl = match &args.talosctl_bin {
+        Some(path) => path.clone(),
+        None => talosctl::build_talosctl().await?,
+    };
+    let comparison = talosctl::compare(&talosctl::Options {
+        repeats: args.repeats,
+        order: args.order,
+        timings: args.node_timings.unwrap_or(NodeTimings::Demo).timings(),
+        talosctl,
+        controller: binary,
+        controller_args: &args.controller_args,
+        timeout: Duration::from_secs(args.timeout_secs),
+    })
+    .await?;
+    if let Some(path) = &args.json {
+        write_json(
+            path,
+            serde_json::json!({"machine": machine, "talosctl_comparison": comparison}),
+        )?;
+    }
+    Ok(())
+}
+
 /// `--floor`: no controller, only the API server's own time from the annotations to `in-progress`.
 async fn floor_only(args: &Args) -> anyhow::Result<()> {
     let machine = report::Machine::current();
@@ -139,7 +194,7 @@ async fn floor_only(args: &Args) -> anyhow::Result<()> {
     let mut floors = Vec::new();
     for &n in &args.clusters {
         eprintln!("\n=== floor: {n} cluster(s), no controller ===");
-        let world = World::start(n, args.node_timings.timings(), None).await?;
+        let world = World::start(n, node_timings(args).timings(), None).await?;
         let floor = floor::measure(&world).await?;
         println!("{}", floor::table(&floor));
         floors.push(floor);
@@ -171,7 +226,7 @@ impl Drop for TempDir {
 }
 
 async fn run_size(n: usize, binary: &std::path::Path, args: &Args) -> anyhow::Result<SizeResult> {
-    let timings = args.node_timings.timings();
+    let timings = node_timings(args).timings();
     let mut dir = TempDir(
         std::env::temp_dir().join(format!("tuc-bench-{}-{n}", std::process::id())),
         false,
