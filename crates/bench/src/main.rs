@@ -81,6 +81,11 @@ struct Args {
     /// Rounds of `--talosctl-comparison` (each runs both sides, alternating which goes first).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// The Talos upgrade API of `--talosctl-comparison`: `legacy` (1.11.6 → 1.12.0,
+    /// `MachineService.Upgrade`) or `lifecycle` (1.13.4 → 1.13.5, `ImageService` and
+    /// `LifecycleService`; talosctl with `--drain=false`, the controller draining).
+    #[arg(long, value_enum, default_value_t = talosctl::Generation::Legacy)]
+    generation: talosctl::Generation,
     /// The node order of `--talosctl-comparison`, on both sides.
     #[arg(long, value_enum, default_value_t = talosctl::Order::WorkersFirst)]
     order: talosctl::Order,
@@ -170,6 +175,7 @@ async fn talosctl_comparison(
     };
     let comparison = talosctl::compare(&talosctl::Options {
         repeats: args.repeats,
+        generation: args.generation,
         order: args.order,
         timings: args.node_timings.unwrap_or(NodeTimings::Demo).timings(),
         talosctl,

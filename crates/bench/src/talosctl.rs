@@ -4,14 +4,17 @@
 //! ratio, repeated; nothing here judges the numbers.
 //!
 //! - talosctl: `talosctl --talosconfig <admin> --nodes <ip> upgrade --image <installer>:v<target>
-//!   --preserve --wait`, one node at a time in the run's order, each started when the previous one
-//!   returned. Wall time: just before the first command starts → the last command returned.
+//!   --preserve --wait` (and `--drain=false` on the LifecycleService generation), one node at a time
+//!   in the run's order, each started when the previous one returned. Wall time: just before the first
+//!   command starts → the last command returned.
 //! - controller: the release binary with production defaults; the cluster annotated with
 //!   `talos-target` (and `upgrade-order` when control planes go first). Wall time: just before the
 //!   annotation patch → `talos-status: completed` seen by the benchmark's watch.
 //!
-//! Per node, both sides are read from the same records: the simulator's Upgrade call, the node's state
-//! changes (Ready on the target) and the simulated kubelet's writes (Node Ready and uncordoned).
+//! Per node, both sides are read from the same records: the simulator's record of the node's first
+//! upgrade call (`MachineService.Upgrade` on the legacy generation, `ImageService.Pull` before
+//! `LifecycleService.Upgrade` on the other), the node's state changes (Ready on the target) and the
+//! simulated kubelet's writes (Node Ready and uncordoned).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,14 +27,78 @@ use serde::Serialize;
 use talos_sim::{ClientRole, Role, Timings};
 use talos_upgrade_core::crd::KubernetesCluster;
 
-use crate::world::{ControllerProcess, NAMESPACE, SimCluster, TALOS_FROM, TALOS_TO, World};
+use crate::world::{
+    ControllerProcess, KUBERNETES, NAMESPACE, SimCluster, TALOS_FROM, TALOS_TO, World,
+};
 
-/// The installer both sides upgrade to: the image the simulated nodes were installed from
-/// (`ghcr.io/siderolabs/installer`, what `talosctl gen config` 1.11 writes) at the target version.
-/// The controller derives the same image from the nodes' machine configs; the run checks that every
-/// Upgrade call of both sides carried it.
-pub fn installer_image() -> String {
-    format!("ghcr.io/siderolabs/installer:v{TALOS_TO}")
+/// Which Talos upgrade API the nodes speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Generation {
+    /// 1.11.6 → 1.12.0 (the fleet benchmark's versions): `MachineService.Upgrade`, after which Talos
+    /// cordons and drains the node itself; talosctl and the controller make the same call.
+    Legacy,
+    /// 1.13.4 → 1.13.5: `ImageService.Pull`, `LifecycleService.Upgrade`, then a reboot. The controller
+    /// cordons and drains the node itself; talosctl runs with `--drain=false` (its drain needs the
+    /// cluster's kubeconfig through `MachineService.Kubeconfig`, which the simulator does not serve), so
+    /// nobody drains the node on the talosctl side.
+    Lifecycle,
+}
+
+impl Generation {
+    pub fn from(self) -> &'static str {
+        match self {
+            Generation::Legacy => TALOS_FROM,
+            Generation::Lifecycle => "1.13.4",
+        }
+    }
+
+    pub fn to(self) -> &'static str {
+        match self {
+            Generation::Legacy => TALOS_TO,
+            Generation::Lifecycle => "1.13.5",
+        }
+    }
+
+    fn kubernetes(self) -> &'static str {
+        match self {
+            Generation::Legacy => KUBERNETES,
+            Generation::Lifecycle => "1.35.0",
+        }
+    }
+
+    /// talosctl's flags besides `--nodes`, `--image` and `--wait`: the runbook's `--preserve` (a
+    /// deprecated flag of the legacy call, which the controller sets too; the new API has no such
+    /// field), and on the new API no drain (see [`Generation::Lifecycle`]).
+    fn talosctl_flags(self) -> &'static [&'static str] {
+        match self {
+            Generation::Legacy => &["--preserve"],
+            Generation::Lifecycle => &["--preserve", "--drain=false"],
+        }
+    }
+
+    /// The installer both sides upgrade to: the image the simulated nodes were installed from
+    /// (`ghcr.io/siderolabs/installer`, what `talosctl gen config` below 1.14 writes) at the target
+    /// version. The controller derives the same image from the nodes' machine configs; the run checks
+    /// that every install call of both sides carried it.
+    pub fn installer(self) -> String {
+        format!("ghcr.io/siderolabs/installer:v{}", self.to())
+    }
+
+    /// The image of the call that installs (one per node), if `call` is one.
+    fn install_call(self, call: &talos_sim::CallRecord) -> Option<&serde_json::Value> {
+        let install = match self {
+            Generation::Legacy => "/machine.MachineService/Upgrade",
+            Generation::Lifecycle => "/machine.LifecycleService/Upgrade",
+        };
+        (call.method == install).then(|| &call.params["image"])
+    }
+
+    /// Whether a call starts a node's upgrade: the install itself, or the pull before it.
+    fn starts_node(self, call: &talos_sim::CallRecord) -> bool {
+        self.install_call(call).is_some()
+            || (self == Generation::Lifecycle && call.method == "/machine.ImageService/Pull")
+    }
 }
 
 /// The order the nodes go in, on both sides.
@@ -57,6 +124,7 @@ impl Order {
 /// What the comparison needs from the command line.
 pub struct Options<'a> {
     pub repeats: usize,
+    pub generation: Generation,
     pub order: Order,
     pub timings: Timings,
     pub talosctl: PathBuf,
@@ -71,8 +139,13 @@ pub struct Options<'a> {
 pub struct NodeRun {
     pub node: String,
     pub control_plane: bool,
-    /// The node received its Upgrade call (the simulator's record).
+    /// The node received the first call of its upgrade (the simulator's record): `MachineService.Upgrade`,
+    /// or `ImageService.Pull` on the LifecycleService generation.
     pub call: f64,
+    /// The install call arrived (the same as `call` on the legacy generation).
+    pub install: f64,
+    /// The `MachineService.Reboot` call that follows the install on the LifecycleService generation.
+    pub reboot: Option<f64>,
     /// The node ran the target, powered on, in stage running and ready (its state, as the simulator
     /// changed it).
     pub ready: f64,
@@ -82,10 +155,10 @@ pub struct NodeRun {
     /// talosctl only: the talosctl command for this node started and returned.
     pub command_started: Option<f64>,
     pub command_returned: Option<f64>,
-    /// The node's own time: its Upgrade call → Ready on the target.
+    /// The node's own time: its first call → Ready on the target.
     pub own: f64,
-    /// Its share of the wall time: its Upgrade call → the next node's Upgrade call (the last node: →
-    /// the side's end).
+    /// Its share of the wall time: its first call → the next node's first call (the last node: → the
+    /// side's end).
     pub span: f64,
 }
 
@@ -94,13 +167,13 @@ pub struct NodeRun {
 pub struct SideRun {
     pub side: &'static str,
     pub wall: f64,
-    /// The side's start → the first Upgrade call.
+    /// The side's start → the first node's first call.
     pub lead: f64,
     /// The sum of the nodes' own times: what a tool with no overhead at all would need, one node at a
     /// time, on this run's nodes.
     pub own_sum: f64,
     pub nodes: Vec<NodeRun>,
-    /// The first Upgrade call's parameters as the simulator recorded them (image, preserve, force, …).
+    /// The first install call's parameters as the simulator recorded them (image, preserve, force, …).
     pub upgrade_params: serde_json::Value,
     /// World start (API server, simulator, registration), before the measured part.
     pub setup: f64,
@@ -119,6 +192,8 @@ pub struct Round {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
+    pub generation: Generation,
+    pub talosctl_flags: Vec<String>,
     pub order: Order,
     pub timings: Timings,
     pub talos_from: &'static str,
@@ -189,21 +264,31 @@ async fn talosctl_version(talosctl: &Path) -> String {
 /// Runs the comparison `repeats` times, printing each round as it ends and the summary at the end.
 pub async fn compare(options: &Options<'_>) -> anyhow::Result<Comparison> {
     let mut comparison = Comparison {
+        generation: options.generation,
+        talosctl_flags: options
+            .generation
+            .talosctl_flags()
+            .iter()
+            .map(|f| f.to_string())
+            .collect(),
         order: options.order,
         timings: options.timings,
-        talos_from: TALOS_FROM,
-        talos_to: TALOS_TO,
-        installer: installer_image(),
+        talos_from: options.generation.from(),
+        talos_to: options.generation.to(),
+        installer: options.generation.installer(),
         talosctl_version: talosctl_version(&options.talosctl).await,
         controller_args: options.controller_args.to_vec(),
         rounds: Vec::new(),
     };
     eprintln!(
-        "talosctl {} ({}); nodes {:?}, {TALOS_FROM} → {TALOS_TO}, installer {}",
+        "talosctl {} ({}); nodes {:?}, {} → {}, installer {}, talosctl flags {:?}",
         comparison.talosctl_version,
         options.talosctl.display(),
         options.order,
-        comparison.installer
+        comparison.talos_from,
+        comparison.talos_to,
+        comparison.installer,
+        comparison.talosctl_flags
     );
     for round in 1..=options.repeats {
         // Alternate which side goes first, so a machine that gets busier or quieter over the run does not
@@ -262,7 +347,15 @@ impl Drop for TempFile {
 async fn run_talosctl(round: usize, options: &Options<'_>) -> anyhow::Result<SideRun> {
     eprintln!("\n--- round {round}: talosctl ---");
     let setup = Instant::now();
-    let world = World::start(1, options.timings, None).await?;
+    let generation = options.generation;
+    let world = World::start_on(
+        1,
+        options.timings,
+        None,
+        generation.from(),
+        generation.kubernetes(),
+    )
+    .await?;
     let setup = setup.elapsed().as_secs_f64();
     let cluster = &world.clusters[0];
     let talosconfig = TempFile(std::env::temp_dir().join(format!(
@@ -270,7 +363,7 @@ async fn run_talosctl(round: usize, options: &Options<'_>) -> anyhow::Result<Sid
         std::process::id()
     )));
     std::fs::write(&talosconfig.0, cluster.sim.talosconfig(ClientRole::Admin))?;
-    let image = installer_image();
+    let image = generation.installer();
     let nodes = ordered_nodes(cluster, options.order);
     // The talosconfig's endpoints are the three control planes, as `talosctl gen config` writes them;
     // like the runbook, each command names only its node and lets talosctl pick the endpoint.
@@ -278,7 +371,7 @@ async fn run_talosctl(round: usize, options: &Options<'_>) -> anyhow::Result<Sid
     let mut commands = BTreeMap::new();
     for node in &nodes {
         let ip = node.address.to_string();
-        let args = [
+        let mut args = [
             "--talosconfig",
             &talosconfig.0.to_string_lossy(),
             "--nodes",
@@ -286,10 +379,11 @@ async fn run_talosctl(round: usize, options: &Options<'_>) -> anyhow::Result<Sid
             "upgrade",
             "--image",
             &image,
-            "--preserve",
-            "--wait",
         ]
-        .map(str::to_string);
+        .map(str::to_string)
+        .to_vec();
+        args.extend(generation.talosctl_flags().iter().map(|f| f.to_string()));
+        args.push("--wait".to_string());
         let started = SystemTime::now();
         let run = tokio::time::timeout(
             options.timeout,
@@ -330,13 +424,23 @@ async fn run_talosctl(round: usize, options: &Options<'_>) -> anyhow::Result<Sid
         .map(|(_, returned)| *returned)
         .max()
         .context("no node")?;
-    side_run("talosctl", cluster, &nodes, start, end, &commands, setup)
+    side_run(
+        "talosctl", generation, cluster, &nodes, start, end, &commands, setup,
+    )
 }
 
 async fn run_controller(round: usize, options: &Options<'_>) -> anyhow::Result<SideRun> {
     eprintln!("\n--- round {round}: controller ---");
     let setup = Instant::now();
-    let mut world = World::start(1, options.timings, None).await?;
+    let generation = options.generation;
+    let mut world = World::start_on(
+        1,
+        options.timings,
+        None,
+        generation.from(),
+        generation.kubernetes(),
+    )
+    .await?;
     world.watch_clusters().await?;
     let setup = setup.elapsed().as_secs_f64();
     let dir =
@@ -374,6 +478,7 @@ async fn controller_side(
 ) -> anyhow::Result<SideRun> {
     // As in the main benchmark: the controller's first look (talos-current), then 3 s for its writes
     // to settle, so the measured part starts from a controller at rest.
+    let generation = options.generation;
     crate::wait_for(
         world,
         controller,
@@ -382,7 +487,7 @@ async fn controller_side(
         |times| {
             Ok(times
                 .values()
-                .any(|t| t.talos_current.as_deref() == Some(TALOS_FROM)))
+                .any(|t| t.talos_current.as_deref() == Some(generation.from())))
         },
     )
     .await?;
@@ -392,7 +497,7 @@ async fn controller_side(
     let mut annotations = serde_json::Map::new();
     annotations.insert(
         talos_upgrade_core::annotations::TALOS_TARGET.to_string(),
-        TALOS_TO.into(),
+        generation.to().into(),
     );
     if let Some(order) = options.order.annotation() {
         annotations.insert(
@@ -439,6 +544,7 @@ async fn controller_side(
     let nodes = ordered_nodes(cluster, options.order);
     side_run(
         "controller",
+        generation,
         cluster,
         &nodes,
         start,
@@ -449,10 +555,12 @@ async fn controller_side(
 }
 
 /// Reads one side's per-node times from the simulator's record and the benchmark's observations, and
-/// checks the run was what it should be: one Upgrade call per node, in `order`, each with the same
+/// checks the run was what it should be: one install call per node, in `order`, each with the same
 /// installer, each node back on the target.
+#[allow(clippy::too_many_arguments)]
 fn side_run(
     side: &'static str,
+    generation: Generation,
     cluster: &SimCluster,
     order: &[talos_sim::NodeInfo],
     start: SystemTime,
@@ -460,27 +568,41 @@ fn side_run(
     commands: &BTreeMap<String, (SystemTime, SystemTime)>,
     setup: f64,
 ) -> anyhow::Result<SideRun> {
-    let calls: Vec<talos_sim::CallRecord> = cluster
-        .sim
-        .record()
-        .into_iter()
-        .filter(|c| c.method.ends_with("/Upgrade"))
+    let record = cluster.sim.record();
+    let installs: Vec<&talos_sim::CallRecord> = record
+        .iter()
+        .filter(|c| generation.install_call(c).is_some())
         .collect();
-    let called: Vec<&str> = calls.iter().map(|c| c.node.as_str()).collect();
+    let installed: Vec<&str> = installs.iter().map(|c| c.node.as_str()).collect();
     let expected: Vec<&str> = order.iter().map(|n| n.name.as_str()).collect();
-    if called != expected {
+    if installed != expected {
         bail!(
-            "{side}: Upgrade calls went to {called:?}, expected one each in the order {expected:?}"
+            "{side}: install calls went to {installed:?}, expected one each in the order {expected:?}"
         );
     }
-    let image = installer_image();
-    if let Some(call) = calls.iter().find(|c| c.params["image"] != image.as_str()) {
-        bail!(
-            "{side}: {} was upgraded with {}, not {image}",
-            call.node,
-            call.params["image"]
-        );
+    let image = generation.installer();
+    for call in &installs {
+        let used = generation.install_call(call).cloned().unwrap_or_default();
+        if used != image.as_str() {
+            bail!(
+                "{side}: {} was upgraded with {used}, not {image}",
+                call.node
+            );
+        }
     }
+    // Each node's first call of its upgrade: the install, or the pull before it.
+    let mut calls = Vec::new();
+    for name in &expected {
+        let first = record
+            .iter()
+            .find(|c| c.node == *name && generation.starts_node(c))
+            .with_context(|| format!("{side}: no upgrade call to {name}"))?;
+        calls.push(first);
+    }
+    if calls.windows(2).any(|w| w[1].time < w[0].time) {
+        bail!("{side}: the nodes' first calls are not in the order {expected:?}");
+    }
+    let target = generation.to();
     let states = cluster
         .states
         .lock()
@@ -492,23 +614,31 @@ fn side_run(
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     let mut nodes = Vec::new();
-    for (i, (call, info)) in calls.iter().zip(order).enumerate() {
+    for (i, ((call, info), install)) in calls.iter().zip(order).zip(&installs).enumerate() {
         let node = &call.node;
+        let reboot = record
+            .iter()
+            .find(|c| {
+                c.node == *node
+                    && c.method == "/machine.MachineService/Reboot"
+                    && c.time >= call.time
+            })
+            .map(|c| secs(start, c.time));
         let ready = states
             .get(node)
             .into_iter()
             .flatten()
-            .find(|s| s.at >= call.time && s.version == TALOS_TO && s.ready_running_up)
+            .find(|s| s.at >= call.time && s.version == target && s.ready_running_up)
             .map(|s| s.at)
-            .with_context(|| format!("{side}: {node} never became ready on {TALOS_TO}"))?;
+            .with_context(|| format!("{side}: {node} never became ready on {target}"))?;
         let node_ready_written = written
             .get(node)
             .into_iter()
             .flatten()
-            .find(|w| w.at >= call.time && w.version == TALOS_TO && w.ready_uncordoned)
+            .find(|w| w.at >= call.time && w.version == target && w.ready_uncordoned)
             .map(|w| w.at)
             .with_context(|| {
-                format!("{side}: {node}'s Node was never written Ready on {TALOS_TO}")
+                format!("{side}: {node}'s Node was never written Ready on {target}")
             })?;
         let next = calls.get(i + 1).map_or(end, |c| c.time);
         let command = commands.get(node);
@@ -516,6 +646,8 @@ fn side_run(
             node: node.clone(),
             control_plane: info.role.is_control_plane(),
             call: secs(start, call.time),
+            install: secs(start, install.time),
+            reboot,
             ready: secs(start, ready),
             node_ready_written: secs(start, node_ready_written),
             command_started: command.map(|(s, _)| secs(start, *s)),
@@ -530,7 +662,10 @@ fn side_run(
         lead: nodes.first().map_or(0.0, |n| n.call),
         own_sum: nodes.iter().map(|n| n.own).sum(),
         nodes,
-        upgrade_params: calls.first().map(|c| c.params.clone()).unwrap_or_default(),
+        upgrade_params: installs
+            .first()
+            .map(|c| c.params.clone())
+            .unwrap_or_default(),
         setup,
     })
 }
@@ -550,7 +685,7 @@ pub fn round_table(round: &Round) -> String {
     );
     for side in [&round.talosctl, &round.controller] {
         out.push_str(&format!(
-            "\n{}: wall {:.2} s, start → first Upgrade call {:.2} s, nodes' own time {:.2} s (wall ÷ own {:.3})\n",
+            "\n{}: wall {:.2} s, start → first node's first call {:.2} s, nodes' own time {:.2} s (wall ÷ own {:.3})\n",
             side.side,
             side.wall,
             side.lead,
@@ -558,11 +693,11 @@ pub fn round_table(round: &Round) -> String {
             side.wall / side.own_sum
         ));
         out.push_str(
-            "| node | role | Upgrade call, s | Ready on target, s | Node Ready written, s | talosctl returned, s | own (call → Ready), s | span (call → next call or end), s | after Ready, s |\n|---|---|---|---|---|---|---|---|---|\n",
+            "| node | role | first call, s | install call, s | Reboot call, s | Ready on target, s | Node Ready written, s | talosctl returned, s | own (call → Ready), s | span (call → next call or end), s | after Ready, s |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for n in &side.nodes {
             out.push_str(&format!(
-                "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {:.2} |\n",
+                "| {} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {:.2} |\n",
                 n.node,
                 if n.control_plane {
                     "control plane"
@@ -570,6 +705,9 @@ pub fn round_table(round: &Round) -> String {
                     "worker"
                 },
                 n.call,
+                n.install,
+                n.reboot
+                    .map_or_else(|| "–".to_string(), |r| format!("{r:.2}")),
                 n.ready,
                 n.node_ready_written,
                 n.command_returned
@@ -613,11 +751,11 @@ pub fn summary_table(c: &Comparison) -> String {
             c.rounds.iter().map(|r| r.ratio).collect(),
         ),
         (
-            "talosctl: start → first Upgrade call, s".into(),
+            "talosctl: start → first call, s".into(),
             c.rounds.iter().map(|r| r.talosctl.lead).collect(),
         ),
         (
-            "controller: annotation → first Upgrade call, s".into(),
+            "controller: annotation → first call, s".into(),
             c.rounds.iter().map(|r| r.controller.lead).collect(),
         ),
         (
@@ -656,9 +794,12 @@ pub fn summary_table(c: &Comparison) -> String {
         ),
     ];
     let mut out = format!(
-        "\ntalosctl {} upgrade --wait vs the controller, {} round(s), one 3 + 2 cluster each, {TALOS_FROM} → {TALOS_TO}, {:?}, timings {:?}\n| measurement | median | min | max | count |\n|---|---|---|---|---|\n",
+        "\ntalosctl {} upgrade --wait vs the controller, {} round(s), one 3 + 2 cluster each, {} → {}, talosctl flags {:?}, {:?}, timings {:?}\n| measurement | median | min | max | count |\n|---|---|---|---|---|\n",
         c.talosctl_version,
         c.rounds.len(),
+        c.talos_from,
+        c.talos_to,
+        c.talosctl_flags,
         c.order,
         c.timings
     );

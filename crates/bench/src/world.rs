@@ -86,7 +86,8 @@ pub struct World {
     pub proxy: Proxy,
     pub clusters: Vec<SimCluster>,
     pub times: Arc<Mutex<BTreeMap<String, ClusterTimes>>>,
-    /// Every cluster's: 3 control planes and 2 workers on [`TALOS_FROM`] and [`KUBERNETES`].
+    /// Every cluster's: 3 control planes and 2 workers on [`TALOS_FROM`] and [`KUBERNETES`] (or the
+    /// versions given to [`World::start_on`]).
     shape: ClusterShape,
     /// Stops the workload mirrors.
     stop: CancellationToken,
@@ -143,6 +144,17 @@ impl World {
         timings: Timings,
         request_log: Option<&Path>,
     ) -> anyhow::Result<World> {
+        World::start_on(n, timings, request_log, TALOS_FROM, KUBERNETES).await
+    }
+
+    /// [`World::start`] with the nodes on another Talos and Kubernetes version.
+    pub async fn start_on(
+        n: usize,
+        timings: Timings,
+        request_log: Option<&Path>,
+        talos: &str,
+        kubernetes: &str,
+    ) -> anyhow::Result<World> {
         let control_plane = ControlPlane::start()
             .await
             .context("starting etcd and kube-apiserver")?;
@@ -169,8 +181,8 @@ impl World {
         let shape = ClusterShape {
             control_planes: 3,
             workers: 2,
-            talos: TALOS_FROM.to_string(),
-            kubernetes: KUBERNETES.to_string(),
+            talos: talos.to_string(),
+            kubernetes: kubernetes.to_string(),
             timings,
             image_registry: None,
             installer_repository: None,
