@@ -146,6 +146,9 @@ pub struct NodeRun {
     pub install: f64,
     /// The `MachineService.Reboot` call that follows the install on the LifecycleService generation.
     pub reboot: Option<f64>,
+    /// Legacy generation, control planes: whether the node led etcd when its Upgrade call arrived (the
+    /// controller moves leadership off a control plane first; talosctl does not).
+    pub etcd_leader: Option<bool>,
     /// The node ran the target, powered on, in stage running and ready (its state, as the simulator
     /// changed it).
     pub ready: f64,
@@ -648,6 +651,7 @@ fn side_run(
             call: secs(start, call.time),
             install: secs(start, install.time),
             reboot,
+            etcd_leader: install.params["etcd_leader"].as_bool(),
             ready: secs(start, ready),
             node_ready_written: secs(start, node_ready_written),
             command_started: command.map(|(s, _)| secs(start, *s)),
@@ -693,11 +697,11 @@ pub fn round_table(round: &Round) -> String {
             side.wall / side.own_sum
         ));
         out.push_str(
-            "| node | role | first call, s | install call, s | Reboot call, s | Ready on target, s | Node Ready written, s | talosctl returned, s | own (call → Ready), s | span (call → next call or end), s | after Ready, s |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| node | role | first call, s | install call, s | Reboot call, s | Ready on target, s | Node Ready written, s | talosctl returned, s | own (call → Ready), s | span (call → next call or end), s | after Ready, s | led etcd at its install call |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for n in &side.nodes {
             out.push_str(&format!(
-                "| {} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {:.2} |\n",
+                "| {} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {:.2} | {} |\n",
                 n.node,
                 if n.control_plane {
                     "control plane"
@@ -715,6 +719,11 @@ pub fn round_table(round: &Round) -> String {
                 n.own,
                 n.span,
                 n.span - n.own,
+                match n.etcd_leader {
+                    Some(true) => "yes",
+                    Some(false) => "no",
+                    None => "–",
+                },
             ));
         }
     }
@@ -809,6 +818,27 @@ pub fn summary_table(c: &Comparison) -> String {
             "| {name} | {median:.3} | {min:.3} | {max:.3} | {} |\n",
             values.len()
         ));
+    }
+    for side in ["talosctl", "controller"] {
+        let leaders: Vec<bool> = c
+            .rounds
+            .iter()
+            .map(|r| {
+                if side == "talosctl" {
+                    &r.talosctl
+                } else {
+                    &r.controller
+                }
+            })
+            .flat_map(|s| s.nodes.iter().filter_map(|n| n.etcd_leader))
+            .collect();
+        if !leaders.is_empty() {
+            out.push_str(&format!(
+                "{side}: {} of {} control-plane install calls reached the etcd leader\n",
+                leaders.iter().filter(|l| **l).count(),
+                leaders.len()
+            ));
+        }
     }
     out
 }
