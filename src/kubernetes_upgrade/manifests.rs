@@ -6,7 +6,7 @@
 //!   server-side apply with field manager `talos`, forced, so the fields Talos owns are taken back.
 //! - [`ManifestMode::Legacy`]: per object GET; create when missing; otherwise a dry-run update shows
 //!   what the object would become, and only when that differs from what is stored is it updated
-//!   (talosctl's comparison).
+//!   (talosctl's comparison). Every write names field manager [`LEGACY_FIELD_MANAGER`].
 //!
 //! Namespaces, CRDs, ServiceAccounts, ConfigMaps and Secrets go first (what the others refer to), the
 //! rest in the order Talos lists them (by manifest id).
@@ -29,6 +29,22 @@ use talos_api::{TalosClient, resources};
 
 /// The field manager Talos itself uses for its manifests.
 pub const FIELD_MANAGER: &str = "talos";
+
+/// The field manager of the legacy sync's creates and updates: the controller's own name, as its
+/// other writes have (drains, the KubernetesCluster's annotations).
+///
+/// talosctl's legacy sync names none (go-kubernetes v0.2.28 for talosctl 1.12, v0.2.41 for 1.14.1,
+/// `kubernetes/manifests/sync.go`: `Create`/`Update` with empty options), so the API server takes
+/// the User-Agent's product, `Go-http-client`; without a name the controller's writes were recorded
+/// as `unknown`. A Talos 1.12 node's own bootstrap create names `talos` (talos v1.12.0
+/// `internal/app/machined/pkg/controllers/k8s/manifest_apply.go`). None of these names changes what a
+/// later sync does once the cluster runs Talos ≥ 1.13: an update's entry (operation `Update`) is
+/// another owner than a server-side apply's (`talos`, operation `Apply`) whatever its name, and the
+/// forced apply of talosctl (fluxcd/pkg/ssa, `ForceOwnership`) and of this controller's
+/// [`ManifestMode::ServerSideApply`] takes the fields it sets over from any of them alike (a Talos
+/// node only creates what is missing). So nothing is gained by borrowing `talos` or talosctl's
+/// anonymous name, and a name of our own keeps `managedFields` saying who changed the object.
+pub const LEGACY_FIELD_MANAGER: &str = "talos-upgrade-controller";
 
 /// How many times a legacy update is retried when someone else changed the object in between.
 const CONFLICT_ATTEMPTS: usize = 3;
@@ -128,7 +144,7 @@ async fn legacy_apply(
             .await
             .map_err(|e| kube_error(e, &format!("reading {what}")))?;
         let Some(current) = current else {
-            match api.create(&PostParams::default(), &object).await {
+            match api.create(&legacy_params(false), &object).await {
                 Ok(_) => return Ok(Legacy::Created),
                 // Created by someone else meanwhile: compare with theirs.
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
@@ -137,12 +153,8 @@ async fn legacy_apply(
         };
         let mut desired = object.clone();
         desired.metadata.resource_version = current.metadata.resource_version.clone();
-        let dry_run = PostParams {
-            dry_run: true,
-            field_manager: None,
-        };
         // The server's answer includes its defaults, so it compares like for like with what is stored.
-        let would_be = match api.replace(name, &dry_run, &desired).await {
+        let would_be = match api.replace(name, &legacy_params(true), &desired).await {
             Ok(object) => object,
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
             Err(error) => return Err(kube_error(error, &format!("checking {what} for changes"))),
@@ -150,7 +162,7 @@ async fn legacy_apply(
         if comparable(&would_be) == comparable(&current) {
             return Ok(Legacy::Unchanged);
         }
-        match api.replace(name, &PostParams::default(), &desired).await {
+        match api.replace(name, &legacy_params(false), &desired).await {
             Ok(_) => return Ok(Legacy::Updated),
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
             Err(error) => return Err(kube_error(error, &format!("updating {what}"))),
@@ -159,6 +171,14 @@ async fn legacy_apply(
     Err(ExecuteError::Transient(format!(
         "{what} kept changing while it was being updated; trying again later"
     )))
+}
+
+/// A legacy create or update (or its dry run), under [`LEGACY_FIELD_MANAGER`].
+fn legacy_params(dry_run: bool) -> PostParams {
+    PostParams {
+        dry_run,
+        field_manager: Some(LEGACY_FIELD_MANAGER.to_string()),
+    }
 }
 
 /// An object as JSON without the bookkeeping a write changes whatever the content: `managedFields`
@@ -345,6 +365,18 @@ mod tests {
             struct_to_json(&object),
             json!({"replicas": 2, "ratio": 0.5, "name": "x", "list": [true, null]})
         );
+    }
+
+    #[test]
+    fn legacy_writes_and_their_dry_runs_name_the_controller_as_field_manager() {
+        for dry_run in [false, true] {
+            let params = legacy_params(dry_run);
+            assert_eq!(params.dry_run, dry_run);
+            assert_eq!(
+                params.field_manager.as_deref(),
+                Some("talos-upgrade-controller")
+            );
+        }
     }
 
     #[test]

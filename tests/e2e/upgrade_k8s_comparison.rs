@@ -581,14 +581,16 @@ fn on_purpose(key: &str, talosctl: &str, controller: &str) -> Option<&'static st
     {
         return Some(INVENTORY);
     }
-    // Before Talos 1.13 both sides create and update the objects (no server-side apply), and neither
-    // write names a field manager: the API server takes one from the User-Agent, talosctl's Go
-    // client's, and has none for the controller's.
+    // Before Talos 1.13 both sides create and update the objects (no server-side apply). talosctl's
+    // writes name no field manager, so the API server takes one from its Go client's User-Agent;
+    // the controller's name its own (src/kubernetes_upgrade/manifests.rs, `LEGACY_FIELD_MANAGER`).
     if key.ends_with(" managers")
         && talosctl == "Go-http-client/Update"
-        && controller == "unknown/Update"
+        && controller == "talos-upgrade-controller/Update"
     {
-        return Some("the legacy sync's writes name no field manager on either side");
+        return Some(
+            "talosctl's legacy sync names no field manager; the controller's writes name its own",
+        );
     }
     if key.starts_with("worker-")
         && key.ends_with(".machine.ca.key")
