@@ -6,7 +6,9 @@
 //! and status, the objects the bootstrap manifests made in kube-system). Differences on purpose are
 //! asserted as such (docs/upgrades.md, "Compared with talosctl upgrade-k8s"); any other fails the test.
 //! The clusters run Talos 1.14.0 (`final-` configs), 1.13.4 (server-side apply of the manifests, no
-//! `final-` configs) or 1.12.0 (talosctl's legacy manifest sync).
+//! `final-` configs) or 1.12.0 (talosctl's legacy manifest sync); on 1.14.0 also with configs created
+//! on 1.14 (every image in its `Kube*Config` document) and mixed (control planes in v1alpha1, workers
+//! in documents).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +23,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use talos_sim::ClientRole;
 
-use crate::world::{World, WorldSpec};
+use crate::world::{ConfigShape, World, WorldSpec};
 
 const FROM: &str = "1.34.1";
 const TO: &str = "1.35.0";
@@ -61,13 +63,17 @@ fn b64(bytes: &[u8]) -> String {
         .expect("base64")
 }
 
-/// Two identical clusters, each on an API server of its own; no controller yet.
-async fn cluster(prefix: &str, talos: &'static str) -> World {
+/// Two identical clusters, each on an API server of its own; no controller yet. Configs whose images
+/// are in the Talos 1.14 documents were created on 1.14, so they carry the install image in an
+/// `UnattendedInstallConfig` too (as the `Mixed` shape's workers do).
+async fn cluster(prefix: &str, talos: &'static str, shape: ConfigShape) -> World {
     let world = World::start(
         prefix,
         WorldSpec {
             talos,
             kubernetes: FROM,
+            config_shape: shape,
+            unattended_install: shape == ConfigShape::Documents,
             start_controller: false,
             own_control_plane: true,
             ..WorldSpec::default()
@@ -359,12 +365,30 @@ async fn observe(world: &World, start: &Start) -> State {
             .name
             .trim_start_matches(&format!("{}-", world.ns.name))
             .to_string();
+        // Each document under its kind (`v1alpha1` for the v1alpha1 one), so that a document added,
+        // dropped or moved shows as such rather than as every later document's fields differing; the
+        // order is compared on its own.
         let config = world.machine_config(&short).await;
-        for (i, document) in serde_yaml::Deserializer::from_str(&config).enumerate() {
+        let mut kinds = Vec::new();
+        for document in serde_yaml::Deserializer::from_str(&config) {
             let value: serde_json::Value =
                 serde::Deserialize::deserialize(document).expect("a YAML document");
-            flatten(&format!("{short} config[{i}]"), &value, &mut raw);
+            if value.is_null() {
+                continue;
+            }
+            let kind = if value["version"] == "v1alpha1" {
+                "v1alpha1".to_string()
+            } else {
+                match (value["kind"].as_str(), value["name"].as_str()) {
+                    (Some(kind), Some(name)) => format!("{kind}/{name}"),
+                    (Some(kind), None) => kind.to_string(),
+                    (None, _) => "<no kind>".to_string(),
+                }
+            };
+            flatten(&format!("{short} config[{kind}]"), &value, &mut raw);
+            kinds.push(kind);
         }
+        raw.insert(format!("{short} config documents"), kinds.join(", "));
         let snapshot = world.sim.node_snapshot(&node.name).expect("snapshot");
         let snapshot = serde_json::to_value(&snapshot).expect("snapshot as JSON");
         for part in [
@@ -667,24 +691,39 @@ async fn play_rollouts(client: kube::Client) {
 /// Talos 1.13 and later: talosctl syncs the manifests with server-side apply and an inventory.
 #[tokio::test]
 async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state() {
-    compare("1.13.4", true).await;
+    compare("1.13.4", ConfigShape::V1alpha1, true).await;
 }
 
 /// Talos 1.12: talosctl's legacy manifest sync (get, create or update, then a rollout wait).
 #[tokio::test]
 async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state_before_talos_1_13() {
-    compare("1.12.0", false).await;
+    compare("1.12.0", ConfigShape::V1alpha1, false).await;
 }
 
 /// Talos 1.14: the static pods are rendered from the `final-` configs, which talosctl 1.14.1 waits on.
 #[tokio::test]
 async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state_on_talos_1_14() {
-    compare("1.14.0", true).await;
+    compare("1.14.0", ConfigShape::V1alpha1, true).await;
 }
 
-async fn compare(talos: &'static str, server_side_apply: bool) {
-    let by_talosctl = cluster("k8s-cmp-talosctl", talos).await;
-    let by_controller = cluster("k8s-cmp-controller", talos).await;
+/// Talos 1.14 with configs created on 1.14: every image in its `Kube*Config` document, none in the
+/// v1alpha1 document; talosctl 1.14.1 patches the document where the config has one (machinery v1.14.1
+/// `config/generate/stdpatches/guess.go`).
+#[tokio::test]
+async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state_on_talos_1_14_documents() {
+    compare("1.14.0", ConfigShape::Documents, true).await;
+}
+
+/// Talos 1.14, control planes upgraded from 1.13 (images in v1alpha1), workers created on 1.14 (the
+/// kubelet image in a `KubeletConfig` document): each node is patched where its config keeps it.
+#[tokio::test]
+async fn talosctl_upgrade_k8s_and_the_controller_end_in_the_same_state_on_talos_1_14_mixed() {
+    compare("1.14.0", ConfigShape::Mixed, true).await;
+}
+
+async fn compare(talos: &'static str, shape: ConfigShape, server_side_apply: bool) {
+    let by_talosctl = cluster("k8s-cmp-talosctl", talos, shape).await;
+    let by_controller = cluster("k8s-cmp-controller", talos, shape).await;
     serve_talos_kubeconfig(&by_talosctl).await;
     // What differs between the two clusters before either is upgraded is not the upgrades' doing.
     let initial = Start::now(&by_talosctl);
@@ -694,7 +733,10 @@ async fn compare(talos: &'static str, server_side_apply: bool) {
     );
 
     // One per test: the tests run side by side in one process, each with its own talosconfig.
-    let dir = std::env::temp_dir().join(format!("tuc-upgrade-k8s-{talos}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "tuc-upgrade-k8s-{talos}-{shape:?}-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let dry = run_talosctl(
         &by_talosctl,
@@ -799,7 +841,58 @@ async fn compare(talos: &'static str, server_side_apply: bool) {
             "{cp}"
         );
     }
+    // Where each node's config keeps its images: its 1.14 documents, or the v1alpha1 fields.
+    let (controller_manager_image, worker_kubelet_image) = match shape {
+        ConfigShape::V1alpha1 => (
+            "cp-2 config[v1alpha1].cluster.controllerManager.image",
+            "worker-2 config[v1alpha1].machine.kubelet.image",
+        ),
+        ConfigShape::Documents => (
+            "cp-2 config[KubeControllerManagerConfig].image",
+            "worker-2 config[KubeletConfig].image",
+        ),
+        ConfigShape::Mixed => (
+            "cp-2 config[v1alpha1].cluster.controllerManager.image",
+            "worker-2 config[KubeletConfig].image",
+        ),
+    };
+    // The documents each config has, in order, on both sides (talosctl's re-encoding adds none, drops
+    // none and keeps their order).
+    const CONTROL_PLANE_DOCUMENTS: &str = "v1alpha1, TimeSyncConfig, KubeletConfig, \
+        KubeAPIServerConfig, KubeControllerManagerConfig, KubeSchedulerConfig, KubeProxyConfig, \
+        UnattendedInstallConfig";
+    let (control_plane_documents, worker_documents) = match shape {
+        ConfigShape::V1alpha1 => ("v1alpha1, TimeSyncConfig", "v1alpha1, TimeSyncConfig"),
+        ConfigShape::Documents => (
+            CONTROL_PLANE_DOCUMENTS,
+            "v1alpha1, TimeSyncConfig, KubeletConfig, UnattendedInstallConfig",
+        ),
+        ConfigShape::Mixed => (
+            "v1alpha1, TimeSyncConfig",
+            "v1alpha1, TimeSyncConfig, KubeletConfig, UnattendedInstallConfig",
+        ),
+    };
     for state in [&talosctl_state, &controller_state] {
+        assert_eq!(state["cp-1 config documents"], control_plane_documents);
+        assert_eq!(state["worker-1 config documents"], worker_documents);
+        // Never in both places (Talos refuses a config with a document and its v1alpha1 field).
+        let other_places: &[&str] = match shape {
+            ConfigShape::V1alpha1 => &[
+                "cp-2 config[KubeControllerManagerConfig].image",
+                "worker-2 config[KubeletConfig].image",
+            ],
+            ConfigShape::Documents => &[
+                "cp-2 config[v1alpha1].cluster.controllerManager.image",
+                "worker-2 config[v1alpha1].machine.kubelet.image",
+            ],
+            ConfigShape::Mixed => &[
+                "cp-2 config[KubeControllerManagerConfig].image",
+                "worker-2 config[v1alpha1].machine.kubelet.image",
+            ],
+        };
+        for key in other_places {
+            assert_eq!(state.get(*key), None, "{key}");
+        }
         // What the comparison covers is there on both sides.
         for (key, value) in [
             ("cp-1 Node.nodeInfo.kubeletVersion", format!("\"v{TO}\"")),
@@ -809,11 +902,11 @@ async fn compare(talos: &'static str, server_side_apply: bool) {
             ),
             ("worker-1 snapshot.kubelet.version", format!("\"{TO}\"")),
             (
-                "cp-2 config[0].cluster.controllerManager.image",
+                controller_manager_image,
                 format!("\"registry.k8s.io/kube-controller-manager:v{TO}\""),
             ),
             (
-                "worker-2 config[0].machine.kubelet.image",
+                worker_kubelet_image,
                 format!("\"ghcr.io/siderolabs/kubelet:v{TO}\""),
             ),
             (
@@ -883,13 +976,13 @@ async fn compare(talos: &'static str, server_side_apply: bool) {
             "kube-system ConfigMap talos-bootstrap-manifests-inventory managers",
             "kube-system DaemonSet kube-proxy.annotations.config.k8s.io/owning-inventory",
             "kube-system ServiceAccount kube-proxy managers",
-            "worker-1 config[0].machine.ca.key",
+            "worker-1 config[v1alpha1].machine.ca.key",
         ]
     } else {
         &[
             "kube-system DaemonSet kube-proxy managers",
             "kube-system Deployment coredns managers",
-            "worker-1 config[0].machine.ca.key",
+            "worker-1 config[v1alpha1].machine.ca.key",
         ]
     };
     for &key in expected {
