@@ -1,19 +1,39 @@
 #!/usr/bin/env bash
-# Builds the real talosctl v1.14.1 (github.com/siderolabs/talos/cmd/talosctl, from the Go module proxy) into
-# a cache directory outside the repository, keyed by a hash of the wrapper module (crates/sim/tests/talosctl:
-# go.mod with `tool github.com/siderolabs/talos/cmd/talosctl`, go.sum) and this script. A warm cache skips
-# the build entirely. talosctl 1.14.1 speaks both API generations the simulator plays: LifecycleService
-# for nodes on Talos >= 1.13 and the legacy MachineService.Upgrade for older ones. Prints the binary's path
-# as the last line of stdout:
+# Builds the real talosctl (github.com/siderolabs/talos/cmd/talosctl, from the Go module proxy) into a cache
+# directory outside the repository, keyed by a hash of its wrapper module (go.mod with
+# `tool github.com/siderolabs/talos/cmd/talosctl`, go.sum) and this script. A warm cache skips the build
+# entirely. Two releases, each from its own wrapper module and under its own key:
+#
+#   1.14  talosctl v1.14.1 (crates/sim/tests/talosctl), the default: it speaks both API generations the
+#         simulator plays, LifecycleService for nodes on Talos >= 1.13 and the legacy MachineService.Upgrade
+#         for older ones.
+#   1.12  talosctl v1.12.0 (crates/sim/tests/talosctl-1.12): the release of the machinery the Go
+#         conformance check uses (crates/sim/tests/conformance/go.mod); it knows only the legacy Upgrade.
+#
+# Prints the binary's path as the last line of stdout (with --all, one line per release, 1.14 last):
 #
 #   /root/.cache/talos-upgrade-controller/talosctl/<key>/talosctl
 #
-# Usage: scripts/build-talosctl.sh            # build if needed, print the binary's path
+# Usage: scripts/build-talosctl.sh [1.14|1.12]   # build if needed, print the binary's path
+#        scripts/build-talosctl.sh --all         # both releases
 # Env:   TUC_CACHE_DIR  cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/talos-upgrade-controller)
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-src="$repo/crates/sim/tests/talosctl"
+script="$repo/scripts/$(basename "$0")"
+
+case "${1:-1.14}" in
+  --all)
+    bash "$script" 1.12
+    exec bash "$script" 1.14
+    ;;
+  1.14) release=1.14 src="$repo/crates/sim/tests/talosctl" ;;
+  1.12) release=1.12 src="$repo/crates/sim/tests/talosctl-1.12" ;;
+  *)
+    echo "usage: $0 [1.14|1.12|--all]" >&2
+    exit 2
+    ;;
+esac
 cache_root=${TUC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/talos-upgrade-controller}
 
 # Build with the installed Go only (never download a toolchain), without VCS stamping (which would fail
@@ -22,15 +42,15 @@ cache_root=${TUC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/talos-upgrade-contro
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
 # Every input of the build: the module file, its sums, this script.
-key=$(cat "$src/go.mod" "$src/go.sum" "$0" | sha256sum | cut -c1-16)
+key=$(cat "$src/go.mod" "$src/go.sum" "$script" | sha256sum | cut -c1-16)
 out="$cache_root/talosctl/$key"
 bin="$out/talosctl"
 
-log() { printf '[build-talosctl %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+log() { printf '[build-talosctl %s %s] %s\n' "$release" "$(date +%H:%M:%S)" "$*" >&2; }
 
 # A cold build compiles talosctl's whole dependency tree (Kubernetes client, gRPC, the Talos API, the
 # cluster provisioners): minutes with no output on 2 busy cores.
-heartbeat() { while sleep 30; do log "still building..."; done; }
+heartbeat() { while sleep 30; do log "still building ($(( $(date +%s) - started ))s)..."; done; }
 
 tmp="" hb=""
 trap 'if [[ -n "$hb" ]]; then kill "$hb" 2>/dev/null || true; fi; if [[ -n "$tmp" ]]; then rm -f "$tmp"; fi' EXIT
@@ -49,9 +69,9 @@ else
   heartbeat &
   hb=$!
   # No -X flags: the version talosctl reports (and compares node versions with) is embedded in the
-  # published machinery module (pkg/machinery/gendata/data/tag, "v1.14.1").
+  # published machinery module (pkg/machinery/gendata/data/tag, "v1.14.1" or "v1.12.0").
   if ! (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$tmp" github.com/siderolabs/talos/cmd/talosctl); then
-    log "FAILED to build talosctl from $src"
+    log "FAILED to build talosctl $talos from $src"
     exit 1
   fi
   kill "$hb" 2>/dev/null || true
