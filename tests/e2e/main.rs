@@ -16,6 +16,7 @@ mod cluster_lifecycle;
 mod cluster_shapes;
 mod coexistence;
 mod deploy;
+mod helm;
 mod kubernetes_upgrade;
 mod leader_election;
 mod prometheus;
