@@ -14,6 +14,10 @@
 //! the follower looked at the node: every wake-up costs a reconcile, and a reconcile that finds
 //! nothing to do still reads the cluster's state from the API server.
 //!
+//! The end of a Talos >= 1.13 install (`LifecycleService.Upgrade`, a call that lasts the whole install)
+//! wakes it the same way ([`Waker`], from `talos_upgrade`): the node's drain and reboot come next, and
+//! nothing else would tell the controller before the poll.
+//!
 //! A wake-up only asks for a reconcile; the reconcile still observes everything itself and decides as
 //! usual. The poll stays as the safety net (relaxed while every node in flight is rebooting and
 //! followed: `Revisit::AwaitingReboots` in the core), so a lost stream costs time, never correctness.
@@ -97,6 +101,15 @@ impl Wakeups {
         })
     }
 
+    /// A way to wake `cluster`'s reconcile from the shell, on the followers' channel. Sent while a
+    /// reconcile of the cluster runs, the wake-up is held until it ends, and the next one starts then.
+    pub fn waker(&self, cluster: &ObjectRef<KubernetesCluster>) -> Waker {
+        Waker {
+            sender: self.sender.clone(),
+            cluster: cluster.clone(),
+        }
+    }
+
     /// Follow exactly `nodes` of `cluster` from now on: new ones are followed, ones no longer listed are
     /// let go. An empty list stops following the cluster.
     pub fn follow(&self, cluster: &ObjectRef<KubernetesCluster>, nodes: Vec<FollowedNode>) {
@@ -118,6 +131,20 @@ impl Wakeups {
             let task = tokio::spawn(follow_node(cluster.clone(), node, self.sender.clone()));
             current.insert(name, Follower(task.abort_handle()));
         }
+    }
+}
+
+/// Wakes one cluster's reconcile (see [`Wakeups::waker`]).
+#[derive(Clone)]
+pub struct Waker {
+    sender: mpsc::UnboundedSender<ObjectRef<KubernetesCluster>>,
+    cluster: ObjectRef<KubernetesCluster>,
+}
+
+impl Waker {
+    pub fn wake(&self) {
+        // The receiver is gone only when the controller stops; nothing is left to wake then.
+        let _ = self.sender.send(self.cluster.clone());
     }
 }
 

@@ -18,7 +18,7 @@ use talos_upgrade_core::versions::KubernetesVersion;
 use crate::cluster_access::{Access, AccessError, SharedAccess};
 use crate::credentials;
 use crate::drain;
-use crate::followers::FollowedNode;
+use crate::followers::{FollowedNode, Waker};
 use crate::inventory::{self, AddressNeed, InventoryNode, WorkloadNodeInfo};
 use crate::kind_io::KindIo;
 use crate::progress_store::Saved;
@@ -55,6 +55,8 @@ pub struct TalosIo<'a> {
     /// nodes: a follower started later replays what changed since.
     seen: Vec<(String, bool, bool)>,
     observed_at: Option<Instant>,
+    /// Wakes this cluster's reconcile when a call ends that the next pass follows at once.
+    wake: Waker,
 }
 
 impl<'a> TalosIo<'a> {
@@ -62,6 +64,7 @@ impl<'a> TalosIo<'a> {
         access: &'a SharedAccess<'a>,
         note_look: &'a (dyn Fn(Option<LastLook>) + Sync),
         now: jiff::Timestamp,
+        wake: Waker,
     ) -> Self {
         TalosIo {
             access,
@@ -69,6 +72,7 @@ impl<'a> TalosIo<'a> {
             now,
             seen: Vec::new(),
             observed_at: None,
+            wake,
         }
     }
 
@@ -272,6 +276,10 @@ impl KindIo<Talos> for TalosIo<'_> {
         let mut called = Vec::new();
         for action in &act.get().actions {
             let result = call(access, action).await;
+            if next_pass_follows(action, &result) {
+                tracing::debug!(node = %action.node(), "the install ended: waking its cluster");
+                self.wake.wake();
+            }
             let refused = matches!(result, Called::Refused(_));
             called.push(result);
             if refused {
@@ -436,6 +444,23 @@ async fn call(access: &Access, action: &Action) -> Called {
     }
 }
 
+/// Whether `action` ending with `result` leaves the next pass something to do at once, which the
+/// poll would only do up to a poll interval later: a Talos >= 1.13 install that answered, or whose
+/// answer was lost (the node is drained and rebooted next, in either case). Nothing else does: a pull
+/// that answered is followed by the install in the same pass; a failure that may pass waits
+/// `--retry-after`; a refusal is recorded in the same pass; a call that reached nothing is made
+/// again, and waking for it would call an unreachable node in a loop; and every other call's node is
+/// followed until it is back ([`crate::followers`]).
+fn next_pass_follows(action: &Action, result: &Called) -> bool {
+    matches!(
+        action,
+        Action::Upgrade {
+            api: UpgradeApi::Lifecycle,
+            ..
+        }
+    ) && matches!(result, Called::Done | Called::Unanswered(_))
+}
+
 /// Whether a failed pull may succeed later: a timeout or a registry that answered with an error of its
 /// own (gRPC `Internal`, `Unknown`, `ResourceExhausted`, `Aborted`), not a missing image, a refused
 /// reference or credentials, and not a node without the API.
@@ -476,5 +501,54 @@ async fn credentials_refused(
         }
         Err(TalosError::Config(reason)) => Some(refused(reason)),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_install_that_ended_answered_or_unanswered_wakes_the_next_pass() {
+        let node = || "worker-1".to_string();
+        let image = || "ghcr.io/siderolabs/installer:v1.13.5".to_string();
+        let install = Action::Upgrade {
+            node: node(),
+            installer_image: image(),
+            api: UpgradeApi::Lifecycle,
+        };
+        let legacy = Action::Upgrade {
+            node: node(),
+            installer_image: image(),
+            api: UpgradeApi::Legacy,
+        };
+        let pull = Action::Pull {
+            node: node(),
+            installer_image: image(),
+        };
+        let why = || "why".to_string();
+        // (action, result, wake?)
+        let cases = [
+            // Drained and rebooted next.
+            (&install, Called::Done, true),
+            (&install, Called::Unanswered(why()), true),
+            // Made again after --retry-after; failed in the same pass; made again (a wake would loop).
+            (&install, Called::Retry(why()), false),
+            (&install, Called::Refused(why()), false),
+            (&install, Called::NotReached(why()), false),
+            // The install follows a pull in the same pass.
+            (&pull, Called::Done, false),
+            (&pull, Called::Retry(why()), false),
+            // The node reboots by itself: its follower wakes the reconcile when it is back.
+            (&legacy, Called::Done, false),
+            (&Action::Reboot { node: node() }, Called::Done, false),
+        ];
+        for (action, result, wake) in cases {
+            assert_eq!(
+                next_pass_follows(action, &result),
+                wake,
+                "{action:?} {result:?}"
+            );
+        }
     }
 }

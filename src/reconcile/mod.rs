@@ -473,7 +473,9 @@ async fn reconcile_cluster(
     };
 
     let note_look = |look| ctx.last_looks.note(key.clone(), look);
-    let mut talos_io = TalosIo::new(&access, &note_look, now);
+    // The end of an install wakes the next reconcile at once (see `talos_upgrade`).
+    let wake = ctx.wakeups.waker(&ObjectRef::from_obj(&*cluster));
+    let mut talos_io = TalosIo::new(&access, &note_look, now, wake);
     let talos_gates = Gates::for_talos(
         records.progress().run::<Kubernetes>(),
         seen.annotations()
