@@ -1,7 +1,9 @@
 //! The real `talosctl` v1.14.1 (built by `scripts/build-talosctl.sh` from the Go module proxy) against a
 //! simulated 3 + 2 cluster of each API generation: Talos 1.11.6, where `talosctl upgrade` falls back to
 //! the legacy `MachineService.Upgrade`, and Talos 1.13.4, where it pulls through `ImageService` and
-//! installs through `LifecycleService` (talos v1.14.1 `cmd/talosctl/cmd/talos/upgrade.go`). Each test
+//! installs through `LifecycleService` (talos v1.14.1 `cmd/talosctl/cmd/talos/upgrade.go`). The `v1_12_`
+//! tests do the same with talosctl v1.12.0 (`scripts/build-talosctl.sh 1.12`), the release of the
+//! machinery the Go conformance check uses, which makes the legacy call on both generations. Each test
 //! reads what a person would read: the node names, versions, column headers and phases talosctl prints.
 
 use std::collections::BTreeMap;
@@ -10,8 +12,14 @@ use std::process::{Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, ListParams, PostParams};
 use serde::Deserialize;
+use talos_sim::workload::WorkloadMirror;
 use talos_sim::{NodeInfo, SimConfig, Simulator, Timings};
+use testenv::ControlPlane;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::common::{PATIENCE, init, wait_snapshot};
@@ -25,25 +33,61 @@ const LIFECYCLE: &str = "1.13.4";
 const LIFECYCLE_KUBERNETES: &str = "1.35.0";
 const LIFECYCLE_TARGET: &str = "ghcr.io/siderolabs/installer:v1.13.5";
 
-/// The talosctl binary, built once for every test of this binary (the first caller builds, the others
-/// wait). A cold build takes minutes on 2 cores; a warm cache answers at once.
-fn talosctl_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(build_talosctl)
+/// The talosctl releases `scripts/build-talosctl.sh` builds, each from its own wrapper module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Talosctl {
+    /// v1.14.1: ImageService and LifecycleService on Talos >= 1.13, the legacy Upgrade below; a
+    /// `--nodes` list sent as one call per node with the `node` header.
+    V1_14,
+    /// v1.12.0, the release of the machinery the Go conformance check uses: the legacy
+    /// `MachineService.Upgrade` only, and every `--nodes` list sent through the endpoint as one
+    /// one-to-many request (apid's `nodes` metadata).
+    V1_12,
 }
 
-/// Runs the build script (it caches the binary outside the repository) and returns the path it prints
-/// as its last line of stdout. A talosctl that cannot be built fails the test, loudly.
-fn build_talosctl() -> PathBuf {
+impl Talosctl {
+    /// The script's argument.
+    fn release(self) -> &'static str {
+        match self {
+            Talosctl::V1_14 => "1.14",
+            Talosctl::V1_12 => "1.12",
+        }
+    }
+
+    /// The client's tag, as `talosctl version` prints it.
+    fn tag(self) -> &'static str {
+        match self {
+            Talosctl::V1_14 => "v1.14.1",
+            Talosctl::V1_12 => "v1.12.0",
+        }
+    }
+
+    /// The binary, built once per release for every test of this binary (the first caller builds, the
+    /// others wait). A cold build takes minutes on 2 cores; a warm cache answers at once.
+    fn binary(self) -> &'static Path {
+        static V1_14: OnceLock<PathBuf> = OnceLock::new();
+        static V1_12: OnceLock<PathBuf> = OnceLock::new();
+        let built = match self {
+            Talosctl::V1_14 => &V1_14,
+            Talosctl::V1_12 => &V1_12,
+        };
+        built.get_or_init(|| build_talosctl(self.release()))
+    }
+}
+
+/// Runs the build script for `release` (it caches the binary outside the repository) and returns the
+/// path it prints as its last line of stdout. A talosctl that cannot be built fails the test, loudly.
+fn build_talosctl(release: &str) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-talosctl.sh");
     let output = std::process::Command::new("bash")
         .arg(&script)
+        .arg(release)
         .stderr(Stdio::inherit())
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
     assert!(
         output.status.success(),
-        "{} failed with {}: talosctl could not be built",
+        "{} {release} failed with {}: talosctl could not be built",
         script.display(),
         output.status
     );
@@ -72,7 +116,7 @@ impl Drop for TempFile {
 struct Cluster {
     sim: Simulator,
     talosconfig: TempFile,
-    binary: &'static Path,
+    talosctl: Talosctl,
 }
 
 async fn cluster(name: &str, talos: &str, kubernetes: &str) -> Cluster {
@@ -80,14 +124,36 @@ async fn cluster(name: &str, talos: &str, kubernetes: &str) -> Cluster {
 }
 
 async fn cluster_as(name: &str, talos: &str, kubernetes: &str, role: &str) -> Cluster {
+    cluster_with(Talosctl::V1_14, name, talos, kubernetes, role).await
+}
+
+/// A 3 + 2 cluster of `talos`, and `talosctl` with a `role` talosconfig for it.
+async fn cluster_with(
+    talosctl: Talosctl,
+    name: &str,
+    talos: &str,
+    kubernetes: &str,
+    role: &str,
+) -> Cluster {
     init();
     // Built before the simulator starts: nothing else runs on the runtime yet, so blocking is fine.
-    let binary = talosctl_binary();
-    let config = SimConfig::uniform(name, 3, 2, talos, kubernetes).with_timings(Timings::fast());
+    talosctl.binary();
+    let sim = start_sim(name, talos, kubernetes, Timings::fast()).await;
+    talosctl_for(sim, talosctl, name, role)
+}
+
+/// A 3 + 2 cluster of `talos` with `timings`, every node ready.
+async fn start_sim(name: &str, talos: &str, kubernetes: &str, timings: Timings) -> Simulator {
+    let config = SimConfig::uniform(name, 3, 2, talos, kubernetes).with_timings(timings);
     let sim = Simulator::start(config).await.expect("simulator starts");
     for node in sim.nodes() {
         wait_snapshot(&sim, &node.name, "the node to be ready", |s| s.ready).await;
     }
+    sim
+}
+
+/// `talosctl` with a `role` talosconfig for `sim`.
+fn talosctl_for(sim: Simulator, talosctl: Talosctl, name: &str, role: &str) -> Cluster {
     let talosconfig = TempFile(std::env::temp_dir().join(format!(
         "tuc-talosctl-{name}-{}.talosconfig",
         std::process::id()
@@ -96,7 +162,7 @@ async fn cluster_as(name: &str, talos: &str, kubernetes: &str, role: &str) -> Cl
     Cluster {
         sim,
         talosconfig,
-        binary,
+        talosctl,
     }
 }
 
@@ -126,7 +192,7 @@ impl Cluster {
     fn command(&self, nodes: &str, args: &[&str]) -> tokio::process::Command {
         let endpoint = self.node("cp-1");
         let nodes: Vec<String> = nodes.split(',').map(|n| self.ip(n)).collect();
-        let mut command = tokio::process::Command::new(self.binary);
+        let mut command = tokio::process::Command::new(self.talosctl.binary());
         command
             .arg("--talosconfig")
             .arg(&self.talosconfig.0)
@@ -231,14 +297,22 @@ fn names(cluster: &Cluster) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_service_and_etcd_on_a_legacy_cluster() {
     let c = cluster("tctl-basics", LEGACY, LEGACY_KUBERNETES).await;
+    version_service_and_etcd(&c).await;
+}
 
+/// `version`, `service`, `etcd members` and `etcd status` on a cluster of [`LEGACY`].
+async fn version_service_and_etcd(c: &Cluster) {
     // `version`: the client's tag and the node's, as Talos's version template prints them.
     let run = c.ok("cp-1", &["version"]).await;
     let (client, server) = run
         .stdout
         .split_once("Server:")
         .unwrap_or_else(|| panic!("no Server section\n{}", run.report));
-    assert!(client.contains("Tag:         v1.14.1"), "{}", run.report);
+    assert!(
+        client.contains(&format!("Tag:         {}", c.talosctl.tag())),
+        "{}",
+        run.report
+    );
     assert!(
         server.contains(&format!("NODE:        {}", c.ip("cp-1"))),
         "{}",
@@ -734,4 +808,438 @@ fn assert_one_upgrade_and_one_reboot(c: &Cluster, short: &str, method: &str) {
         .filter(|e| e.node == name && e.kind == talos_sim::PowerKind::Down)
         .count();
     assert_eq!(downs, 1, "{name} went down {downs} times");
+}
+
+// talosctl v1.12.0, the release of the machinery the Go conformance check uses. Its client differs from
+// 1.14.1's where the simulator answers differently: it sends a `--nodes` list through the endpoint as
+// one request with apid's `nodes` metadata (1.14.1 sends one call per node), its `upgrade` always makes
+// the legacy `MachineService.Upgrade` call, on every generation (talos v1.12.0
+// `cmd/talosctl/cmd/talos/upgrade.go` knows no ImageService or LifecycleService; Talos 1.13 and 1.14
+// still serve the legacy call), and its health checks never skip Kubernetes. Like 1.14.1 it warns
+// before `get` and `upgrade` when a node runs an older release than the client: here, 1.11.6.
+
+/// The warning talosctl v1.12.0 prints (`helpers.ClientVersionCheck`) for a node on an older release.
+fn older_server_warning(c: &Cluster, node: &str, talos: &str) -> String {
+    format!(
+        "WARNING: {}: server version {talos} is older than client version 1.12.0",
+        c.ip(node)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_12_version_service_and_etcd_on_a_legacy_cluster() {
+    let c = cluster_with(
+        Talosctl::V1_12,
+        "tctl12-basics",
+        LEGACY,
+        LEGACY_KUBERNETES,
+        "os:admin",
+    )
+    .await;
+    version_service_and_etcd(&c).await;
+
+    // Two nodes in one request through cp-1: one Server entry per node, each stamped with its node.
+    let run = c.ok("cp-1,worker-1", &["version"]).await;
+    let server = run
+        .stdout
+        .split_once("Server:")
+        .map(|(_, s)| s)
+        .unwrap_or_else(|| panic!("no Server section\n{}", run.report));
+    for name in ["cp-1", "worker-1"] {
+        assert!(
+            server.contains(&format!("NODE:        {}", c.ip(name))),
+            "{}",
+            run.report
+        );
+    }
+    assert_eq!(
+        server.matches(&format!("Tag:         v{LEGACY}")).count(),
+        2,
+        "{}",
+        run.report
+    );
+
+    // `service` on a control plane and a worker at once: etcd runs on the control plane only.
+    let run = c.ok("cp-2,worker-2", &["service"]).await;
+    let rows = table(&run);
+    let (cp, worker) = (c.ip("cp-2"), c.ip("worker-2"));
+    let on = |node: &str, service: &str| {
+        rows.iter()
+            .find(|r| r["NODE"] == node && r["SERVICE"] == service)
+            .map(|r| (r["STATE"].clone(), r["HEALTH"].clone()))
+    };
+    for node in [&cp, &worker] {
+        assert_eq!(
+            on(node, "kubelet"),
+            Some(("Running".into(), "OK".into())),
+            "{}",
+            run.report
+        );
+    }
+    assert_eq!(on(&cp, "etcd"), Some(("Running".into(), "OK".into())));
+    assert_eq!(on(&worker, "etcd"), None, "{}", run.report);
+
+    // `get` checks the client's version against the nodes' first: 1.11.6 is older than 1.12.0.
+    let run = c.ok("worker-2", &["get", "nodename"]).await;
+    assert!(
+        run.stderr
+            .contains(&older_server_warning(&c, "worker-2", LEGACY)),
+        "{}",
+        run.report
+    );
+    assert_eq!(cell(&table(&run), "ID", "nodename", "NODENAME"), "worker-2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_12_get_on_a_legacy_cluster() {
+    let c = cluster_with(
+        Talosctl::V1_12,
+        "tctl12-get-legacy",
+        LEGACY,
+        LEGACY_KUBERNETES,
+        "os:admin",
+    )
+    .await;
+    get_resources(&c, LEGACY).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_12_get_on_a_lifecycle_cluster() {
+    let c = cluster_with(
+        Talosctl::V1_12,
+        "tctl12-get-lifecycle",
+        LIFECYCLE,
+        LIFECYCLE_KUBERNETES,
+        "os:admin",
+    )
+    .await;
+    get_resources(&c, LIFECYCLE).await;
+    // A node newer than the client draws no warning.
+    let run = c.ok("cp-1", &["get", "ms"]).await;
+    assert!(!run.stderr.contains("WARNING"), "{}", run.report);
+}
+
+/// A cluster for talosctl v1.12.0's `upgrade --wait`, whose nodes stay off for 2 s when they reboot.
+///
+/// v1.12.0's tracker, once the upgrade stops all services, reconnects to the node's event stream after
+/// its 1 s retry interval asking for new events only (tail 0); only a reconnect refused while the node
+/// is off makes it replay the node's events from the start. With [`Timings::fast`] a node is off for
+/// 150 ms and ready 120 ms later, all inside that second, so the tracker waits for a boot it has
+/// already missed until its 30-minute timeout. v1.14.1 resumes from the last event it saw (talos v1.14.1
+/// `cmd/talosctl/pkg/talos/action/node.go`), and real machines take far longer than a second to reboot.
+async fn cluster_for_1_12_upgrades(name: &str, talos: &str, kubernetes: &str) -> Cluster {
+    init();
+    Talosctl::V1_12.binary();
+    let timings = Timings {
+        reboot_ms: 2_000,
+        ..Timings::fast()
+    };
+    let sim = start_sim(name, talos, kubernetes, timings).await;
+    talosctl_for(sim, Talosctl::V1_12, name, "os:admin")
+}
+
+/// `talosctl upgrade --image <image>` (v1.12.0 waits by default) of `node`, which must end with the
+/// tracker's post check; returns what it printed, stdout and stderr together.
+async fn upgrade_1_12(c: &Cluster, node: &str, image: &str) -> String {
+    let run = c.ok(node, &["upgrade", "--image", image]).await;
+    let output = format!("{}{}", run.stdout, run.stderr);
+    // No new API to try, so nothing falls back.
+    assert!(!output.contains("falling back"), "{}", run.report);
+    // The tracker prints the latest event every 100 ms, so only its last line is certain.
+    assert!(
+        output.contains(&format!("\"{}\": post check passed", c.ip(node))),
+        "no post check\n{}",
+        run.report
+    );
+    output
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_12_upgrade_a_worker_and_a_control_plane_on_a_legacy_cluster() {
+    let c = cluster_for_1_12_upgrades("tctl12-upgrade-legacy", LEGACY, LEGACY_KUBERNETES).await;
+    // A worker, then a control plane (not the endpoint), whose legacy call takes etcd's upgrade mutex
+    // and checks the members' health before it is accepted.
+    for node in ["worker-1", "cp-2"] {
+        let output = upgrade_1_12(&c, node, LEGACY_TARGET).await;
+        assert!(
+            output.contains(&older_server_warning(&c, node, LEGACY)),
+            "{output}"
+        );
+        assert_one_upgrade_and_one_reboot(&c, node, "/machine.MachineService/Upgrade");
+        let snapshot = c.sim.node_snapshot(node).expect("the node");
+        assert_eq!(snapshot.talos_version, "1.12.0", "{node}");
+    }
+
+    // Both upgraded nodes in one request: the new tag on each; the others stay.
+    let run = c.ok("worker-1,cp-2", &["version"]).await;
+    let server = run.stdout.split_once("Server:").map_or("", |(_, s)| s);
+    assert_eq!(
+        server.matches("Tag:         v1.12.0").count(),
+        2,
+        "{}",
+        run.report
+    );
+    let run = c.ok("cp-1", &["get", "members"]).await;
+    let rows = table(&run);
+    for (name, os) in [
+        ("worker-1", "Talos (v1.12.0)".to_string()),
+        ("cp-2", "Talos (v1.12.0)".to_string()),
+        ("cp-1", format!("Talos (v{LEGACY})")),
+        ("worker-2", format!("Talos (v{LEGACY})")),
+    ] {
+        assert_eq!(cell(&rows, "ID", name, "OS"), os, "{}", run.report);
+    }
+    // cp-2 is back in etcd: three members, none a learner.
+    let run = c.ok("cp-1", &["etcd", "members"]).await;
+    let members = table(&run);
+    let mut hostnames: Vec<&str> = members.iter().map(|m| m["HOSTNAME"].as_str()).collect();
+    hostnames.sort_unstable();
+    assert_eq!(hostnames, ["cp-1", "cp-2", "cp-3"], "{}", run.report);
+    assert!(
+        members.iter().all(|m| m["LEARNER"] == "false"),
+        "{}",
+        run.report
+    );
+}
+
+/// On Talos 1.13 talosctl v1.12.0 still makes the legacy call, which the node serves: no ImageService
+/// pull, no LifecycleService install.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_12_upgrade_makes_the_legacy_call_on_a_lifecycle_cluster() {
+    let c = cluster_for_1_12_upgrades("tctl12-upgrade-lifecycle", LIFECYCLE, LIFECYCLE_KUBERNETES)
+        .await;
+    for node in ["worker-2", "cp-3"] {
+        let output = upgrade_1_12(&c, node, LIFECYCLE_TARGET).await;
+        // A node newer than the client draws no warning.
+        assert!(!output.contains("WARNING"), "{output}");
+        assert_one_upgrade_and_one_reboot(&c, node, "/machine.MachineService/Upgrade");
+        let snapshot = c.sim.node_snapshot(node).expect("the node");
+        assert_eq!(snapshot.talos_version, "1.13.5", "{node}");
+    }
+    let new_api: Vec<_> = c
+        .sim
+        .record()
+        .into_iter()
+        .filter(|call| {
+            call.method.starts_with("/machine.LifecycleService/")
+                || call.method.starts_with("/machine.ImageService/")
+        })
+        .map(|call| format!("{} {}", call.node, call.method))
+        .collect();
+    assert!(new_api.is_empty(), "{new_api:#?}");
+    let run = c.ok("cp-1", &["get", "members"]).await;
+    let rows = table(&run);
+    assert_eq!(cell(&rows, "ID", "worker-2", "OS"), "Talos (v1.13.5)");
+    assert_eq!(cell(&rows, "ID", "cp-3", "OS"), "Talos (v1.13.5)");
+    assert_eq!(
+        cell(&rows, "ID", "worker-1", "OS"),
+        format!("Talos (v{LIFECYCLE})")
+    );
+}
+
+/// The API server behind the v1.12.0 health test: talosctl's client-side checks read the cluster's
+/// Nodes and static pods, which the simulator's kubelet mirror writes there. This test's own (health.rs
+/// has its own, for the same reason): the shared one's tests count Nodes.
+fn health_api_server() -> &'static ControlPlane {
+    static API: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+    match API.get_or_init(|| ControlPlane::start_blocking().map_err(|e| e.to_string())) {
+        Ok(api) => api,
+        Err(e) => panic!("the talosctl health test's API server could not start: {e}"),
+    }
+}
+
+/// A cluster as [`cluster_with`] makes it, mirrored into [`health_api_server`], with the kubeconfig
+/// its control planes hand out pointing there; returns once every Node is Ready with its static pods.
+///
+/// talosctl accepts only a kubeconfig shaped as Talos generates one (client certificate and key); this
+/// API server has no client CA, so those requests arrive as `system:anonymous`, which may read
+/// everything here (and only here).
+async fn mirrored_cluster(
+    talosctl: Talosctl,
+    name: &str,
+    talos: &str,
+    kubernetes: &str,
+) -> Cluster {
+    init();
+    talosctl.binary();
+    let api = health_api_server();
+    let client = api.client().await.expect("admin client");
+    let read_all: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "talosctl-anonymous-read"},
+        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}],
+    }))
+    .expect("a ClusterRole");
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "talosctl-anonymous-read"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "talosctl-anonymous-read"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}],
+    }))
+    .expect("a ClusterRoleBinding");
+    let post = PostParams::default();
+    for created in [
+        Api::<ClusterRole>::all(client.clone())
+            .create(&post, &read_all)
+            .await
+            .map(|_| ()),
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .create(&post, &binding)
+            .await
+            .map(|_| ()),
+    ] {
+        match created {
+            Ok(()) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("granting anonymous reads: {e}"),
+        }
+    }
+
+    let sim = start_sim(name, talos, kubernetes, Timings::fast()).await;
+    let mirror = WorkloadMirror::new(client.clone());
+    for node in sim.nodes() {
+        let snapshots = sim.subscribe(&node.name).expect("subscribe");
+        let mirror = mirror.clone();
+        tokio::spawn(async move { mirror.follow(snapshots).await });
+    }
+    sim.set_workload_kubeconfig(Some(&talos_shaped_kubeconfig(api, name)))
+        .expect("a Talos-shaped kubeconfig is accepted");
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client, "kube-system");
+    let registered = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let ready = nodes
+                .list(&ListParams::default())
+                .await
+                .expect("nodes")
+                .items
+                .iter()
+                .filter(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .count();
+            let static_pods = pods.list(&ListParams::default()).await.expect("pods").items;
+            if ready == 5 && static_pods.len() == 9 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        registered.is_ok(),
+        "the workload mirror did not register 5 Ready Nodes and 9 static pods"
+    );
+    talosctl_for(sim, talosctl, name, "os:admin")
+}
+
+/// A kubeconfig shaped as Talos generates one (one cluster, one user with a client certificate and key,
+/// namespace `default`) for `api`; the certificate is self-signed. A copy of health.rs's, which (like its
+/// mirrored cluster) is private to that module.
+fn talos_shaped_kubeconfig(api: &ControlPlane, cluster: &str) -> String {
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "admin");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:masters");
+    let cert = params.self_signed(&key).expect("certificate");
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin@{cluster}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\ncontexts:\n- name: admin@{cluster}\n  context:\n    cluster: {cluster}\n    namespace: default\n    user: admin@{cluster}\ncurrent-context: admin@{cluster}\n",
+        server = api.server(),
+        ca = b64(api.ca_pem()),
+        crt = b64(&cert.pem()),
+        key = b64(&key.serialize_pem()),
+    )
+}
+
+/// `talosctl -n cp-1 health --server=false` with the cluster's nodes named, waiting up to `wait`.
+async fn health_client_side(c: &Cluster, wait: &str) -> Run {
+    let ips = |control_plane: bool| {
+        c.sim
+            .nodes()
+            .into_iter()
+            .filter(|n| n.role.is_control_plane() == control_plane)
+            .map(|n| n.address.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    c.run(
+        "cp-1",
+        &[
+            "health",
+            "--server=false",
+            "--control-plane-nodes",
+            &ips(true),
+            "--worker-nodes",
+            &ips(false),
+            "--wait-timeout",
+            wait,
+        ],
+    )
+    .await
+}
+
+/// `talosctl health --server=false`: talosctl v1.12.0 runs every check itself against the nodes (through
+/// the endpoint) and the cluster's Kubernetes API, and all pass. Unlike v1.14.1 it asks for no
+/// KubeletConfig or BootstrapManifestsConfig first, and it never skips the Kubernetes checks (v1.14.1
+/// skips them when the node answers `Kubeconfig` with FailedPrecondition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_12_health_client_side_passes_on_a_healthy_cluster() {
+    let c = mirrored_cluster(Talosctl::V1_12, "tctl12-health", LEGACY, LEGACY_KUBERNETES).await;
+    let run = health_client_side(&c, "2m").await;
+    assert!(run.success, "{}", run.report);
+    let output = format!("{}{}", run.stdout, run.stderr);
+    for check in [
+        "waiting for etcd to be healthy: OK",
+        "waiting for etcd members to be consistent across nodes: OK",
+        "waiting for etcd members to be control plane nodes: OK",
+        "waiting for apid to be ready: OK",
+        "waiting for all nodes memory sizes: OK",
+        "waiting for kubelet to be healthy: OK",
+        "waiting for all nodes to finish boot sequence: OK",
+        "waiting for all k8s nodes to report: OK",
+        "waiting for all control plane static pods to be running: OK",
+        "waiting for all control plane components to be ready: OK",
+        "waiting for all k8s nodes to report ready: OK",
+        "waiting for all k8s nodes to report schedulable: OK",
+    ] {
+        assert!(output.contains(check), "no {check:?}\n{}", run.report);
+    }
+}
+
+/// Without a workload kubeconfig a node answers `Kubeconfig` with FailedPrecondition: talosctl v1.14.1
+/// then skips the Kubernetes checks (health.rs), v1.12.0 retries the first of them until its wait
+/// ends and fails, the Talos checks before it passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_12_health_without_a_workload_kubeconfig_fails_at_the_kubernetes_checks() {
+    let c = cluster_with(
+        Talosctl::V1_12,
+        "tctl12-health-nokube",
+        LEGACY,
+        LEGACY_KUBERNETES,
+        "os:admin",
+    )
+    .await;
+    let run = health_client_side(&c, "8s").await;
+    assert!(!run.success, "{}", run.report);
+    let output = format!("{}{}", run.stdout, run.stderr);
+    for line in [
+        "waiting for etcd to be healthy: OK",
+        "waiting for kubelet to be healthy: OK",
+        "waiting for all nodes to finish boot sequence: OK",
+        "waiting for all k8s nodes to report: rpc error: code = FailedPrecondition",
+    ] {
+        assert!(output.contains(line), "no {line:?}\n{}", run.report);
+    }
+    assert!(
+        !output.contains("waiting for all k8s nodes to report: SKIP"),
+        "{}",
+        run.report
+    );
 }
