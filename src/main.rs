@@ -29,6 +29,12 @@ struct RunArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "TUC_NAMESPACE")]
     namespace: Option<String>,
+    /// Act only on the KubernetesClusters whose labels match this selector (e.g.
+    /// `upgrade.vitistack.io/shard=a`, or `!upgrade.vitistack.io/shard` for the unlabelled ones): one
+    /// shard of a fleet split across several controllers, each with a Lease of its own
+    /// (--leader-election-lease). Default: every cluster. See docs/shards.md.
+    #[arg(long, env = "TUC_WATCH_LABEL_SELECTOR")]
+    watch_label_selector: Option<String>,
     /// How long one node may take from its upgrade call to being done, e.g. 15m, 900s, 1h.
     #[arg(long, env = "TUC_NODE_DEADLINE", default_value = "15m", value_parser = parse_duration)]
     node_deadline: std::time::Duration,
@@ -171,6 +177,9 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let clients =
         reconcile::ApiClients::connect(&config).context("connecting to the Kubernetes API")?;
+    if let Some(selector) = args.watch_label_selector.as_deref() {
+        check_selector(&clients.main, args.namespace.as_deref(), selector).await?;
+    }
     let metrics = Metrics::new();
     let health = admin::HealthState::default();
     let settings = reconcile::Settings {
@@ -185,6 +194,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         poll_interval: args.poll_interval,
         idle_interval: args.idle_interval,
         secret_name_template: args.secret_name_template,
+        watch_label_selector: args.watch_label_selector.filter(|s| !s.trim().is_empty()),
         ..reconcile::Settings::default()
     };
     // The pod name in a cluster; elsewhere the host name and process id, so that two processes on one
@@ -262,6 +272,33 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     served.context("admin server")?;
     led.context("leader election")?;
     Ok(())
+}
+
+/// Refuses to start with a label selector the API server refuses: a shard that watched nothing, and
+/// said so only in a retried watch error, would leave its clusters without a controller. The API
+/// server is the judge of the syntax (one list of at most one cluster's metadata); any other error
+/// (the API server not reachable yet) is left to the watch, which retries.
+async fn check_selector(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    selector: &str,
+) -> anyhow::Result<()> {
+    use kube::api::{Api, ListParams};
+    use talos_upgrade_core::crd::KubernetesCluster;
+    let clusters: Api<KubernetesCluster> = match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    match clusters
+        .list_metadata(&ListParams::default().labels(selector).limit(1))
+        .await
+    {
+        Err(kube::Error::Api(status)) if status.code == 400 => Err(anyhow::anyhow!(
+            "--watch-label-selector {selector:?} is not a label selector: {}",
+            status.message
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// SIGTERM (what Kubernetes sends a pod) or Ctrl-C.

@@ -73,6 +73,11 @@ pub struct Settings {
     pub talos: ConnectOptions,
     /// Known releases, for `talos-available` and `kubernetes-available`.
     pub catalog: CatalogHandle,
+    /// Only the KubernetesClusters whose labels match this selector (`shard=a`, `!shard`, ...): one
+    /// shard of a fleet split across several controllers. A cluster relabelled out of it leaves this
+    /// controller's watch as if deleted (it is forgotten, nothing on it is touched) and enters the
+    /// watch of the shard it now matches, which goes on from its progress record.
+    pub watch_label_selector: Option<String>,
 }
 
 impl Default for Settings {
@@ -84,6 +89,7 @@ impl Default for Settings {
             secret_name_template: "{clusterId}".to_string(),
             talos: ConnectOptions::default(),
             catalog: CatalogHandle::fixed(Catalog::builtin()),
+            watch_label_selector: None,
         }
     }
 }
@@ -765,15 +771,17 @@ pub async fn run(
         reader.clone(),
     ));
     let _watching_reads = ctx.watch_reads(namespace.clone());
-    let stream = kube::runtime::WatchStreamExt::default_backoff(watcher(
-        clusters,
-        watcher::Config::default(),
-    ))
-    .inspect(move |event| {
-        if matches!(event, Ok(watcher::Event::InitDone)) {
-            health.set_ready();
-        }
-    });
+    let mut watch = watcher::Config::default();
+    if let Some(selector) = &ctx.settings.watch_label_selector {
+        watch = watch.labels(selector);
+    }
+    let stream = kube::runtime::WatchStreamExt::default_backoff(watcher(clusters, watch)).inspect(
+        move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                health.set_ready();
+            }
+        },
+    );
     // A deleted cluster is forgotten as the store lets it go (see `forget` for why here).
     let watched = ctx.clone();
     let stream = kube::runtime::WatchStreamExt::reflect(stream, writer).inspect(move |event| {

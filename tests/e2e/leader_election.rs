@@ -2,14 +2,14 @@
 //! Lease holder acts; killed mid-upgrade (SIGKILL, no chance to release the Lease), the other takes over
 //! once the Lease expires and finishes the upgrade, every node upgraded exactly once.
 
-use std::process::Stdio;
 use std::time::Duration;
 
+use crate::replica::{self, Replica, identity};
 use crate::world::{World, WorldSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use talos_sim::{Role, max_concurrently_down};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const LEASE: &str = "talos-upgrade-controller";
 const UPGRADE: &str = "/machine.MachineService/Upgrade";
@@ -17,51 +17,18 @@ const UPGRADE: &str = "/machine.MachineService/Upgrade";
 /// Starts `talos-upgrade-controller run` as its own process, watching only the test's namespace and
 /// electing a leader through a Lease there. `HOSTNAME` makes its Lease identity `<host>-<pid>`.
 fn start_replica(world: &World, host: &str) -> Child {
-    let catalog = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/release-catalog.yaml");
-    Command::new(env!("CARGO_BIN_EXE_talos-upgrade-controller"))
-        .args([
-            "run",
-            "--namespace",
-            &world.ns.name,
-            "--leader-elect",
-            "--leader-election-namespace",
-            &world.ns.name,
-            "--lease-duration",
-            "3s",
-            "--lease-grace",
-            "1s",
-            "--poll-interval",
-            "100ms",
-            "--node-deadline",
-            "60s",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--release-catalog",
-            catalog,
-        ])
-        .env("KUBECONFIG", world.ns.kubeconfig())
-        .env("HOSTNAME", host)
-        .env_remove("POD_NAME")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting the controller binary")
-}
-
-fn identity(host: &str, child: &Child) -> String {
-    format!("{host}-{}", child.id().expect("a running replica"))
+    Replica {
+        host,
+        namespace: Some(&world.ns.name),
+        lease: Some((&world.ns.name, LEASE)),
+        selector: None,
+        admin_listen: "127.0.0.1:0".to_string(),
+    }
+    .start(world.ns.kubeconfig())
 }
 
 async fn holder(world: &World) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(world.ns.client.clone(), &world.ns.name);
-    leases
-        .get_opt(LEASE)
-        .await
-        .expect("get lease")
-        .and_then(|lease| lease.spec)
-        .and_then(|spec| spec.holder_identity)
-        .filter(|holder| !holder.is_empty())
+    replica::holder(&world.ns.client, &world.ns.name, LEASE).await
 }
 
 /// The field managers that own the Lease's `holderIdentity`. A free Lease is taken with a server-side

@@ -8,6 +8,7 @@
 // Each suite uses a part of the world's helpers.
 #![allow(dead_code)]
 
+mod replica;
 mod world;
 
 mod chaos;
@@ -20,6 +21,7 @@ mod helm;
 mod kubernetes_upgrade;
 mod leader_election;
 mod prometheus;
+mod shards;
 mod talos_1_14;
 mod talos_bad_input;
 mod talos_drain;
