@@ -34,9 +34,10 @@ lint:
 crd:
     cargo run --quiet --locked -p talos-upgrade-controller -- crd > deploy/crd.yaml
 
-# Build the container image (multi-stage Dockerfile, static binary) tagged with the crate version.
+# Build the container image: a static release binary, then the Dockerfile (FROM scratch) around it.
+# Tagged <image>:<version> and <image>:<version>-<content hash>; CONTAINER_TOOL=podman or docker.
 image:
-    {{container_tool}} build -t {{image}}:{{version}} .
+    CONTAINER_TOOL={{container_tool}} IMAGE={{image}} bash scripts/build-image.sh
 
 # Install prometheus and promtool (Debian's package) for tests/prometheus.rs.
 prometheus:

@@ -7,6 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The real components the tests run besides the control plane, installed from Debian's packages when
+# missing (quiet when present): Prometheus and promtool (tests/e2e/prometheus.rs), podman and runc
+# (tests/e2e/image.rs builds and runs the controller's image).
+bash scripts/install-prometheus.sh >/dev/null
+bash scripts/install-podman.sh >/dev/null
+
 bin_dir=$(bash scripts/build-k8s-bins.sh | tail -n 1)
 export TUC_K8S_BIN_DIR="$bin_dir"
 echo "test control plane: $("$bin_dir/kube-apiserver" --version), etcd $("$bin_dir/etcd" --version | awk 'NR==1 {print $3}'), kubectl $("$bin_dir/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\([^"]*\)".*/\1/p' | head -n1)"

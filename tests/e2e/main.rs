@@ -18,6 +18,7 @@ mod cluster_shapes;
 mod coexistence;
 mod deploy;
 mod helm;
+mod image;
 mod kubernetes_upgrade;
 mod leader_election;
 mod prometheus;

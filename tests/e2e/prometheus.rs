@@ -50,10 +50,10 @@ fn tool(name: &str) -> PathBuf {
 }
 
 /// A fresh directory under the system temp dir, removed when dropped.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new(prefix: &str) -> TempDir {
+    pub(crate) fn new(prefix: &str) -> TempDir {
         use std::sync::atomic::{AtomicU32, Ordering};
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -65,7 +65,7 @@ impl TempDir {
         TempDir(dir)
     }
 
-    fn write(&self, name: &str, text: &str) -> PathBuf {
+    pub(crate) fn write(&self, name: &str, text: &str) -> PathBuf {
         let path = self.0.join(name);
         std::fs::write(&path, text).expect("writing a temp file");
         path
