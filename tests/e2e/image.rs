@@ -237,19 +237,9 @@ async fn the_image_runs_as_the_controller_upgrades_a_cluster_and_stops_cleanly_o
         .await;
     assert_eq!(world.annotation("talos-current").await, "1.12.0");
     world.assert_each_node_upgraded_once(5);
-    let instances = world
-        .ns
-        .kubectl_ok(&[
-            "get",
-            "events.events.k8s.io",
-            "--field-selector",
-            &format!("regarding.name={}", world.cluster),
-            "-o",
-            "jsonpath={range .items[*]}{.reportingInstance}{\"\\n\"}{end}",
-        ])
-        .await;
+    let instances = world.reporting_instances(None).await;
     assert!(
-        !instances.trim().is_empty() && instances.lines().all(|line| line == pod),
+        !instances.is_empty() && instances.iter().all(|instance| *instance == pod),
         "the container's Events name it: {instances:?}"
     );
 

@@ -52,25 +52,6 @@ async fn holder_identity_managers(world: &World) -> Vec<String> {
         .collect()
 }
 
-/// `reportingInstance` of every Event the controller published on the cluster.
-async fn reporting_instances(world: &World) -> Vec<String> {
-    let json = world
-        .ns
-        .kubectl_ok(&[
-            "get",
-            "events.events.k8s.io",
-            "--field-selector",
-            &format!("regarding.name={}", world.cluster),
-            "-o",
-            "jsonpath={range .items[*]}{.reportingInstance}{\"\\n\"}{end}",
-        ])
-        .await;
-    json.lines()
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect()
-}
-
 #[tokio::test]
 async fn only_the_leader_acts_and_a_standby_finishes_after_the_leader_is_killed() {
     let world = World::start(
@@ -118,7 +99,7 @@ async fn only_the_leader_acts_and_a_standby_finishes_after_the_leader_is_killed(
             },
         )
         .await;
-    let before_kill = reporting_instances(&world).await;
+    let before_kill = world.reporting_instances(None).await;
     assert!(!before_kill.is_empty());
     assert!(
         before_kill.iter().all(|instance| *instance == leader),
@@ -146,7 +127,7 @@ async fn only_the_leader_acts_and_a_standby_finishes_after_the_leader_is_killed(
         max_concurrently_down(&world.sim.power_events(), Some(Role::ControlPlane)),
         1
     );
-    let after = reporting_instances(&world).await;
+    let after = world.reporting_instances(None).await;
     assert!(
         after.contains(&standby),
         "the standby reported after taking over: {after:?}"

@@ -50,23 +50,9 @@ async fn place(world: &World, shard: &str) {
         .await;
 }
 
-/// `reportingInstance` of every Event a controller published on the world's cluster.
+/// Which controller processes published Events on the world's cluster.
 async fn reporting_instances(world: &World) -> BTreeSet<String> {
-    world
-        .ns
-        .kubectl_ok(&[
-            "get",
-            "events.events.k8s.io",
-            "--field-selector",
-            &format!("regarding.name={}", world.cluster),
-            "-o",
-            "jsonpath={range .items[*]}{.reportingInstance}{\"\\n\"}{end}",
-        ])
-        .await
-        .lines()
-        .filter(|line| !line.is_empty())
-        .map(str::to_string)
-        .collect()
+    world.reporting_instances(None).await.into_iter().collect()
 }
 
 /// The `talos_upgrade_runs_total` lines of `metrics` that name the world's cluster.
@@ -82,7 +68,39 @@ fn runs_of(metrics: &str, world: &World) -> Vec<String> {
         .collect()
 }
 
-/// A shard's replica: every namespace, only the clusters labelled `shard`, its own Lease.
+/// One shard: a controller process watching every namespace, taking only the clusters its selector
+/// matches, holding the Lease `talos-upgrade-controller-<name>` in the namespace of `home` (whose
+/// kubeconfig it uses).
+struct Shard {
+    /// Its Lease identity and Events' reporting instance.
+    id: String,
+    /// Where it serves /metrics.
+    admin: String,
+    /// The process, killed when the test ends.
+    _process: tokio::process::Child,
+}
+
+impl Shard {
+    fn start(home: &World, name: &str, selector: &str) -> Shard {
+        let admin = free_admin_address();
+        let host = format!("shard-{name}");
+        let lease = format!("talos-upgrade-controller-{name}");
+        let process = shard_replica(&host, selector, (&home.ns.name, &lease), &admin)
+            .start(home.ns.kubeconfig());
+        Shard {
+            id: identity(&host, &process),
+            admin,
+            _process: process,
+        }
+    }
+
+    /// `upgrade.vitistack.io/shard=<value>`, the selector of a shard placed by that label value.
+    fn selector(value: &str) -> String {
+        format!("{SHARD_LABEL}={value}")
+    }
+}
+
+/// A shard's replica: every namespace, only the clusters `selector` matches, its own Lease.
 fn shard_replica<'a>(
     host: &'a str,
     selector: &'a str,
@@ -114,27 +132,10 @@ async fn two_shards_upgrade_disjoint_halves_of_a_fleet_at_once() {
     for world in [&b1, &b2] {
         place(world, &shard_b).await;
     }
-    let (selector_a, selector_b) = (
-        format!("{SHARD_LABEL}={shard_a}"),
-        format!("{SHARD_LABEL}={shard_b}"),
-    );
+    let a = Shard::start(&a1, "a", &Shard::selector(&shard_a));
+    let b = Shard::start(&a1, "b", &Shard::selector(&shard_b));
+    let (id_a, id_b) = (a.id.clone(), b.id.clone());
     let lease_ns = a1.ns.name.clone();
-    let (admin_a, admin_b) = (free_admin_address(), free_admin_address());
-    let a = shard_replica(
-        "shard-a",
-        &selector_a,
-        (&lease_ns, "talos-upgrade-controller-a"),
-        &admin_a,
-    )
-    .start(a1.ns.kubeconfig());
-    let b = shard_replica(
-        "shard-b",
-        &selector_b,
-        (&lease_ns, "talos-upgrade-controller-b"),
-        &admin_b,
-    )
-    .start(a1.ns.kubeconfig());
-    let (id_a, id_b) = (identity("shard-a", &a), identity("shard-b", &b));
 
     let fleet = [(&a1, &id_a), (&a2, &id_a), (&b1, &id_b), (&b2, &id_b)];
     for (world, _) in fleet {
@@ -168,7 +169,7 @@ async fn two_shards_upgrade_disjoint_halves_of_a_fleet_at_once() {
         );
     }
     // Each shard's /metrics has its own clusters' runs and none of the other's.
-    let (metrics_a, metrics_b) = (scrape(&admin_a).await, scrape(&admin_b).await);
+    let (metrics_a, metrics_b) = (scrape(&a.admin).await, scrape(&b.admin).await);
     for (world, mine, other) in [
         (&a1, &metrics_a, &metrics_b),
         (&a2, &metrics_a, &metrics_b),
@@ -207,26 +208,9 @@ async fn a_cluster_relabelled_mid_run_is_finished_by_its_new_shard_from_the_save
         format!("b-{}", world.ns.name),
     );
     place(&world, &shard_a).await;
-    let (selector_a, selector_b) = (
-        format!("{SHARD_LABEL}={shard_a}"),
-        format!("{SHARD_LABEL}={shard_b}"),
-    );
-    let lease_ns = world.ns.name.clone();
-    let a = shard_replica(
-        "shard-a",
-        &selector_a,
-        (&lease_ns, "talos-upgrade-controller-a"),
-        &free_admin_address(),
-    )
-    .start(world.ns.kubeconfig());
-    let b = shard_replica(
-        "shard-b",
-        &selector_b,
-        (&lease_ns, "talos-upgrade-controller-b"),
-        &free_admin_address(),
-    )
-    .start(world.ns.kubeconfig());
-    let (id_a, id_b) = (identity("shard-a", &a), identity("shard-b", &b));
+    let a = Shard::start(&world, "a", &Shard::selector(&shard_a));
+    let b = Shard::start(&world, "b", &Shard::selector(&shard_b));
+    let (id_a, id_b) = (a.id.clone(), b.id.clone());
 
     world.annotate("talos-target", "1.12.0").await;
     // Shard a has upgraded the first worker and called the second: move the cluster to shard b there.
@@ -264,18 +248,8 @@ async fn a_cluster_relabelled_mid_run_is_finished_by_its_new_shard_from_the_save
         "shard a began, shard b finished"
     );
     // The run finished under shard b: the completion Event is its own.
-    let completed = world
-        .ns
-        .kubectl_ok(&[
-            "get",
-            "events.events.k8s.io",
-            "--field-selector",
-            &format!("regarding.name={},reason=UpgradeCompleted", world.cluster),
-            "-o",
-            "jsonpath={range .items[*]}{.reportingInstance}{\"\\n\"}{end}",
-        ])
-        .await;
-    assert_eq!(completed.trim(), id_b, "shard b completed the run");
+    let completed = world.reporting_instances(Some("UpgradeCompleted")).await;
+    assert_eq!(completed, [id_b], "shard b completed the run");
 }
 
 #[tokio::test]
@@ -292,26 +266,8 @@ async fn two_controllers_taking_one_cluster_never_call_a_node_twice() {
     place(&world, &shard).await;
     // Both select the cluster, each behind a Lease of its own: nothing but the progress record's
     // conditional writes stands between them.
-    let (selector_1, selector_2) = (
-        format!("{SHARD_LABEL}={shard}"),
-        format!("{SHARD_LABEL} in ({shard})"),
-    );
-    let lease_ns = world.ns.name.clone();
-    let (admin_1, admin_2) = (free_admin_address(), free_admin_address());
-    let _one = shard_replica(
-        "overlap-1",
-        &selector_1,
-        (&lease_ns, "talos-upgrade-controller-1"),
-        &admin_1,
-    )
-    .start(world.ns.kubeconfig());
-    let _two = shard_replica(
-        "overlap-2",
-        &selector_2,
-        (&lease_ns, "talos-upgrade-controller-2"),
-        &admin_2,
-    )
-    .start(world.ns.kubeconfig());
+    let one = Shard::start(&world, "1", &Shard::selector(&shard));
+    let two = Shard::start(&world, "2", &format!("{SHARD_LABEL} in ({shard})"));
 
     world.annotate("talos-target", "1.12.0").await;
     world
@@ -328,7 +284,7 @@ async fn two_controllers_taking_one_cluster_never_call_a_node_twice() {
         "namespace=\"{}\",cluster=\"{}\"",
         world.ns.name, world.cluster
     );
-    for admin in [&admin_1, &admin_2] {
+    for admin in [&one.admin, &two.admin] {
         let metrics = scrape(admin).await;
         assert!(
             metrics.lines().any(|line| line.contains(&cluster)),

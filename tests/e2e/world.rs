@@ -673,6 +673,29 @@ impl World {
             .collect()
     }
 
+    /// `reportingInstance` of every Event a controller published on the cluster (only those with
+    /// `reason`, if given): which controller process said what.
+    pub async fn reporting_instances(&self, reason: Option<&str>) -> Vec<String> {
+        let mut selector = format!("regarding.name={}", self.cluster);
+        if let Some(reason) = reason {
+            selector.push_str(&format!(",reason={reason}"));
+        }
+        self.ns
+            .kubectl_ok(&[
+                "get",
+                "events.events.k8s.io",
+                "--field-selector",
+                &selector,
+                "-o",
+                "jsonpath={range .items[*]}{.reportingInstance}{\"\\n\"}{end}",
+            ])
+            .await
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
     pub fn node(&self, short: &str) -> String {
         format!("{}-{short}", self.ns.name)
     }
