@@ -79,7 +79,8 @@ pub fn acknowledgement(
         || intent.paused
         || intent.order.is_err()
         || intent.max_parallel_workers.is_err()
-        || intent.credentials_secret.is_err();
+        || intent.credentials_secret.is_err()
+        || intent.alert_gate.is_err();
     let in_progress = |key: &str| {
         annotations.get(key).map(String::as_str) == Some(UpgradeStatus::InProgress.as_str())
     };

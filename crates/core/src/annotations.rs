@@ -45,6 +45,15 @@ pub const TALOS_INSTALLER_IMAGE: &str = "upgrade.vitistack.io/talos-installer-im
 /// An Image Factory schematic id for every node's Talos upgrade, with each node's platform:
 /// `factory.talos.dev/<platform>-installer/<schematic>:<target>`.
 pub const TALOS_SCHEMATIC: &str = "upgrade.vitistack.io/talos-schematic";
+/// Which firing alerts hold this cluster's upgrade before each node: `off`, `alerts: A, B` (the
+/// operator's selector narrowed to these names), a label selector `{...}` (replacing the operator's),
+/// or `promql: <expression>` that must return nothing (see [`crate::alert_gate`]).
+pub const ALERT_GATE: &str = "upgrade.vitistack.io/alert-gate";
+
+/// `"true"` on a node's vitistack Machine (management cluster) or its workload Node: Talos runs skip
+/// the node (a node in flight finishes) and complete without it, naming it. Not a key of the
+/// `KubernetesCluster`, so in neither list below.
+pub const NODE_HOLD: &str = "upgrade.vitistack.io/hold";
 
 // ----- written by the controller -----
 
@@ -72,7 +81,7 @@ pub const KUBERNETES_PROGRESS: &str = "upgrade.vitistack.io/kubernetes-progress"
 pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 12] = [
+pub const USER_KEYS: [&str; 13] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -85,6 +94,7 @@ pub const USER_KEYS: [&str; 12] = [
     DO_NOT_RECONCILE,
     TALOS_INSTALLER_IMAGE,
     TALOS_SCHEMATIC,
+    ALERT_GATE,
 ];
 
 /// Every key the controller writes. The controller must never rewrite a key outside this list

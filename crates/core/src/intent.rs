@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 
+use crate::alert_gate::AlertGate;
 use crate::annotations::{self, UpgradeKind};
 pub use crate::run::UpgradeOrder;
 use crate::talos::installer::{self, InstallerOverride};
@@ -98,6 +99,10 @@ pub struct UpgradeIntent {
     /// `talos-installer-image` or `talos-schematic`: `Ok(None)` means "derive each node's installer from
     /// its own"; both at once is an error (which would win is not obvious).
     pub installer: Result<Option<InstallerOverride>, InvalidOption>,
+    /// `alert-gate`: `Ok(None)` means "the operator's alert selector, if Prometheus is configured"; an
+    /// `Err` names the accepted forms, and no Talos run starts until it is fixed (a gate the user meant
+    /// to narrow or widen must not silently fall back to another).
+    pub alert_gate: Result<Option<AlertGate>, InvalidOption>,
     /// `do-not-reconcile` holds a non-empty value (any value, even `"false"`, as vitistack's
     /// talos-operator reads it): the controller touches nothing on the cluster.
     pub do_not_reconcile: bool,
@@ -136,6 +141,7 @@ impl UpgradeIntent {
             max_parallel_workers: read_max_parallel_workers(annotations),
             credentials_secret: read_credentials_secret(annotations),
             installer: read_installer(annotations),
+            alert_gate: read_alert_gate(annotations),
             do_not_reconcile: annotations
                 .get(annotations::DO_NOT_RECONCILE)
                 .is_some_and(|value| !value.is_empty()),
@@ -166,8 +172,20 @@ impl UpgradeIntent {
         all.extend(self.max_parallel_workers.as_ref().err());
         all.extend(self.credentials_secret.as_ref().err());
         all.extend(self.installer.as_ref().err());
+        all.extend(self.alert_gate.as_ref().err());
         all
     }
+}
+
+fn read_alert_gate(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<AlertGate>, InvalidOption> {
+    let Some(text) = value(annotations, annotations::ALERT_GATE) else {
+        return Ok(None);
+    };
+    AlertGate::parse(text)
+        .map(Some)
+        .map_err(|reason| invalid(annotations, annotations::ALERT_GATE, &reason))
 }
 
 /// The trimmed value of `key`; `None` when missing or blank.
@@ -716,6 +734,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `alert-gate`: absent or blank is the operator's selector; a bad value names the key and every
+    /// accepted form (the forms themselves are tested in `alert_gate`).
+    #[test]
+    fn alert_gate() {
+        assert_eq!(intent(&[]).alert_gate, Ok(None));
+        assert_eq!(intent(&[(ALERT_GATE, " ")]).alert_gate, Ok(None));
+        assert_eq!(
+            intent(&[(ALERT_GATE, "off")]).alert_gate,
+            Ok(Some(AlertGate::Off))
+        );
+        let bad = intent(&[(ALERT_GATE, "NodeDown"), (TALOS_TARGET, "1.12.0")]);
+        let error = bad.alert_gate.clone().expect_err("invalid");
+        assert_eq!(bad.invalid_options(), vec![&error]);
+        assert_eq!(
+            error.to_string(),
+            "Annotation upgrade.vitistack.io/alert-gate has the invalid value \"NodeDown\": use off, \
+             alerts: <AlertName>, <AlertName>..., a label selector such as {severity=~\"critical|warning\", \
+             team=\"storage\"}, or promql: <expression that must return nothing>"
+        );
     }
 
     /// `do-not-reconcile` is read as vitistack's talos-operator reads it: any non-empty value excludes

@@ -12,10 +12,11 @@
 //! * the rollouts: [`talos`] and [`kubernetes`] (each a run record, a pure `advance`, and what makes it
 //!   a [`lifecycle::Kind`]), with the vocabulary they share in [`run`];
 //! * the one [`lifecycle`] both kinds share (a state machine the shell drives), the [`gates`] between
-//!   them, the operator's [`holds`] before each node, the early [`acknowledgement`] of a new Talos
-//!   target, and the [`report`] a reconcile writes.
+//!   them, the operator's [`holds`] before each node (the [`alert_gate`] among them), the early
+//!   [`acknowledgement`] of a new Talos target, and the [`report`] a reconcile writes.
 
 pub mod acknowledgement;
+pub mod alert_gate;
 pub mod annotations;
 pub mod catalog;
 pub mod coexistence;

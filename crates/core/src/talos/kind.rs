@@ -216,6 +216,9 @@ impl Kind for Talos {
     fn settings(intent: &UpgradeIntent, limits: &Limits) -> Result<Settings, InvalidOption> {
         let order = intent.order.clone()?;
         let parallel = intent.max_parallel_workers.clone()?;
+        // The alert gate is the shell's to ask, but a value it cannot read must keep the run from
+        // starting here, as every other invalid option does: the user meant some gate, not none.
+        intent.alert_gate.clone()?;
         Ok(Settings {
             order,
             max_parallel_workers: parallel.get() as usize,
