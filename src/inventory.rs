@@ -19,6 +19,16 @@ pub struct InventoryNode {
     pub role: NodeRole,
     /// Address of its Talos API.
     pub address: IpAddr,
+    /// Its Machine (or, for a workload Node, the Node) is annotated `upgrade.vitistack.io/hold:
+    /// "true"`: runs skip it.
+    pub held: bool,
+}
+
+/// Whether an object's annotations hold its node out of Talos runs (`"true"`, as every flag reads).
+fn held(annotations: &std::collections::BTreeMap<String, String>) -> bool {
+    annotations
+        .get(talos_upgrade_core::annotations::NODE_HOLD)
+        .is_some_and(|value| value.trim().eq_ignore_ascii_case("true"))
 }
 
 /// Label vitistack puts on a cluster's Machines.
@@ -162,6 +172,7 @@ async fn list_machines(
                 name,
                 role,
                 address,
+                held: held(machine.annotations()),
             }),
             None => without_address.push(name),
         }
@@ -248,6 +259,7 @@ pub async fn from_workload_nodes(
                     name,
                     role,
                     address,
+                    held: held(node.annotations()),
                 },
                 ready: node_ready(node),
                 unschedulable: node

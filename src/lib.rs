@@ -10,6 +10,7 @@
 //! * the edges: [`cluster_access`] (credentials, inventory, connections per cluster),
 //!   [`api_client`], [`progress_store`], [`read_cache`], [`inventory`], [`credentials`], [`drain`],
 //!   [`talos_fleet`], [`followers`] (the nodes in flight), [`catalog_sources`];
+//! * the operator's gates before each node: [`holds`] (what they need of the cluster);
 //! * operations: [`metrics`], [`admin`], [`leader`].
 
 pub mod admin;
@@ -19,6 +20,7 @@ pub mod cluster_access;
 pub mod credentials;
 pub mod drain;
 pub mod followers;
+pub mod holds;
 pub mod inventory;
 pub mod kind_io;
 pub mod kubernetes_upgrade;

@@ -19,6 +19,7 @@ use crate::cluster_access::{Access, AccessError, SharedAccess};
 use crate::credentials;
 use crate::drain;
 use crate::followers::{FollowedNode, Waker};
+use crate::holds::{self, GateContext};
 use crate::inventory::{self, AddressNeed, InventoryNode, WorkloadNodeInfo};
 use crate::kind_io::KindIo;
 use crate::progress_store::Saved;
@@ -57,6 +58,8 @@ pub struct TalosIo<'a> {
     observed_at: Option<Instant>,
     /// Wakes this cluster's reconcile when a call ends that the next pass follows at once.
     wake: Waker,
+    /// What the gates before each node are observed with (see [`holds`]).
+    gates: GateContext<'a>,
 }
 
 impl<'a> TalosIo<'a> {
@@ -65,6 +68,7 @@ impl<'a> TalosIo<'a> {
         note_look: &'a (dyn Fn(Option<LastLook>) + Sync),
         now: jiff::Timestamp,
         wake: Waker,
+        gates: GateContext<'a>,
     ) -> Self {
         TalosIo {
             access,
@@ -73,6 +77,7 @@ impl<'a> TalosIo<'a> {
             seen: Vec::new(),
             observed_at: None,
             wake,
+            gates,
         }
     }
 
@@ -107,7 +112,8 @@ impl<'a> TalosIo<'a> {
         // Every node and etcd at once: one round trip to the nodes, however many there are. The
         // machine configs (installer images) of the nodes this pass may start are read in it too.
         let observed_at = Instant::now();
-        let (states, etcd) = tokio::join!(
+        // The gates are asked beside the nodes (an alert query, health checks), not after them.
+        let (states, etcd, gates) = tokio::join!(
             futures::future::join_all(inventory.iter().map(|node| async move {
                 if !reading_images.contains(&node.name) {
                     return fleet.observe_node(node).await;
@@ -117,6 +123,7 @@ impl<'a> TalosIo<'a> {
                 with_installer_image(state, image.map_err(|e| e.to_string()))
             })),
             fleet.observe_etcd(&control_planes),
+            holds::observe(&self.gates, access, starting),
         );
         access.note_talos_versions(
             states
@@ -176,7 +183,7 @@ impl<'a> TalosIo<'a> {
             .map(|n| (n.name.clone(), n.kubernetes_ready, n.cordoned))
             .collect();
         self.observed_at = Some(observed_at);
-        Ok(Observation { nodes, etcd })
+        Ok(Observation { nodes, etcd, gates })
     }
 
     /// Cordons and evicts on every node the run is draining, and says what is left on each.

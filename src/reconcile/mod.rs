@@ -36,6 +36,7 @@ use crate::admin::HealthState;
 use crate::catalog_sources::CatalogHandle;
 use crate::cluster_access::{Connections, SharedAccess};
 use crate::followers::Wakeups;
+use crate::holds::{GateConfig, GateContext};
 use crate::kubernetes_upgrade::KubernetesIo;
 use crate::metrics::{ClusterKey, ClusterUpgradeGauges, Metrics};
 use crate::progress_store::{ProgressStore, Records, Stored};
@@ -58,6 +59,37 @@ use talos_upgrade_core::talos::Talos;
 /// and notices a node deadline. Never shorter than `--poll-interval`.
 const FOLLOWED_POLL_INTERVAL: Duration = Duration::from_secs(15);
 
+/// Where every decision's `now` comes from: the system clock, or a test's.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> jiff::Timestamp + Send + Sync>);
+
+impl Clock {
+    pub fn system() -> Self {
+        Clock(Arc::new(jiff::Timestamp::now))
+    }
+
+    /// A clock that reads `now` (tests: a time set by the test, moving on or not).
+    pub fn from_fn(now: impl Fn() -> jiff::Timestamp + Send + Sync + 'static) -> Self {
+        Clock(Arc::new(now))
+    }
+
+    pub fn now(&self) -> jiff::Timestamp {
+        (self.0)()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::system()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Clock({})", self.now())
+    }
+}
+
 /// The controller's tunables (flags of the `run` command).
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -78,6 +110,11 @@ pub struct Settings {
     /// controller's watch as if deleted (it is forgotten, nothing on it is touched) and enters the
     /// watch of the shard it now matches, which goes on from its progress record.
     pub watch_label_selector: Option<String>,
+    /// The time of every decision (maintenance windows, soak, deadlines): the system clock, unless a
+    /// test sets it.
+    pub clock: Clock,
+    /// The operator's configuration of the gates before each node that need IO.
+    pub gates: GateConfig,
 }
 
 impl Default for Settings {
@@ -90,6 +127,8 @@ impl Default for Settings {
             talos: ConnectOptions::default(),
             catalog: CatalogHandle::fixed(Catalog::builtin()),
             watch_label_selector: None,
+            clock: Clock::system(),
+            gates: GateConfig::default(),
         }
     }
 }
@@ -401,7 +440,7 @@ async fn reconcile_cluster(
         ProgressStore::new(ctx.client.clone(), &namespace).with_cache(ctx.progress_reads.clone());
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let intake: Api<KubernetesCluster> = Api::namespaced(ctx.intake.clone(), &namespace);
-    let now = jiff::Timestamp::now();
+    let now = ctx.settings.clock.now();
     // A record left by an earlier cluster of this name is not this one's.
     let uid = cluster.metadata.uid.as_deref();
     let reporter = report::Reporter {
@@ -481,7 +520,13 @@ async fn reconcile_cluster(
     let note_look = |look| ctx.last_looks.note(key.clone(), look);
     // The end of an install wakes the next reconcile at once (see `talos_upgrade`).
     let wake = ctx.wakeups.waker(&ObjectRef::from_obj(&*cluster));
-    let mut talos_io = TalosIo::new(&access, &note_look, now, wake);
+    let gates = GateContext {
+        cluster: &cluster,
+        intent: &intent,
+        config: &ctx.settings.gates,
+        now,
+    };
+    let mut talos_io = TalosIo::new(&access, &note_look, now, wake, gates);
     let talos_gates = Gates::for_talos(
         records.progress().run::<Kubernetes>(),
         seen.annotations()

@@ -100,6 +100,9 @@ pub struct World {
     controller: Mutex<Option<RunningController>>,
     /// How many controller instances were started, to give each its own event reporter instance.
     generation: Mutex<u32>,
+    /// How far the controller's clock is ahead of the system's (see [`World::set_clock`]); shared by
+    /// every controller instance, so a restarted one keeps the test's time.
+    clock_offset: Arc<Mutex<jiff::SignedDuration>>,
 }
 
 /// One controller instance: its own stop token (a child of the world's) and its task.
@@ -281,7 +284,14 @@ impl World {
             .expect("the cluster's Machines, Secret and KubernetesCluster");
 
         let metrics = Metrics::new();
+        let clock_offset = Arc::new(Mutex::new(jiff::SignedDuration::ZERO));
+        let offset = clock_offset.clone();
         let settings = Settings {
+            // The system's time, shifted by what the test set: time keeps moving (deadlines, soak),
+            // from wherever the test put it (a maintenance window).
+            clock: reconcile::Clock::from_fn(move || {
+                jiff::Timestamp::now() + *offset.lock().unwrap_or_else(|p| p.into_inner())
+            }),
             limits: Limits {
                 node_deadline: spec.node_deadline,
                 drain_timeout: spec.drain_timeout,
@@ -316,6 +326,7 @@ impl World {
             controller_config,
             controller: Mutex::new(None),
             generation: Mutex::new(0),
+            clock_offset,
         };
         if spec.start_controller {
             world.start_controller();
@@ -380,6 +391,13 @@ impl World {
             Err(error) if error.is_cancelled() => {}
             Err(error) => panic!("the controller task panicked: {error}"),
         }
+    }
+
+    /// Sets the controller's clock to `now`, from where it goes on at the system clock's pace: every
+    /// decision from the next reconcile on (a maintenance window) sees this time. Wakes no reconcile.
+    pub fn set_clock(&self, now: jiff::Timestamp) {
+        *self.clock_offset.lock().unwrap_or_else(|p| p.into_inner()) =
+            now.duration_since(jiff::Timestamp::now());
     }
 
     /// [`World::stop_controller`], then [`World::start_controller`].

@@ -100,6 +100,7 @@ impl Cluster {
                     NodeRole::Worker
                 },
                 address: IpAddr::V4(n.address),
+                held: false,
             })
             .collect();
         Cluster {

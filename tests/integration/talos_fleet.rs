@@ -33,6 +33,7 @@ async fn fleet_for(sim: &Simulator) -> (TalosFleet, Vec<InventoryNode>) {
                 NodeRole::Worker
             },
             address: IpAddr::V4(n.address),
+            held: false,
         })
         .collect();
     (TalosFleet::new(credentials, options), inventory)

@@ -101,6 +101,41 @@ pub struct Hold {
     pub until: Option<Timestamp>,
 }
 
+/// The operator's and the user's gate settings of one run (annotations over flags). Nothing set: no
+/// gate holds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GateSettings {}
+
+/// What the gates read of the run under way, as the decision hands it over: the gates know nothing
+/// of a run's record beyond this.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunProgress {
+    /// Nodes done and in all (`d/t`).
+    pub done: usize,
+    pub total: usize,
+}
+
+/// Why the next node may not start now, if a gate says so: canary, maintenance window, soak, alerts,
+/// health checks, in that order (the first that holds is the one shown). A user's decision (the
+/// canary) comes before the clock, the clock before what must be asked of the cluster. Called only
+/// when a node would start: a node in flight is never held.
+pub fn hold_before_next_node(
+    _settings: &GateSettings,
+    observation: &GateObservation,
+    _progress: &RunProgress,
+    _now: Timestamp,
+) -> Option<Hold> {
+    let external = |gate: Gate, check: &ExternalCheck| {
+        check.holding().map(|message| Hold {
+            gate,
+            message: message.to_string(),
+            until: None,
+        })
+    };
+    external(Gate::Alerts, &observation.alerts)
+        .or_else(|| external(Gate::HealthChecks, &observation.health_checks))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

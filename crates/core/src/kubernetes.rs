@@ -1099,6 +1099,7 @@ fn finish(
             failed_nodes,
             notes,
             hold,
+            gate: None,
             // The Kubernetes upgrade is not followed: it polls.
             awaiting_reboots: false,
         },

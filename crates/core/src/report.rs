@@ -574,6 +574,7 @@ mod tests {
             failed_nodes: Vec::new(),
             notes: Vec::new(),
             hold: None,
+            gate: None,
             awaiting_reboots: false,
         };
         let cases = [

@@ -332,6 +332,8 @@ pub struct Report {
     pub notes: Vec<Note>,
     /// The preflight check holding the next node, if one is.
     pub hold: Option<PreflightCheck>,
+    /// The operator's gate holding the next node, if one is (see [`crate::holds`]).
+    pub gate: Option<crate::holds::Hold>,
     /// Every node in flight is only waiting to come back from its reboot (the legacy upgrade call was
     /// answered, or the Talos ≥ 1.13 reboot was sent), and no other node waits to start. Until one of
     /// those nodes changes, only a deadline can change the decision: the reconciler follows the nodes

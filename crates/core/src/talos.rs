@@ -32,6 +32,7 @@ pub use self::kind::{
 pub use self::record::{
     FailedAttempt, LifecycleStage, NodeProgress, NodeStep, PendingInstall, Run,
 };
+use crate::holds::{self, GateObservation, GateSettings, Hold, RunProgress};
 pub use crate::run::UpgradeOrder;
 use crate::run::{
     NodeRole, Note, Outcome, PreflightCheck, Reason, Report, RunState, human_duration,
@@ -57,6 +58,8 @@ pub struct Settings {
     pub retry_after: Duration,
     /// The installer named by the cluster's annotations for every node, if any (see [`installer`]).
     pub installer: Option<InstallerOverride>,
+    /// The operator's gates before each node (see [`crate::holds`]).
+    pub gates: GateSettings,
 }
 
 /// What the controller sees of one node right now.
@@ -115,6 +118,8 @@ pub struct EtcdObservation {
 pub struct Observation {
     pub nodes: Vec<NodeObservation>,
     pub etcd: EtcdObservation,
+    /// What the shell found for the gates that need IO, and the nodes held out of the run.
+    pub gates: GateObservation,
 }
 
 impl Observation {
@@ -1039,6 +1044,22 @@ pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
         .collect()
 }
 
+/// Why the next node is not starting: a preflight check, or one of the operator's gates.
+enum Held {
+    /// The check and its sentence.
+    Preflight(PreflightCheck, String),
+    Gate(Hold),
+}
+
+impl Held {
+    fn message(&self) -> &str {
+        match self {
+            Held::Preflight(_, why) => why,
+            Held::Gate(hold) => &hold.message,
+        }
+    }
+}
+
 /// What one decision starts nodes with.
 struct Pass<'a> {
     target: &'a Version,
@@ -1056,7 +1077,7 @@ impl Pass<'_> {
         run: &mut Run,
         actions: &mut Vec<Action>,
         notes: &mut Vec<Note>,
-    ) -> Option<(PreflightCheck, String)> {
+    ) -> Option<Held> {
         let Pass {
             target,
             settings,
@@ -1083,6 +1104,17 @@ impl Pass<'_> {
             .filter(|(_, n)| n.role == phase && matches!(n.step, NodeStep::Pending))
             .map(|(i, _)| i)
             .collect();
+        // The operator's gates come before any node starts (the first one too), after the nodes in
+        // flight were settled: a hold keeps the next node from starting, never stops one going.
+        if free > 0 && !candidates.is_empty() {
+            let (done, total) = run.counts();
+            let progress = RunProgress { done, total };
+            if let Some(hold) =
+                holds::hold_before_next_node(&settings.gates, &observation.gates, &progress, now)
+            {
+                return Some(Held::Gate(hold));
+            }
+        }
 
         for index in candidates {
             if free == 0 {
@@ -1090,7 +1122,7 @@ impl Pass<'_> {
             }
             let name = run.nodes[index].name.clone();
             let Some(node) = observation.node(&name) else {
-                return Some((
+                return Some(Held::Preflight(
                     PreflightCheck::NodeInventory,
                     format!("node {name} is not in the cluster's node list"),
                 ));
@@ -1103,7 +1135,7 @@ impl Pass<'_> {
                     ..
                 } => (version, boot_id, install.as_ref()),
                 TalosState::Unreachable { reason } => {
-                    return Some((
+                    return Some(Held::Preflight(
                         PreflightCheck::TalosApi,
                         format!("node {name}'s Talos API is unreachable: {reason}"),
                     ));
@@ -1120,7 +1152,7 @@ impl Pass<'_> {
             // A node that is not ready may be in the middle of an upgrade already (a call whose answer was
             // lost), or broken: it is not called until it is running and ready.
             if !matches!(node.talos, TalosState::Up { ready: true, .. }) {
-                return Some((
+                return Some(Held::Preflight(
                     PreflightCheck::NodesReady,
                     format!("node {name} is not ready; holding before upgrading it"),
                 ));
@@ -1128,7 +1160,7 @@ impl Pass<'_> {
             if let Some(blocker) = observation.nodes.iter().find(|other| {
                 other.name != name && !in_flight.contains(&other.name) && !is_healthy(other)
             }) {
-                return Some((
+                return Some(Held::Preflight(
                     PreflightCheck::NodesReady,
                     format!(
                         "node {} is not ready; holding before upgrading {name}",
@@ -1138,7 +1170,7 @@ impl Pass<'_> {
             }
             if node.role == NodeRole::ControlPlane {
                 if let Some(problem) = &observation.etcd.problem {
-                    return Some((
+                    return Some(Held::Preflight(
                         PreflightCheck::EtcdHealth,
                         format!(
                             "etcd is not healthy ({problem}); holding before control plane {name}"
@@ -1147,7 +1179,7 @@ impl Pass<'_> {
                 }
                 if observation.etcd.leader.as_deref() == Some(name.as_str()) {
                     actions.push(Action::ForfeitEtcdLeadership { node: name.clone() });
-                    return Some((
+                    return Some(Held::Preflight(
                         PreflightCheck::EtcdLeader,
                         format!("moving etcd leadership off {name} before upgrading it"),
                     ));
@@ -1155,7 +1187,7 @@ impl Pass<'_> {
             }
             // Read for every node `may_start` names; a node without it is held, not failed.
             let Some(install) = install else {
-                return Some((
+                return Some(Held::Preflight(
                     PreflightCheck::TalosApi,
                     format!(
                         "node {name}'s machine config was not read; holding before upgrading it"
@@ -1221,7 +1253,7 @@ fn finish(
     run: Run,
     actions: Vec<Action>,
     mut notes: Vec<Note>,
-    waiting: Option<(PreflightCheck, String)>,
+    waiting: Option<Held>,
     announce: bool,
 ) -> Decision {
     let (done, total) = run.counts();
@@ -1254,20 +1286,22 @@ fn finish(
             let message = match (in_flight.as_slice(), &waiting) {
                 ([one], _) => format!("Upgrading node {one} ({}/{total})", done + 1),
                 // The reconciler publishes an event when this message changes, not on every pass.
-                ([], Some((_, why))) => format!("Waiting: {why} ({done}/{total} done)"),
+                ([], Some(held)) => format!("Waiting: {} ({done}/{total} done)", held.message()),
                 ([], None) => format!("Upgrading ({done}/{total} done)"),
                 (many, _) => format!("Upgrading nodes {} ({done}/{total} done)", many.join(", ")),
             };
             (RunState::InProgress, message)
         }
     };
-    let hold = match (&state, in_flight.is_empty(), &waiting) {
-        (RunState::InProgress, true, Some((check, _))) => Some(*check),
-        _ => None,
+    let nothing_held = waiting.is_none();
+    let (hold, gate) = match (&state, in_flight.is_empty(), waiting) {
+        (RunState::InProgress, true, Some(Held::Preflight(check, _))) => (Some(check), None),
+        (RunState::InProgress, true, Some(Held::Gate(hold))) => (None, Some(hold)),
+        _ => (None, None),
     };
     let awaiting_reboots = state == RunState::InProgress
         && !in_flight.is_empty()
-        && waiting.is_none()
+        && nothing_held
         && run.nodes.iter().all(|n| match &n.step {
             NodeStep::Issued {
                 lifecycle,
@@ -1297,6 +1331,7 @@ fn finish(
             failed_nodes,
             notes,
             hold,
+            gate,
             awaiting_reboots,
         },
     }

@@ -70,6 +70,7 @@ fn talos_cluster(version: &str) -> Observation {
             problem: None,
             leader: Some("cp-1".into()),
         },
+        gates: Default::default(),
     }
 }
 

@@ -12,6 +12,7 @@ use crate::annotations::UpgradeKind;
 use crate::catalog::{self, Catalog};
 use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
+use crate::holds::GateSettings;
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
 use crate::lifecycle::{Answered, Hold, Kind, Limits, Revisit, StartCheck};
 use crate::run::{NodeRole, Note, Outcome, Reason, Record};
@@ -224,6 +225,7 @@ impl Kind for Talos {
             max_parallel_workers: parallel.get() as usize,
             paused: intent.paused,
             installer: intent.installer.clone()?,
+            gates: GateSettings::default(),
             ..Talos::stopping(limits)
         })
     }
@@ -239,6 +241,8 @@ impl Kind for Talos {
             unanswered_grace: limits.unanswered_grace,
             retry_after: limits.retry_after,
             installer: None,
+            // Stopping starts no node: no gate is asked.
+            gates: GateSettings::default(),
         }
     }
 

@@ -27,6 +27,7 @@ fn settings() -> Settings {
         unanswered_grace: Duration::from_secs(60),
         retry_after: Duration::from_secs(30),
         installer: None,
+        gates: Default::default(),
     }
 }
 
@@ -75,6 +76,7 @@ fn cluster(version: &str) -> Observation {
             problem: None,
             leader: Some("cp-3".into()),
         },
+        gates: Default::default(),
     }
 }
 

@@ -331,6 +331,7 @@ impl World {
         talos::Observation {
             nodes,
             etcd: self.etcd(),
+            gates: Default::default(),
         }
     }
 

@@ -1,0 +1,65 @@
+//! The shell's side of the operator's gates before each node (issue #23): what the gates need that
+//! only IO can tell, gathered once per full look at a cluster into a [`GateObservation`] that the
+//! pure decision reads ([`talos_upgrade_core::holds`]).
+//!
+//! The gates decided from settings, the run and the time alone (maintenance windows, soak, canary)
+//! need nothing here. What is gathered: the nodes held out of runs (their Machine or Node annotated
+//! `upgrade.vitistack.io/hold: "true"`, read with the inventory, so no extra request), and the
+//! external checks (alerts, health checks), `NotConfigured` until their gate is set up.
+
+use std::collections::BTreeSet;
+
+use talos_upgrade_core::crd::KubernetesCluster;
+use talos_upgrade_core::holds::{ExternalCheck, GateObservation};
+use talos_upgrade_core::intent::UpgradeIntent;
+use talos_upgrade_core::talos::StartingNodes;
+
+use crate::cluster_access::Access;
+
+pub mod alerts;
+
+/// The operator's configuration of the gates that need IO (flags of the `run` command).
+#[derive(Debug, Clone, Default)]
+pub struct GateConfig {}
+
+/// What the gates of one cluster are observed with, in one reconcile.
+#[derive(Clone, Copy)]
+pub struct GateContext<'a> {
+    pub cluster: &'a KubernetesCluster,
+    pub intent: &'a UpgradeIntent,
+    pub config: &'a GateConfig,
+    /// The reconcile's time (the controller's clock: tests set it).
+    pub now: jiff::Timestamp,
+}
+
+/// What the gates see of the cluster now. `starting` says which nodes the pass may start
+/// ([`StartingNodes::Every`]: a run about to start).
+pub async fn observe(
+    context: &GateContext<'_>,
+    access: &Access,
+    starting: &StartingNodes,
+) -> GateObservation {
+    let _ = (context, starting);
+    GateObservation {
+        alerts: ExternalCheck::NotConfigured,
+        health_checks: ExternalCheck::NotConfigured,
+        held_nodes: held_nodes(access),
+    }
+}
+
+/// The nodes whose Machine or workload Node is annotated to be held.
+fn held_nodes(access: &Access) -> BTreeSet<String> {
+    access
+        .inventory
+        .iter()
+        .filter(|node| node.held)
+        .map(|node| node.name.clone())
+        .chain(
+            access
+                .workload_nodes
+                .iter()
+                .filter(|node| node.node.held)
+                .map(|node| node.node.name.clone()),
+        )
+        .collect()
+}
