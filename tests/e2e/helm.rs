@@ -35,30 +35,7 @@ const PROMETHEUS_RULE_CRD: &str =
 /// fails the test, loudly.
 fn helm_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-helm.sh");
-        let output = std::process::Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-        assert!(
-            output.status.success(),
-            "{} failed with {}: helm could not be built",
-            script.display(),
-            output.status
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let path = PathBuf::from(
-            stdout
-                .lines()
-                .last()
-                .unwrap_or_else(|| panic!("{} printed no path", script.display()))
-                .trim(),
-        );
-        assert!(path.is_file(), "{} is not a file", path.display());
-        path
-    })
+    BINARY.get_or_init(|| testenv::script::binary(&testenv::script::path("build-helm.sh"), &[]))
 }
 
 /// The API server of these tests, started once per test binary (see the module comment).

@@ -25,25 +25,11 @@ const REPO: &str = env!("CARGO_MANIFEST_DIR");
 fn image() -> &'static str {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        let script = Path::new(REPO).join("scripts/build-image.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .env("CONTAINER_TOOL", "podman")
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-        assert!(
-            output.status.success(),
-            "{} failed ({}): the image could not be built",
-            script.display(),
-            output.status
-        );
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .last()
-            .expect("the script prints the image reference")
-            .trim()
-            .to_string()
+        testenv::script::last_line(
+            &testenv::script::path("build-image.sh"),
+            &[],
+            &[("CONTAINER_TOOL", "podman")],
+        )
     })
 }
 

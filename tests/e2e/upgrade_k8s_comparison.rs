@@ -12,16 +12,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ListParams};
 use talos_sim::ClientRole;
+use testenv::AnonymousAccess;
 
 use crate::world::{ConfigShape, World, WorldSpec};
 
@@ -31,36 +30,9 @@ const APPLY: &str = "/machine.MachineService/ApplyConfiguration";
 
 /// The real talosctl, built (or found in the cache) by scripts/build-talosctl.sh.
 fn talosctl() -> &'static Path {
-    static TALOSCTL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = TALOSCTL.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-talosctl.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running {}: {e}", script.display()))?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let path = stdout.lines().last().unwrap_or_default().trim().to_string();
-        if !output.status.success() || !Path::new(&path).is_file() {
-            return Err(format!(
-                "{} failed ({}): {stdout}",
-                script.display(),
-                output.status
-            ));
-        }
-        Ok(PathBuf::from(path))
-    });
-    match built {
-        Ok(path) => path,
-        Err(e) => panic!("the real talosctl is needed and could not be built: {e}"),
-    }
-}
-
-fn b64(bytes: &[u8]) -> String {
-    serde_json::to_value(ByteString(bytes.to_vec()))
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .expect("base64")
+    static TALOSCTL: OnceLock<PathBuf> = OnceLock::new();
+    TALOSCTL
+        .get_or_init(|| testenv::script::binary(&testenv::script::path("build-talosctl.sh"), &[]))
 }
 
 /// Two identical clusters, each on an API server of its own; no controller yet. Configs whose images
@@ -104,15 +76,9 @@ async fn wait_for_ready_nodes(world: &World, version: &str) {
                         .items
                         .iter()
                         .filter(|n| {
-                            let status = n.status.clone().unwrap_or_default();
-                            status
-                                .node_info
-                                .is_some_and(|i| i.kubelet_version == kubelet)
-                                && status
-                                    .conditions
-                                    .unwrap_or_default()
-                                    .iter()
-                                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                            let info = n.status.as_ref().and_then(|s| s.node_info.as_ref());
+                            info.is_some_and(|i| i.kubelet_version == kubelet)
+                                && testenv::node_ready(n)
                         })
                         .count();
                     ready == expected
@@ -127,51 +93,12 @@ async fn wait_for_ready_nodes(world: &World, version: &str) {
 /// on this world's own API server (and only there).
 async fn serve_talos_kubeconfig(world: &World) {
     let api = world.ns.control_plane();
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some("upgrade-k8s-anonymous-admin".into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            name: "system:anonymous".into(),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            ..Default::default()
-        }]),
-    };
-    match Api::<ClusterRoleBinding>::all(world.ns.client.clone())
-        .create(&PostParams::default(), &binding)
+    api.allow_anonymous(AnonymousAccess::Admin)
         .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("granting anonymous requests cluster-admin: {e}"),
-    }
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "admin");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:masters");
-    let cert = params.self_signed(&key).expect("certificate");
-    let cluster = world.sim.cluster_name().to_string();
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin@{cluster}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\ncontexts:\n- name: admin@{cluster}\n  context:\n    cluster: {cluster}\n    namespace: default\n    user: admin@{cluster}\ncurrent-context: admin@{cluster}\n",
-        server = api.server(),
-        ca = b64(api.ca_pem().as_bytes()),
-        crt = b64(cert.pem().as_bytes()),
-        key = b64(key.serialize_pem().as_bytes()),
-    );
+        .expect("granting anonymous requests cluster-admin");
     world
         .sim
-        .set_workload_kubeconfig(Some(&kubeconfig))
+        .set_workload_kubeconfig(Some(&api.talos_shaped_kubeconfig(world.sim.cluster_name())))
         .expect("the workload kubeconfig");
 }
 

@@ -212,7 +212,7 @@ pub struct Comparison {
 pub async fn build_talosctl() -> anyhow::Result<PathBuf> {
     let candidates = [
         PathBuf::from("scripts/build-talosctl.sh"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-talosctl.sh"),
+        testenv::script::path("build-talosctl.sh"),
     ];
     let script = candidates
         .iter()
@@ -222,24 +222,12 @@ pub async fn build_talosctl() -> anyhow::Result<PathBuf> {
         "building talosctl (cached after the first build): {}",
         script.display()
     );
-    let output = tokio::process::Command::new("bash")
-        .arg(script)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .await
-        .with_context(|| format!("running {}", script.display()))?;
-    if !output.status.success() {
-        bail!("{} failed with {}", script.display(), output.status);
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let path = PathBuf::from(
-        stdout
-            .lines()
-            .last()
-            .with_context(|| format!("{} printed no path", script.display()))?
-            .trim(),
-    );
+    let script = script.clone();
+    let path =
+        tokio::task::spawn_blocking(move || testenv::script::try_last_line(&script, &[], &[]))
+            .await?
+            .map_err(anyhow::Error::msg)?;
+    let path = PathBuf::from(path);
     if !path.is_file() {
         bail!("{} is not a file", path.display());
     }

@@ -309,12 +309,7 @@ impl World {
                 .await?
                 .items
                 .iter()
-                .filter(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
+                .filter(|n| testenv::node_ready(n))
                 .count();
             if ready >= count {
                 return Ok(());

@@ -13,9 +13,12 @@ mod control_plane;
 mod kubeconfig;
 mod pki;
 mod process;
+pub mod script;
+mod workload;
 
 pub use binaries::Binaries;
 pub use control_plane::{ControlPlane, ProcessIds, TestNamespace, crd_established};
+pub use workload::{AnonymousAccess, node_ready};
 
 /// Everything that can go wrong while starting or talking to the test control plane.
 #[derive(Debug, thiserror::Error)]

@@ -3,76 +3,26 @@
 //! person reads, and the Rust client for the wire details (one-to-many stamping, error codes).
 //!
 //! The Kubernetes half of the health checks needs a real API server holding exactly the simulated
-//! cluster's Nodes and static pods, so these tests start their own (one per test binary) and take turns
-//! on it. Talos hands out kubeconfigs with a client certificate, and talosctl accepts no other kind; the
-//! test API server has no client CA, so those requests arrive as `system:anonymous`, which this API
-//! server (and only this one) may read everything.
+//! cluster's Nodes and static pods, so these tests mirror their clusters into one of their own (one per
+//! test binary, mirrored.rs) and take turns on it.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
 
-use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use base64::Engine as _;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use talos_api::proto::cluster;
 use talos_api::proto::cluster::cluster_service_client::ClusterServiceClient;
 use talos_api::proto::common;
 use talos_api::proto::machine;
-use talos_sim::workload::WorkloadMirror;
 use talos_sim::{ClientRole, Fault, SimConfig, Simulator, Timings};
-use testenv::ControlPlane;
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 use crate::common::*;
-
-/// The API server of these tests, started once per test binary.
-fn api_server() -> &'static ControlPlane {
-    static API: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-    match API.get_or_init(|| ControlPlane::start_blocking().map_err(|e| e.to_string())) {
-        Ok(api) => api,
-        Err(e) => panic!("the health tests' API server could not start: {e}"),
-    }
-}
-
-/// One test at a time on the API server: each fills it with its own cluster's Nodes.
-async fn take_api_server() -> tokio::sync::MutexGuard<'static, ()> {
-    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    TURN.lock().await
-}
-
-/// The real talosctl, built (or found in the cache) by scripts/build-talosctl.sh.
-fn talosctl() -> &'static Path {
-    static TALOSCTL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = TALOSCTL.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-talosctl.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running {}: {e}", script.display()))?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let path = stdout.lines().last().unwrap_or_default().trim().to_string();
-        if !output.status.success() || !Path::new(&path).is_file() {
-            return Err(format!(
-                "{} failed ({}): {stdout}",
-                script.display(),
-                output.status
-            ));
-        }
-        Ok(PathBuf::from(path))
-    });
-    match built {
-        Ok(path) => path,
-        Err(e) => panic!("the real talosctl is needed and could not be built: {e}"),
-    }
-}
+use crate::mirrored;
+use crate::talosctl::Talosctl;
 
 /// A scratch directory for one test's files (talosconfig, written kubeconfigs).
 struct Scratch(PathBuf);
@@ -128,7 +78,7 @@ impl World {
 
     /// `talosctl --talosconfig … -e <cp-1> <args>`, not started yet.
     fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(talosctl());
+        let mut command = tokio::process::Command::new(Talosctl::V1_14.binary());
         command
             .arg("--talosconfig")
             .arg(&self.talosconfig)
@@ -222,160 +172,16 @@ impl std::fmt::Display for Run {
     }
 }
 
-/// A kubeconfig shaped as Talos generates one (client certificate and key, namespace `default`) for the
-/// tests' API server. The certificate is the tests' own: this API server has no client CA and treats
-/// the requests as anonymous.
-fn talos_shaped_kubeconfig(api: &ControlPlane, cluster: &str) -> String {
-    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "admin");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:masters");
-    let cert = params.self_signed(&key).expect("certificate");
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin@{cluster}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\ncontexts:\n- name: admin@{cluster}\n  context:\n    cluster: {cluster}\n    namespace: default\n    user: admin@{cluster}\ncurrent-context: admin@{cluster}\n",
-        server = api.server(),
-        ca = b64(api.ca_pem()),
-        crt = b64(&cert.pem()),
-        key = b64(&key.serialize_pem()),
-    )
-}
-
-/// Let anonymous requests read everything on the tests' API server (see the module comment).
-async fn allow_anonymous_reads(client: &kube::Client) {
-    let name = "talosctl-health-anonymous-read";
-    let role = ClusterRole {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["*".into()]),
-            resources: Some(vec!["*".into()]),
-            verbs: vec!["get".into(), "list".into(), "watch".into()],
-            ..Default::default()
-        }]),
-        ..Default::default()
-    };
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: name.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            name: "system:anonymous".into(),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            ..Default::default()
-        }]),
-    };
-    for result in [
-        Api::<ClusterRole>::all(client.clone())
-            .create(&PostParams::default(), &role)
-            .await
-            .map(|_| ()),
-        Api::<ClusterRoleBinding>::all(client.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-            .map(|_| ()),
-    ] {
-        match result {
-            Ok(()) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("granting anonymous reads: {e}"),
-        }
-    }
-}
-
-/// Remove every Node and kube-system pod a previous test left.
-async fn empty_workload_cluster(client: &kube::Client) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
-    let now = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..Default::default()
-    };
-    for node in nodes
-        .list(&ListParams::default())
-        .await
-        .expect("nodes")
-        .items
-    {
-        let _ = nodes
-            .delete(&node.metadata.name.unwrap_or_default(), &now)
-            .await;
-    }
-    for pod in pods.list(&ListParams::default()).await.expect("pods").items {
-        let _ = pods
-            .delete(&pod.metadata.name.unwrap_or_default(), &now)
-            .await;
-    }
-}
-
 /// Start a 3+2 cluster on Talos 1.13 / Kubernetes 1.34.1, mirror it into the tests' API server and wait
 /// until every node is registered Ready with its static pods.
 async fn world(name: &str) -> World {
     init();
-    let api = api_server();
-    let client = api.client().await.expect("admin client");
-    allow_anonymous_reads(&client).await;
-    empty_workload_cluster(&client).await;
     let sim = Simulator::start(
         SimConfig::uniform(name, 3, 2, "1.13.0", "1.34.1").with_timings(Timings::fast()),
     )
     .await
     .expect("simulator");
-    let mirror = WorkloadMirror::new(client.clone());
-    for node in sim.nodes() {
-        let snapshots = sim.subscribe(&node.name).expect("subscribe");
-        let mirror = mirror.clone();
-        tokio::spawn(async move { mirror.follow(snapshots).await });
-    }
-    sim.set_workload_kubeconfig(Some(&talos_shaped_kubeconfig(api, name)))
-        .expect("a Talos-shaped kubeconfig is accepted");
-    let expected: BTreeSet<String> = sim.nodes().into_iter().map(|n| n.name).collect();
-    let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let ready: BTreeSet<String> = nodes
-            .list(&ListParams::default())
-            .await
-            .expect("nodes")
-            .items
-            .into_iter()
-            .filter(|n| {
-                n.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .filter_map(|n| n.metadata.name)
-            .collect();
-        let static_pods = pods
-            .list(&ListParams::default())
-            .await
-            .expect("pods")
-            .items
-            .len();
-        if ready == expected && static_pods == 9 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the workload mirror did not register the cluster: ready {ready:?}, {static_pods} static pods"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    mirrored::mirror(&sim, name).await;
     let scratch = Scratch::new(name);
     let talosconfig = scratch.write("talosconfig", &sim.talosconfig(ClientRole::Admin));
     World {
@@ -387,7 +193,7 @@ async fn world(name: &str) -> World {
 
 #[tokio::test]
 async fn talosctl_health_passes_on_a_healthy_cluster() {
-    let _turn = take_api_server().await;
+    let _turn = mirrored::take_turn().await;
     let world = world("health-ok").await;
     let ips = world.ips(true).into_iter().chain(world.ips(false));
     let discovered: Vec<String> = ips.map(|ip| format!("{ip:?}")).collect();
@@ -418,7 +224,7 @@ async fn talosctl_health_passes_on_a_healthy_cluster() {
 /// `PermissionDenied`.
 #[tokio::test]
 async fn talosctl_health_client_side_passes_on_a_healthy_cluster() {
-    let _turn = take_api_server().await;
+    let _turn = mirrored::take_turn().await;
     let world = world("health-client").await;
     world
         .health(false, "2m")
@@ -439,7 +245,7 @@ async fn talosctl_health_client_side_passes_on_a_healthy_cluster() {
 
 #[tokio::test]
 async fn talosctl_health_fails_while_a_member_of_etcd_is_unhealthy() {
-    let _turn = take_api_server().await;
+    let _turn = mirrored::take_turn().await;
     let world = world("health-etcd").await;
     world
         .sim
@@ -463,7 +269,7 @@ async fn talosctl_health_fails_while_a_member_of_etcd_is_unhealthy() {
 
 #[tokio::test]
 async fn talosctl_health_fails_while_a_node_is_down() {
-    let _turn = take_api_server().await;
+    let _turn = mirrored::take_turn().await;
     let world = world("health-down").await;
     world
         .sim
@@ -491,7 +297,7 @@ async fn talosctl_health_fails_while_a_node_is_down() {
 
 #[tokio::test]
 async fn talosctl_reads_events_dmesg_and_logs_through_one_endpoint() {
-    let _turn = take_api_server().await;
+    let _turn = mirrored::take_turn().await;
     let world = world("health-streams").await;
     let (cp2, worker) = (world.ip("cp-2"), world.ip("worker-1"));
     let nodes = format!("{cp2},{worker}");
@@ -562,7 +368,7 @@ async fn talosctl_reads_events_dmesg_and_logs_through_one_endpoint() {
 
 #[tokio::test]
 async fn talosctl_kubeconfig_and_upgrade_k8s_reach_the_workload_cluster() {
-    let _turn = take_api_server().await;
+    let _turn = mirrored::take_turn().await;
     let world = world("health-kubeconfig").await;
     let cp1 = world.ip("cp-1");
     let target = world.scratch.0.join("out").join("kubeconfig");
@@ -572,7 +378,7 @@ async fn talosctl_kubeconfig_and_upgrade_k8s_reach_the_workload_cluster() {
         .ok();
     let written = std::fs::read_to_string(&target).expect("talosctl wrote the kubeconfig");
     assert!(
-        written.contains(&format!("server: {}", api_server().server())),
+        written.contains(&format!("server: {}", mirrored::api_server().server())),
         "the written kubeconfig points at the workload API server:\n{}",
         written
             .lines()

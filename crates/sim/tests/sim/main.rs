@@ -12,6 +12,7 @@ mod cosi;
 mod etcd;
 mod faults;
 mod health;
+mod mirrored;
 mod talos_1_14;
 mod talos_client;
 mod talos_conformance;

@@ -42,19 +42,8 @@ fn conformance_binaries() -> &'static Binaries {
 /// Builds the Go program twice (cached by the script; a cold build takes minutes on 2 cores) and returns
 /// the binaries' paths, the script's last two lines of stdout (`<machinery version> <path>`).
 fn build_conformance() -> Binaries {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-conformance.sh");
-    let output = std::process::Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-    assert!(
-        output.status.success(),
-        "{} failed with {}",
-        script.display(),
-        output.status
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let script = testenv::script::path("build-conformance.sh");
+    let stdout = testenv::script::stdout(&script, &[], &[]);
     let binary = |version: &str| {
         let path = stdout
             .lines()

@@ -12,17 +12,12 @@ use std::process::{Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use base64::Engine as _;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{Api, ListParams, PostParams};
 use serde::Deserialize;
-use talos_sim::workload::WorkloadMirror;
 use talos_sim::{NodeInfo, SimConfig, Simulator, Timings};
-use testenv::ControlPlane;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::common::{PATIENCE, init, wait_snapshot};
+use crate::mirrored;
 
 const LEGACY: &str = "1.11.6";
 const LEGACY_KUBERNETES: &str = "1.34.1";
@@ -35,7 +30,7 @@ const LIFECYCLE_TARGET: &str = "ghcr.io/siderolabs/installer:v1.13.5";
 
 /// The talosctl releases `scripts/build-talosctl.sh` builds, each from its own wrapper module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Talosctl {
+pub(crate) enum Talosctl {
     /// v1.14.1: ImageService and LifecycleService on Talos >= 1.13, the legacy Upgrade below; a
     /// `--nodes` list sent as one call per node with the `node` header.
     V1_14,
@@ -64,7 +59,7 @@ impl Talosctl {
 
     /// The binary, built once per release for every test of this binary (the first caller builds, the
     /// others wait). A cold build takes minutes on 2 cores; a warm cache answers at once.
-    fn binary(self) -> &'static Path {
+    pub(crate) fn binary(self) -> &'static Path {
         static V1_14: OnceLock<PathBuf> = OnceLock::new();
         static V1_12: OnceLock<PathBuf> = OnceLock::new();
         let built = match self {
@@ -78,29 +73,7 @@ impl Talosctl {
 /// Runs the build script for `release` (it caches the binary outside the repository) and returns the
 /// path it prints as its last line of stdout. A talosctl that cannot be built fails the test, loudly.
 fn build_talosctl(release: &str) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-talosctl.sh");
-    let output = std::process::Command::new("bash")
-        .arg(&script)
-        .arg(release)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-    assert!(
-        output.status.success(),
-        "{} {release} failed with {}: talosctl could not be built",
-        script.display(),
-        output.status
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let path = PathBuf::from(
-        stdout
-            .lines()
-            .last()
-            .unwrap_or_else(|| panic!("{} printed no path", script.display()))
-            .trim(),
-    );
-    assert!(path.is_file(), "{} is not a file", path.display());
-    path
+    testenv::script::binary(&testenv::script::path("build-talosctl.sh"), &[release])
 }
 
 /// Removes the talosconfig however the test ends.
@@ -1037,23 +1010,9 @@ async fn v1_12_upgrade_makes_the_legacy_call_on_a_lifecycle_cluster() {
     );
 }
 
-/// The API server behind the v1.12.0 health test: talosctl's client-side checks read the cluster's
-/// Nodes and static pods, which the simulator's kubelet mirror writes there. This test's own (health.rs
-/// has its own, for the same reason): the shared one's tests count Nodes.
-fn health_api_server() -> &'static ControlPlane {
-    static API: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-    match API.get_or_init(|| ControlPlane::start_blocking().map_err(|e| e.to_string())) {
-        Ok(api) => api,
-        Err(e) => panic!("the talosctl health test's API server could not start: {e}"),
-    }
-}
-
-/// A cluster as [`cluster_with`] makes it, mirrored into [`health_api_server`], with the kubeconfig
-/// its control planes hand out pointing there; returns once every Node is Ready with its static pods.
-///
-/// talosctl accepts only a kubeconfig shaped as Talos generates one (client certificate and key); this
-/// API server has no client CA, so those requests arrive as `system:anonymous`, which may read
-/// everything here (and only here).
+/// A cluster as [`cluster_with`] makes it, mirrored into the health tests' API server
+/// ([`mirrored::mirror`]: the caller holds its turn), with the kubeconfig its control planes hand out
+/// pointing there; returns once every Node is Ready with its static pods.
 async fn mirrored_cluster(
     talosctl: Talosctl,
     name: &str,
@@ -1062,100 +1021,9 @@ async fn mirrored_cluster(
 ) -> Cluster {
     init();
     talosctl.binary();
-    let api = health_api_server();
-    let client = api.client().await.expect("admin client");
-    let read_all: ClusterRole = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "talosctl-anonymous-read"},
-        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}],
-    }))
-    .expect("a ClusterRole");
-    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "talosctl-anonymous-read"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "talosctl-anonymous-read"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}],
-    }))
-    .expect("a ClusterRoleBinding");
-    let post = PostParams::default();
-    for created in [
-        Api::<ClusterRole>::all(client.clone())
-            .create(&post, &read_all)
-            .await
-            .map(|_| ()),
-        Api::<ClusterRoleBinding>::all(client.clone())
-            .create(&post, &binding)
-            .await
-            .map(|_| ()),
-    ] {
-        match created {
-            Ok(()) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("granting anonymous reads: {e}"),
-        }
-    }
-
     let sim = start_sim(name, talos, kubernetes, Timings::fast()).await;
-    let mirror = WorkloadMirror::new(client.clone());
-    for node in sim.nodes() {
-        let snapshots = sim.subscribe(&node.name).expect("subscribe");
-        let mirror = mirror.clone();
-        tokio::spawn(async move { mirror.follow(snapshots).await });
-    }
-    sim.set_workload_kubeconfig(Some(&talos_shaped_kubeconfig(api, name)))
-        .expect("a Talos-shaped kubeconfig is accepted");
-
-    let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::namespaced(client, "kube-system");
-    let registered = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let ready = nodes
-                .list(&ListParams::default())
-                .await
-                .expect("nodes")
-                .items
-                .iter()
-                .filter(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
-                .count();
-            let static_pods = pods.list(&ListParams::default()).await.expect("pods").items;
-            if ready == 5 && static_pods.len() == 9 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(
-        registered.is_ok(),
-        "the workload mirror did not register 5 Ready Nodes and 9 static pods"
-    );
+    mirrored::mirror(&sim, name).await;
     talosctl_for(sim, talosctl, name, "os:admin")
-}
-
-/// A kubeconfig shaped as Talos generates one (one cluster, one user with a client certificate and key,
-/// namespace `default`) for `api`; the certificate is self-signed. A copy of health.rs's, which (like its
-/// mirrored cluster) is private to that module.
-fn talos_shaped_kubeconfig(api: &ControlPlane, cluster: &str) -> String {
-    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "admin");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:masters");
-    let cert = params.self_signed(&key).expect("certificate");
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin@{cluster}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\ncontexts:\n- name: admin@{cluster}\n  context:\n    cluster: {cluster}\n    namespace: default\n    user: admin@{cluster}\ncurrent-context: admin@{cluster}\n",
-        server = api.server(),
-        ca = b64(api.ca_pem()),
-        crt = b64(&cert.pem()),
-        key = b64(&key.serialize_pem()),
-    )
 }
 
 /// `talosctl -n cp-1 health --server=false` with the cluster's nodes named, waiting up to `wait`.
@@ -1191,6 +1059,7 @@ async fn health_client_side(c: &Cluster, wait: &str) -> Run {
 /// skips them when the node answers `Kubeconfig` with FailedPrecondition).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_12_health_client_side_passes_on_a_healthy_cluster() {
+    let _turn = mirrored::take_turn().await;
     let c = mirrored_cluster(Talosctl::V1_12, "tctl12-health", LEGACY, LEGACY_KUBERNETES).await;
     let run = health_client_side(&c, "2m").await;
     assert!(run.success, "{}", run.report);
