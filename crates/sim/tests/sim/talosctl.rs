@@ -147,6 +147,22 @@ struct Run {
     success: bool,
 }
 
+impl Run {
+    /// What talosctl printed, stdout and stderr together.
+    fn output(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+
+    /// Asserts that talosctl printed each of `lines` (on stdout or stderr).
+    fn assert_shows<S: AsRef<str>>(&self, lines: &[S]) {
+        let output = self.output();
+        for line in lines {
+            let line = line.as_ref();
+            assert!(output.contains(line), "no {line:?}\n{}", self.report);
+        }
+    }
+}
+
 impl Cluster {
     fn node(&self, name: &str) -> NodeInfo {
         self.sim
@@ -667,7 +683,7 @@ async fn upgrade_wait_on_a_legacy_cluster() {
             ],
         )
         .await;
-    let output = format!("{}{}", run.stdout, run.stderr);
+    let output = run.output();
     // talosctl 1.14.1 finds no LifecycleService below 1.13.0-alpha.3 and falls back.
     assert!(
         output.contains("New upgrade API is not available, falling back to legacy"),
@@ -732,7 +748,7 @@ async fn upgrade_wait_on_a_lifecycle_cluster() {
             ],
         )
         .await;
-    let output = format!("{}{}", run.stdout, run.stderr);
+    let output = run.output();
     let ip = c.ip("worker-2");
     assert!(
         !output.contains("falling back to legacy"),
@@ -742,13 +758,11 @@ async fn upgrade_wait_on_a_lifecycle_cluster() {
     // The pull through ImageService, the installer through LifecycleService (their output printed
     // line by line), then the reboot, whose tracker prints the latest event every 100 ms: only its
     // final line is certain.
-    for line in [
+    run.assert_shows(&[
         format!("{ip}: pulled image {LIFECYCLE_TARGET}"),
         format!("{ip}: upgrade completed"),
         format!("\"{ip}\": post check passed"),
-    ] {
-        assert!(output.contains(&line), "no {line:?}\n{}", run.report);
-    }
+    ]);
     assert_one_upgrade_and_one_reboot(&c, "worker-2", "/machine.LifecycleService/Upgrade");
     let snapshot = c.sim.node_snapshot("worker-2").expect("worker-2");
     assert_eq!(snapshot.talos_version, "1.13.5");
@@ -915,7 +929,7 @@ async fn cluster_for_1_12_upgrades(name: &str, talos: &str, kubernetes: &str) ->
 /// tracker's post check; returns what it printed, stdout and stderr together.
 async fn upgrade_1_12(c: &Cluster, node: &str, image: &str) -> String {
     let run = c.ok(node, &["upgrade", "--image", image]).await;
-    let output = format!("{}{}", run.stdout, run.stderr);
+    let output = run.output();
     // No new API to try, so nothing falls back.
     assert!(!output.contains("falling back"), "{}", run.report);
     // The tracker prints the latest event every 100 ms, so only its last line is certain.
@@ -1063,8 +1077,7 @@ async fn v1_12_health_client_side_passes_on_a_healthy_cluster() {
     let c = mirrored_cluster(Talosctl::V1_12, "tctl12-health", LEGACY, LEGACY_KUBERNETES).await;
     let run = health_client_side(&c, "2m").await;
     assert!(run.success, "{}", run.report);
-    let output = format!("{}{}", run.stdout, run.stderr);
-    for check in [
+    run.assert_shows(&[
         "waiting for etcd to be healthy: OK",
         "waiting for etcd members to be consistent across nodes: OK",
         "waiting for etcd members to be control plane nodes: OK",
@@ -1077,9 +1090,7 @@ async fn v1_12_health_client_side_passes_on_a_healthy_cluster() {
         "waiting for all control plane components to be ready: OK",
         "waiting for all k8s nodes to report ready: OK",
         "waiting for all k8s nodes to report schedulable: OK",
-    ] {
-        assert!(output.contains(check), "no {check:?}\n{}", run.report);
-    }
+    ]);
 }
 
 /// Without a workload kubeconfig a node answers `Kubeconfig` with FailedPrecondition: talosctl v1.14.1
@@ -1097,17 +1108,15 @@ async fn v1_12_health_without_a_workload_kubeconfig_fails_at_the_kubernetes_chec
     .await;
     let run = health_client_side(&c, "8s").await;
     assert!(!run.success, "{}", run.report);
-    let output = format!("{}{}", run.stdout, run.stderr);
-    for line in [
+    run.assert_shows(&[
         "waiting for etcd to be healthy: OK",
         "waiting for kubelet to be healthy: OK",
         "waiting for all nodes to finish boot sequence: OK",
         "waiting for all k8s nodes to report: rpc error: code = FailedPrecondition",
-    ] {
-        assert!(output.contains(line), "no {line:?}\n{}", run.report);
-    }
+    ]);
     assert!(
-        !output.contains("waiting for all k8s nodes to report: SKIP"),
+        !run.output()
+            .contains("waiting for all k8s nodes to report: SKIP"),
         "{}",
         run.report
     );
