@@ -14,11 +14,11 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
 use serde_json::{Value, json};
 use testenv::{ControlPlane, TestNamespace};
 use tokio::sync::OnceCell;
+
+use crate::replica;
 
 const CHART: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -682,17 +682,6 @@ async fn service_account_kubeconfig(ns: &TestNamespace, namespace: &str, name: &
     path
 }
 
-/// The holder of the Lease `namespace/name`, if held.
-async fn lease_holder(client: &kube::Client, namespace: &str, name: &str) -> Option<String> {
-    Api::<Lease>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .expect("get lease")
-        .and_then(|lease| lease.spec)
-        .and_then(|spec| spec.holder_identity)
-        .filter(|holder| !holder.is_empty())
-}
-
 #[tokio::test]
 async fn helm_install_with_two_shards_runs_one_deployment_and_one_lease_per_shard() {
     let ns = namespace("helm-shards").await;
@@ -875,7 +864,7 @@ async fn helm_install_with_two_shards_runs_one_deployment_and_one_lease_per_shar
     for (deployment_name, _, _) in &shards {
         let pod = format!("{deployment_name}-pod");
         loop {
-            if lease_holder(&ns.client, &ns.name, deployment_name).await == Some(pod.clone()) {
+            if replica::holder(&ns.client, &ns.name, deployment_name).await == Some(pod.clone()) {
                 break;
             }
             for controller in &mut controllers {
@@ -891,7 +880,7 @@ async fn helm_install_with_two_shards_runs_one_deployment_and_one_lease_per_shar
         }
     }
     // No Lease for the whole fleet: no Deployment watches every cluster.
-    assert_eq!(lease_holder(&ns.client, &ns.name, &name).await, None);
+    assert_eq!(replica::holder(&ns.client, &ns.name, &name).await, None);
 }
 
 /// A rule of a Role or ClusterRole with its lists sorted, and the rules sorted: a reordering is not a
