@@ -104,12 +104,25 @@ struct RunArgs {
     /// handful of Kubernetes reads.
     #[arg(long, env = "TUC_IDLE_INTERVAL", default_value = "10m", value_parser = parse_duration)]
     idle_interval: std::time::Duration,
+    /// The maintenance windows of every cluster without the upgrade.vitistack.io/maintenance-window
+    /// annotation (which has the same syntax; `always` on a cluster opts out): Talos runs start, and
+    /// start nodes, only inside them, e.g. "Mon-Fri 22:00 4h Europe/Oslo; Sat,Sun 02:00 8h UTC".
+    /// Unset: any time.
+    #[arg(long, env = "TUC_MAINTENANCE_WINDOW", value_parser = parse_maintenance_window)]
+    maintenance_window: Option<talos_upgrade_core::holds::MaintenanceWindows>,
     /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
     #[arg(long, env = "TUC_SECRET_NAME_TEMPLATE", default_value = "{clusterId}")]
     secret_name_template: String,
 }
 
 /// `250ms`, `30s`, `15m`, `1h`.
+/// `--maintenance-window`: the annotation's syntax.
+fn parse_maintenance_window(
+    value: &str,
+) -> Result<talos_upgrade_core::holds::MaintenanceWindows, String> {
+    talos_upgrade_core::holds::MaintenanceWindows::parse(value)
+}
+
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
     let split = text
@@ -194,6 +207,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         poll_interval: args.poll_interval,
         idle_interval: args.idle_interval,
         secret_name_template: args.secret_name_template,
+        maintenance_window: args.maintenance_window,
         watch_label_selector: args.watch_label_selector.filter(|s| !s.trim().is_empty()),
         ..reconcile::Settings::default()
     };

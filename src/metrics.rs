@@ -25,6 +25,8 @@
 //! | `talos_upgrade_node_upgrade_duration_seconds` | histogram | `namespace`, `cluster`, `kind`, `role` | Time from starting a node's upgrade to the node verified on the target. `role` = `control-plane` or `worker`. Buckets 1 s .. 1 h. |
 //! | `talos_upgrade_runs_total` | counter | `namespace`, `cluster`, `kind`, `result` | Finished upgrade runs; `result` = `completed` or `failed`. |
 //! | `talos_upgrade_preflight_failures_total` | counter | `namespace`, `cluster`, `kind`, `check` | Failed pre-node checks (e.g. `nodes-ready`, `talos-api`, `etcd-health`, `etcd-quorum`, `etcd-leader`), by check. |
+//! | `talos_upgrade_holds_total` | counter | `namespace`, `cluster`, `kind`, `gate` | Holds of a run by one of the operator's gates before its next node (`canary`, `maintenance-window`, `soak`, `alerts`, `health-checks`), counted when a hold begins (or its message changes), not per pass. |
+//! | `talos_upgrade_hold` | gauge | `namespace`, `cluster`, `kind`, `gate` | 1 for the gate holding the run's next node right now, 0 for the others; no series for a cluster never held. |
 //! | `talos_upgrade_reconcile_duration_seconds` | histogram | | Duration of one reconcile of one `KubernetesCluster`. Buckets 5 ms .. 2 min. Its `_count` is the number of reconciles. |
 //! | `talos_upgrade_reconcile_errors_total` | counter | `category` | Reconciles that ended in an error, by low-cardinality error category. |
 //! | `talos_upgrade_talos_api_calls_total` | counter | `method`, `code` | Talos API calls by gRPC method short name (e.g. `Version`, `Upgrade`, `EtcdMemberList`) and gRPC status code name (`OK`, `Unavailable`, `DeadlineExceeded`, ...). |
@@ -48,6 +50,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
+use talos_upgrade_core::holds::Gate;
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "talos_upgrade";
@@ -183,6 +186,14 @@ struct CheckLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct GateLabels {
+    namespace: String,
+    cluster: String,
+    kind: &'static str,
+    gate: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ErrorLabels {
     category: &'static str,
 }
@@ -228,6 +239,8 @@ struct Families {
     node_upgrade_duration: Family<RoleLabels, Histogram, fn() -> Histogram>,
     runs: Family<ResultLabels, Counter>,
     preflight_failures: Family<CheckLabels, Counter>,
+    holds: Family<GateLabels, Counter>,
+    hold: Family<GateLabels, Gauge>,
     reconcile_duration: Histogram,
     reconcile_errors: Family<ErrorLabels, Counter>,
     talos_api_calls: Family<CallLabels, Counter>,
@@ -282,6 +295,8 @@ impl Metrics {
             node_upgrade_duration: Family::new_with_constructor(node_histogram),
             runs: Family::default(),
             preflight_failures: Family::default(),
+            holds: Family::default(),
+            hold: Family::default(),
             reconcile_duration: Histogram::new(RECONCILE_BUCKETS),
             reconcile_errors: Family::default(),
             talos_api_calls: Family::default(),
@@ -351,6 +366,16 @@ impl Metrics {
             "preflight_failures",
             "Failed pre-node checks by check",
             f.preflight_failures.clone(),
+        );
+        r.register(
+            "holds",
+            "Holds by a gate before a run's next node, counted when a hold begins",
+            f.holds.clone(),
+        );
+        r.register(
+            "hold",
+            "1 for the gate holding the run's next node now, 0 for the others",
+            f.hold.clone(),
         );
         r.register_with_unit(
             "reconcile_duration",
@@ -591,6 +616,31 @@ impl Metrics {
             .insert(labels);
     }
 
+    /// The gate holding a run's next node now (`None`: none), and whether its hold `began` in this
+    /// reconcile (counted once per hold). A cluster never held has no series.
+    pub fn set_hold(&self, key: &ClusterKey, kind: UpgradeKind, gate: Option<Gate>, began: bool) {
+        let _clusters = self.lock_clusters();
+        let f = self.families();
+        let labels = |gate: Gate| GateLabels {
+            namespace: key.namespace.clone(),
+            cluster: key.cluster.clone(),
+            kind: kind.as_str(),
+            gate: gate.as_str(),
+        };
+        if let Some(gate) = gate
+            && began
+        {
+            f.holds.get_or_create(&labels(gate)).inc();
+        }
+        for each in Gate::ALL {
+            let value = i64::from(Some(each) == gate);
+            // Series appear with the first hold, and then go to 0 rather than vanish.
+            if gate.is_some() || f.hold.get(&labels(each)).is_some() {
+                f.hold.get_or_create(&labels(each)).set(value);
+            }
+        }
+    }
+
     /// Remove every series of the cluster (on deletion of the `KubernetesCluster`).
     pub fn forget_cluster(&self, key: &ClusterKey) {
         let mut clusters = self.lock_clusters();
@@ -636,6 +686,16 @@ impl Metrics {
                     kind: kind.as_str(),
                     role: role.as_str(),
                 });
+            }
+            for gate in Gate::ALL {
+                let labels = GateLabels {
+                    namespace: key.namespace.clone(),
+                    cluster: key.cluster.clone(),
+                    kind: kind.as_str(),
+                    gate: gate.as_str(),
+                };
+                f.holds.remove(&labels);
+                f.hold.remove(&labels);
             }
             for result in RunResult::ALL {
                 f.runs.remove(&ResultLabels {

@@ -447,6 +447,7 @@ mod tests {
                 target: "1.12.0".to_string(),
                 started_at: jiff::Timestamp::UNIX_EPOCH,
                 outcome: None,
+                gates: Default::default(),
                 nodes: Vec::new(),
             }),
             phase_before_upgrade: Some("Provisioning".to_string()),

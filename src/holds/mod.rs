@@ -16,8 +16,6 @@ use talos_upgrade_core::talos::StartingNodes;
 
 use crate::cluster_access::Access;
 
-pub mod alerts;
-
 /// The operator's configuration of the gates that need IO (flags of the `run` command).
 #[derive(Debug, Clone, Default)]
 pub struct GateConfig {}

@@ -48,6 +48,7 @@ use talos_upgrade_core::catalog::Catalog;
 use talos_upgrade_core::coexistence::{self, Standing};
 use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::gates::Gates;
+use talos_upgrade_core::holds::MaintenanceWindows;
 use talos_upgrade_core::intent::UpgradeIntent;
 use talos_upgrade_core::kubernetes::Kubernetes;
 use talos_upgrade_core::lifecycle::{self, Inputs, Lifecycle, Limits, Revisit};
@@ -58,6 +59,10 @@ use talos_upgrade_core::talos::Talos;
 /// followers wake the reconcile when a node is back; this poll only bounds what a lost stream costs
 /// and notices a node deadline. Never shorter than `--poll-interval`.
 const FOLLOWED_POLL_INTERVAL: Duration = Duration::from_secs(15);
+
+/// How often a run held by a gate that asks outside the cluster (alerts, health checks) asks again:
+/// a hold lasts minutes, and each look costs a query.
+const CHECKING_POLL_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Where every decision's `now` comes from: the system clock, or a test's.
 #[derive(Clone)]
@@ -115,6 +120,8 @@ pub struct Settings {
     pub clock: Clock,
     /// The operator's configuration of the gates before each node that need IO.
     pub gates: GateConfig,
+    /// `--maintenance-window`: the windows of a cluster without the annotation (`None`: any time).
+    pub maintenance_window: Option<MaintenanceWindows>,
 }
 
 impl Default for Settings {
@@ -129,6 +136,7 @@ impl Default for Settings {
             watch_label_selector: None,
             clock: Clock::system(),
             gates: GateConfig::default(),
+            maintenance_window: None,
         }
     }
 }
@@ -435,7 +443,8 @@ async fn reconcile_cluster(
         return stand_aside(&cluster, &ctx, &standing).await;
     }
     ctx.said.forget(&key);
-    let intent = UpgradeIntent::from_annotations(cluster.annotations());
+    let intent = UpgradeIntent::from_annotations(cluster.annotations())
+        .with_default_window(ctx.settings.maintenance_window.as_ref());
     let store =
         ProgressStore::new(ctx.client.clone(), &namespace).with_cache(ctx.progress_reads.clone());
     let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -609,8 +618,8 @@ async fn reconcile_cluster(
         talos.follow.clone(),
     );
     let requeue = [
-        requeue_after(&ctx.settings, &talos),
-        requeue_after(&ctx.settings, &kubernetes),
+        requeue_after(&ctx.settings, &talos, now),
+        requeue_after(&ctx.settings, &kubernetes, now),
     ]
     .into_iter()
     .flatten()
@@ -686,6 +695,7 @@ fn kind_span(kind: UpgradeKind, cluster: &KubernetesCluster) -> tracing::Span {
 fn requeue_after<K: Stored>(
     settings: &Settings,
     outcome: &flow::KindOutcome<K>,
+    now: jiff::Timestamp,
 ) -> Option<Duration> {
     let poll = settings.poll_interval;
     match outcome.conclusion.revisit {
@@ -702,6 +712,18 @@ fn requeue_after<K: Stored>(
             Some(poll.max(FOLLOWED_POLL_INTERVAL))
         }
         Revisit::AwaitingReboots => Some(poll),
+        // A time gate: when it opens (never sooner than the poll, never later than the idle
+        // refresh, which also catches a clock moved by hand); the canary: when the user acts (a
+        // change of the annotations wakes the reconcile), or at the idle refresh.
+        Revisit::Held { until } => Some(
+            until
+                .map(|until| until.duration_since(now).unsigned_abs())
+                .map_or(settings.idle_interval, |wait| {
+                    wait.clamp(poll, settings.idle_interval.max(poll))
+                }),
+        ),
+        // A gate that asks Prometheus or the workload cluster: not more often than every 15 s.
+        Revisit::Checking => Some(poll.max(CHECKING_POLL_INTERVAL)),
     }
 }
 
@@ -745,6 +767,12 @@ fn export_metrics<K: Stored>(
     if let Some(check) = conclusion.preflight_failure {
         metrics.record_preflight_failure(key, kind, check.as_str());
     }
+    metrics.set_hold(
+        key,
+        kind,
+        conclusion.gate.map(|(gate, _)| gate),
+        conclusion.gate.is_some_and(|(_, began)| began),
+    );
     // A run ends in exactly one reconcile: the one that announces it.
     let reasons = conclusion.notes.iter().map(|note| note.reason);
     for result in reasons

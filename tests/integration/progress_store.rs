@@ -14,6 +14,7 @@ fn run(step: NodeStep) -> Run {
         target: "1.12.0".into(),
         started_at: "2026-11-25T10:00:00Z".parse().expect("time"),
         outcome: None,
+        gates: Default::default(),
         nodes: vec![NodeProgress {
             name: "worker-1".into(),
             role: NodeRole::Worker,

@@ -80,7 +80,11 @@ pub fn acknowledgement(
         || intent.order.is_err()
         || intent.max_parallel_workers.is_err()
         || intent.credentials_secret.is_err()
-        || intent.alert_gate.is_err();
+        || intent.alert_gate.is_err()
+        || intent.maintenance_window.is_err()
+        || intent.soak_after_node.is_err()
+        || intent.soak_after_control_planes.is_err()
+        || intent.pause_after_nodes.is_err();
     let in_progress = |key: &str| {
         annotations.get(key).map(String::as_str) == Some(UpgradeStatus::InProgress.as_str())
     };

@@ -844,6 +844,7 @@ mod tests {
             target: "1.12.0".into(),
             started_at: ago(60),
             outcome: None,
+            gates: Default::default(),
             nodes: vec![
                 node(
                     "already",

@@ -50,6 +50,20 @@ pub const TALOS_SCHEMATIC: &str = "upgrade.vitistack.io/talos-schematic";
 /// or `promql: <expression>` that must return nothing (see [`crate::alert_gate`]).
 pub const ALERT_GATE: &str = "upgrade.vitistack.io/alert-gate";
 
+/// When a Talos run may start nodes: `always`, or windows such as `Mon-Fri 22:00 4h Europe/Oslo;
+/// Sat,Sun 02:00 8h UTC` (see [`crate::holds::MaintenanceWindows`]); absent: the operator's default.
+pub const MAINTENANCE_WINDOW: &str = "upgrade.vitistack.io/maintenance-window";
+/// `"true"`: the Talos run starts now and goes on outside the maintenance windows; the controller
+/// records it in the run and removes it.
+pub const FORCE_START: &str = "upgrade.vitistack.io/force-start";
+/// A duration (`10m`): after each node is done, the next one waits this long.
+pub const SOAK_AFTER_NODE: &str = "upgrade.vitistack.io/soak-after-node";
+/// A duration (`30m`): after the last control plane is done, the next phase's first node waits this
+/// long.
+pub const SOAK_AFTER_CONTROL_PLANES: &str = "upgrade.vitistack.io/soak-after-control-planes";
+/// A whole number ≥ 1: the canary; after this many nodes upgraded, the run pauses once.
+pub const PAUSE_AFTER_NODES: &str = "upgrade.vitistack.io/pause-after-nodes";
+
 /// `"true"` on a node's vitistack Machine (management cluster) or its workload Node: Talos runs skip
 /// the node (a node in flight finishes) and complete without it, naming it. Not a key of the
 /// `KubernetesCluster`, so in neither list below.
@@ -81,7 +95,7 @@ pub const KUBERNETES_PROGRESS: &str = "upgrade.vitistack.io/kubernetes-progress"
 pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 13] = [
+pub const USER_KEYS: [&str; 18] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -95,6 +109,11 @@ pub const USER_KEYS: [&str; 13] = [
     TALOS_INSTALLER_IMAGE,
     TALOS_SCHEMATIC,
     ALERT_GATE,
+    MAINTENANCE_WINDOW,
+    FORCE_START,
+    SOAK_AFTER_NODE,
+    SOAK_AFTER_CONTROL_PLANES,
+    PAUSE_AFTER_NODES,
 ];
 
 /// Every key the controller writes. The controller must never rewrite a key outside this list
@@ -364,7 +383,7 @@ mod tests {
             assert!(!name.is_empty() && !name.contains('/'), "{key}");
             assert!(seen.insert(*key), "duplicate key {key}");
         }
-        assert_eq!(seen.len(), 23);
+        assert_eq!(seen.len(), 29);
     }
 
     #[test]

@@ -125,6 +125,7 @@ mod tests {
             target: "1.12.0".into(),
             started_at: at(),
             outcome,
+            gates: Default::default(),
             nodes: vec![crate::talos::NodeProgress {
                 name: "w-1".into(),
                 role: crate::run::NodeRole::Worker,

@@ -18,9 +18,11 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use crate::alert_gate::AlertGate;
 use crate::annotations::{self, UpgradeKind};
+use crate::holds::{self, MaintenanceWindows};
 pub use crate::run::UpgradeOrder;
 use crate::talos::installer::{self, InstallerOverride};
 use crate::versions::{KubernetesVersion, TalosVersion, VersionParseError};
@@ -103,6 +105,17 @@ pub struct UpgradeIntent {
     /// `Err` names the accepted forms, and no Talos run starts until it is fixed (a gate the user meant
     /// to narrow or widen must not silently fall back to another).
     pub alert_gate: Result<Option<AlertGate>, InvalidOption>,
+    /// `maintenance-window` (or, when absent, the operator's default: see
+    /// [`UpgradeIntent::with_default_window`]): `Ok(None)` is no window. An `Err` keeps the Talos run
+    /// from starting nodes until it is fixed (a window the user meant must not become none).
+    pub maintenance_window: Result<Option<MaintenanceWindows>, InvalidOption>,
+    /// `force-start: "true"`: the Talos run starts now and goes on outside the windows (one-shot).
+    pub force_start: bool,
+    /// `soak-after-node`, `soak-after-control-planes`: `Ok(None)` is no soak.
+    pub soak_after_node: Result<Option<Duration>, InvalidOption>,
+    pub soak_after_control_planes: Result<Option<Duration>, InvalidOption>,
+    /// `pause-after-nodes`: the canary; `Ok(None)` is none.
+    pub pause_after_nodes: Result<Option<NonZeroU32>, InvalidOption>,
     /// `do-not-reconcile` holds a non-empty value (any value, even `"false"`, as vitistack's
     /// talos-operator reads it): the controller touches nothing on the cluster.
     pub do_not_reconcile: bool,
@@ -126,6 +139,7 @@ impl UpgradeIntent {
         let talos_reset = flag(annotations::TALOS_RESET_UPGRADE_STATE, false);
         let kubernetes_reset = flag(annotations::KUBERNETES_RESET_UPGRADE_STATE, false);
         let paused = flag(annotations::PAUSED, true);
+        let force_start = flag(annotations::FORCE_START, false);
         UpgradeIntent {
             talos_target: read_target(annotations, annotations::TALOS_TARGET, TalosVersion::parse),
             kubernetes_target: read_target(
@@ -142,11 +156,28 @@ impl UpgradeIntent {
             credentials_secret: read_credentials_secret(annotations),
             installer: read_installer(annotations),
             alert_gate: read_alert_gate(annotations),
+            maintenance_window: read_maintenance_window(annotations),
+            force_start,
+            soak_after_node: read_duration(annotations, annotations::SOAK_AFTER_NODE),
+            soak_after_control_planes: read_duration(
+                annotations,
+                annotations::SOAK_AFTER_CONTROL_PLANES,
+            ),
+            pause_after_nodes: read_pause_after_nodes(annotations),
             do_not_reconcile: annotations
                 .get(annotations::DO_NOT_RECONCILE)
                 .is_some_and(|value| !value.is_empty()),
             invalid_flags,
         }
+    }
+
+    /// The operator's default maintenance window (`--maintenance-window`), for a cluster without the
+    /// annotation; `always` on the cluster opts out of it.
+    pub fn with_default_window(mut self, default: Option<&MaintenanceWindows>) -> UpgradeIntent {
+        if let Ok(window @ None) = &mut self.maintenance_window {
+            *window = default.cloned();
+        }
+        self
     }
 
     /// The reset flag of `kind`.
@@ -173,8 +204,50 @@ impl UpgradeIntent {
         all.extend(self.credentials_secret.as_ref().err());
         all.extend(self.installer.as_ref().err());
         all.extend(self.alert_gate.as_ref().err());
+        all.extend(self.maintenance_window.as_ref().err());
+        all.extend(self.soak_after_node.as_ref().err());
+        all.extend(self.soak_after_control_planes.as_ref().err());
+        all.extend(self.pause_after_nodes.as_ref().err());
         all
     }
+}
+
+fn read_maintenance_window(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<MaintenanceWindows>, InvalidOption> {
+    let Some(text) = value(annotations, annotations::MAINTENANCE_WINDOW) else {
+        return Ok(None);
+    };
+    MaintenanceWindows::parse(text)
+        .map(Some)
+        .map_err(|reason| invalid(annotations, annotations::MAINTENANCE_WINDOW, &reason))
+}
+
+fn read_duration(
+    annotations: &BTreeMap<String, String>,
+    key: &'static str,
+) -> Result<Option<Duration>, InvalidOption> {
+    let Some(text) = value(annotations, key) else {
+        return Ok(None);
+    };
+    holds::parse_duration(text)
+        .map(Some)
+        .ok_or_else(|| invalid(annotations, key, holds::DURATION_SYNTAX))
+}
+
+fn read_pause_after_nodes(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<NonZeroU32>, InvalidOption> {
+    let Some(text) = value(annotations, annotations::PAUSE_AFTER_NODES) else {
+        return Ok(None);
+    };
+    text.parse::<NonZeroU32>().map(Some).map_err(|_| {
+        invalid(
+            annotations,
+            annotations::PAUSE_AFTER_NODES,
+            "use a whole number of 1 or more: the nodes the run upgrades before it pauses once",
+        )
+    })
 }
 
 fn read_alert_gate(

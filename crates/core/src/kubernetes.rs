@@ -1100,6 +1100,7 @@ fn finish(
             notes,
             hold,
             gate: None,
+            consumed: Vec::new(),
             // The Kubernetes upgrade is not followed: it polls.
             awaiting_reboots: false,
         },

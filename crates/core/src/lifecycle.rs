@@ -31,6 +31,7 @@ use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::catalog::Catalog;
 use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
+use crate::holds::Gate;
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
 use crate::report::KindReport;
 use crate::run::{
@@ -111,6 +112,11 @@ pub trait Kind {
     fn behind(run: &Self::Run, versions: &Self::Versions) -> bool;
     /// What the user can do about a node [`Kind::behind`] a completed run.
     fn behind_hint() -> &'static str;
+    /// Whether the completed run left nodes out on purpose (Talos: held nodes), which its own
+    /// message names: a node behind is then no change made outside the controller.
+    fn left_out(_run: &Self::Run) -> bool {
+        false
+    }
     /// Whether a completed run takes in nodes that joined since ([`Kind::join`]); only then is a
     /// completed run with a node behind looked at in full.
     const JOINS: bool;
@@ -246,6 +252,13 @@ pub enum Revisit {
     /// Every node in flight is only rebooting: its followers say when it is back, the poll is the
     /// safety net.
     AwaitingReboots,
+    /// A gate holds the next node and nothing is in flight: at `until` when the hold ends by itself
+    /// (a window's opening, a soak's end), otherwise (the canary) when the user changes something, or
+    /// at the idle refresh. A cluster held for hours is not looked at every poll.
+    Held { until: Option<Timestamp> },
+    /// A gate that asks outside the cluster (alerts, health checks) holds: at the poll, but not more
+    /// often than every 15 seconds.
+    Checking,
 }
 
 /// The controller's deadlines, as the runs use them.
@@ -346,6 +359,9 @@ pub struct Conclusion<K: Kind> {
     pub run_started_at: Option<Timestamp>,
     /// A preflight check that started holding the run in this pass (counted once per hold).
     pub preflight_failure: Option<PreflightCheck>,
+    /// The operator's gate holding the run's next node, if one does, and whether the hold began in
+    /// this pass (counted once per hold).
+    pub gate: Option<(Gate, bool)>,
     pub revisit: Revisit,
 }
 
@@ -907,6 +923,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         if decision.report.state == RunState::Completed
             && let Some(versions) = versions
             && K::behind(&run, versions)
+            && !K::left_out(&run)
             && let Some(current) = &current
         {
             report.message = format!(
@@ -1168,6 +1185,11 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         report.available =
             K::available(&pass.versions, self.inputs.catalog).map(|v| v.map(|v| v.to_string()));
         report.consumed = self.consumed.clone();
+        for key in &decision.report.consumed {
+            if !report.consumed.contains(key) {
+                report.consumed.push(key);
+            }
+        }
         report
     }
 
@@ -1210,17 +1232,24 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             );
         }
         let mut preflight_failure = None;
+        let mut gate = None;
         if !pass.stopping {
             // A hold (preflight, etcd, pause) is announced once when it starts or changes, not on
             // every pass.
+            // A gate's hold is announced the same way (the canary's is a pause, not a `Waiting:`).
             let hold_started = decision.actions.is_empty()
-                && report.message.starts_with("Waiting:")
+                && (report.message.starts_with("Waiting:") || decision.report.gate.is_some())
                 && self.shown_message() != Some(report.message.as_str());
             if hold_started {
                 self.notes
                     .push(Note::normal(Reason::UpgradeWaiting, report.message.clone()));
                 preflight_failure = decision.report.hold.filter(|check| check.is_failure());
             }
+            gate = decision
+                .report
+                .gate
+                .as_ref()
+                .map(|hold| (hold.gate, hold_started));
         }
         self.notes.extend(decision.report.notes.iter().cloned());
         let revisit = match decision.report.state {
@@ -1228,6 +1257,15 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             // etcd leadership moved off the next control plane: upgrade it now, not a poll later.
             RunState::InProgress if pass.looked_further => Revisit::Now,
             RunState::InProgress if decision.report.awaiting_reboots => Revisit::AwaitingReboots,
+            // A gate holds, and nothing is in flight (a hold is only reported then).
+            RunState::InProgress | RunState::Paused if let Some(hold) = &decision.report.gate => {
+                match hold.gate {
+                    Gate::Alerts | Gate::HealthChecks => Revisit::Checking,
+                    Gate::MaintenanceWindow | Gate::Soak | Gate::Canary => {
+                        Revisit::Held { until: hold.until }
+                    }
+                }
+            }
             RunState::InProgress | RunState::Paused => Revisit::Poll,
             RunState::Completed | RunState::Failed => Revisit::Idle,
         };
@@ -1238,6 +1276,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             conclusion.nodes_finished = nodes_finished;
             conclusion.run_started_at = Some(started);
             conclusion.preflight_failure = preflight_failure;
+            conclusion.gate = gate;
         }
         step
     }
@@ -1262,6 +1301,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             nodes_finished: Vec::new(),
             run_started_at: None,
             preflight_failure: None,
+            gate: None,
             revisit,
         })
     }

@@ -575,6 +575,7 @@ mod tests {
             notes: Vec::new(),
             hold: None,
             gate: None,
+            consumed: Vec::new(),
             awaiting_reboots: false,
         };
         let cases = [

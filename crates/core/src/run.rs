@@ -154,10 +154,14 @@ pub enum Reason {
     NodeLeft,
     /// One step of a Kubernetes upgrade started.
     StepStarted,
+    /// A node held by its Machine's or Node's `upgrade.vitistack.io/hold` is skipped by the run.
+    NodeHeld,
+    /// `force-start`: the run starts and goes on outside the maintenance windows.
+    MaintenanceWindowOverridden,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 20] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -176,6 +180,8 @@ impl Reason {
         Reason::NodeJoined,
         Reason::NodeLeft,
         Reason::StepStarted,
+        Reason::NodeHeld,
+        Reason::MaintenanceWindowOverridden,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -198,6 +204,8 @@ impl Reason {
             Reason::NodeJoined => "NodeJoined",
             Reason::NodeLeft => "NodeLeft",
             Reason::StepStarted => "StepStarted",
+            Reason::NodeHeld => "NodeHeld",
+            Reason::MaintenanceWindowOverridden => "MaintenanceWindowOverridden",
         }
     }
 
@@ -221,7 +229,9 @@ impl Reason {
             | Reason::NodeInstallRetried
             | Reason::NodeJoined
             | Reason::NodeLeft
-            | Reason::StepStarted => None,
+            | Reason::StepStarted
+            | Reason::NodeHeld
+            | Reason::MaintenanceWindowOverridden => None,
         }
     }
 }
@@ -334,6 +344,8 @@ pub struct Report {
     pub hold: Option<PreflightCheck>,
     /// The operator's gate holding the next node, if one is (see [`crate::holds`]).
     pub gate: Option<crate::holds::Hold>,
+    /// One-shot annotations the decision took in, to remove (`force-start`).
+    pub consumed: Vec<&'static str>,
     /// Every node in flight is only waiting to come back from its reboot (the legacy upgrade call was
     /// answered, or the Talos ≥ 1.13 reboot was sent), and no other node waits to start. Until one of
     /// those nodes changes, only a deadline can change the decision: the reconciler follows the nodes

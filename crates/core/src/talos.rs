@@ -32,7 +32,7 @@ pub use self::kind::{
 pub use self::record::{
     FailedAttempt, LifecycleStage, NodeProgress, NodeStep, PendingInstall, Run,
 };
-use crate::holds::{self, GateObservation, GateSettings, Hold, RunProgress};
+use crate::holds::{self, Gate, GateObservation, GateSettings, Hold, RunProgress};
 pub use crate::run::UpgradeOrder;
 use crate::run::{
     NodeRole, Note, Outcome, PreflightCheck, Reason, Report, RunState, human_duration,
@@ -217,6 +217,7 @@ pub fn start_run(
         target: target.to_string(),
         started_at: now,
         outcome: None,
+        gates: Default::default(),
         nodes,
     }
 }
@@ -411,6 +412,25 @@ pub fn advance(
     installer_image_for: &dyn Fn(&InstallSource, &Version) -> Result<String, String>,
     now: Timestamp,
 ) -> Decision {
+    let mut decision = advance_run(run, settings, observation, installer_image_for, now);
+    // `force-start` is one-shot: once the run keeps it, the annotation goes, whatever else the pass
+    // decided.
+    if settings.gates.force_start && decision.run.gates.force_started_at.is_some() {
+        decision
+            .report
+            .consumed
+            .push(crate::annotations::FORCE_START);
+    }
+    decision
+}
+
+fn advance_run(
+    run: &Run,
+    settings: &Settings,
+    observation: &Observation,
+    installer_image_for: &dyn Fn(&InstallSource, &Version) -> Result<String, String>,
+    now: Timestamp,
+) -> Decision {
     let mut run = run.clone();
     let mut notes = Vec::new();
     let Ok(target) = Version::parse(&run.target) else {
@@ -446,6 +466,48 @@ pub fn advance(
             }
             !gone
         });
+    }
+
+    // Held nodes (their Machine or Node annotated): skipped, announced once per node and run.
+    let held = &observation.gates.held_nodes;
+    for progress in &run.nodes {
+        if matches!(progress.step, NodeStep::Pending)
+            && held.contains(&progress.name)
+            && !run.gates.held.contains(&progress.name)
+        {
+            notes.push(Note::normal(
+                Reason::NodeHeld,
+                format!(
+                    "Node {} is held ({} is \"true\" on its Machine or Node): the run skips it",
+                    progress.name,
+                    crate::annotations::NODE_HOLD
+                ),
+            ));
+        }
+    }
+    run.gates.held.extend(
+        run.nodes
+            .iter()
+            .filter(|n| matches!(n.step, NodeStep::Pending) && held.contains(&n.name))
+            .map(|n| n.name.clone()),
+    );
+    // `force-start`: kept by the run, which the windows then hold no more.
+    if settings.gates.force_start && run.gates.force_started_at.is_none() {
+        run.gates.force_started_at = Some(now);
+        let windows = settings
+            .gates
+            .maintenance_window
+            .as_ref()
+            .map(|windows| format!(" ({windows})"))
+            .unwrap_or_default();
+        notes.push(Note::normal(
+            Reason::MaintenanceWindowOverridden,
+            format!(
+                "force-start: the Talos upgrade to {} starts now and goes on outside the \
+                 maintenance window{windows}",
+                run.target
+            ),
+        ));
     }
 
     // 1. Nodes in flight: done, still going, or failed.
@@ -834,7 +896,7 @@ pub fn advance(
         let underivable: Vec<(String, String)> = run
             .nodes
             .iter()
-            .filter(|n| matches!(n.step, NodeStep::Pending))
+            .filter(|n| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name))
             .filter_map(|n| match observation.node(&n.name).map(|o| &o.talos) {
                 Some(TalosState::Up {
                     version,
@@ -898,13 +960,39 @@ pub fn advance(
         });
         return finish(run, actions, notes, None, true);
     }
+    // Done, but for held nodes not started: they are left out of the run, which completes naming
+    // them (a node later unheld is taken in like one that joined, see `Kind::join`).
+    if run.nodes.iter().all(|n| match n.step {
+        NodeStep::Done { .. } => true,
+        NodeStep::Pending => held.contains(&n.name),
+        NodeStep::Issued { .. } | NodeStep::Failed { .. } => false,
+    }) {
+        let skipped: Vec<String> = run
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.step, NodeStep::Pending))
+            .map(|n| n.name.clone())
+            .collect();
+        run.nodes.retain(|n| !matches!(n.step, NodeStep::Pending));
+        run.gates.skipped.extend(skipped);
+        run.outcome = Some(Outcome::Completed { at: now });
+        return finish(run, Vec::new(), notes, None, true);
+    }
+
+    // The canary: where a node would start, it begins once enough nodes were upgraded, and a pause
+    // and unpause (or resume) releases it, also while paused.
     if run
         .nodes
         .iter()
-        .all(|n| matches!(n.step, NodeStep::Done { .. }))
+        .any(|n| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name))
     {
-        run.outcome = Some(Outcome::Completed { at: now });
-        return finish(run, Vec::new(), notes, None, true);
+        run.gates.canary = holds::canary_step(
+            &settings.gates,
+            run.gates.canary,
+            upgraded_by(&run),
+            settings.paused,
+            now,
+        );
     }
 
     // 2. Start the next node(s), unless paused.
@@ -1085,11 +1173,15 @@ impl Pass<'_> {
             installer_image_for,
             now,
         } = *self;
-        // The current phase is the role of the first node that is not done; later phases wait for it.
+        let held = &observation.gates.held_nodes;
+        let skipped =
+            |n: &NodeProgress| matches!(n.step, NodeStep::Pending) && held.contains(&n.name);
+        // The current phase is the role of the first node that is not done (nor held, which the run
+        // skips); later phases wait for it.
         let phase = run
             .nodes
             .iter()
-            .find(|n| !matches!(n.step, NodeStep::Done { .. }))
+            .find(|n| !matches!(n.step, NodeStep::Done { .. }) && !skipped(n))
             .map(|n| n.role)?;
         let in_flight = run.in_flight();
         let capacity = match phase {
@@ -1101,14 +1193,13 @@ impl Pass<'_> {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.role == phase && matches!(n.step, NodeStep::Pending))
+            .filter(|(_, n)| n.role == phase && matches!(n.step, NodeStep::Pending) && !skipped(n))
             .map(|(i, _)| i)
             .collect();
         // The operator's gates come before any node starts (the first one too), after the nodes in
         // flight were settled: a hold keeps the next node from starting, never stops one going.
         if free > 0 && !candidates.is_empty() {
-            let (done, total) = run.counts();
-            let progress = RunProgress { done, total };
+            let progress = run_progress(run, phase);
             if let Some(hold) =
                 holds::hold_before_next_node(&settings.gates, &observation.gates, &progress, now)
             {
@@ -1243,6 +1334,62 @@ impl Pass<'_> {
     }
 }
 
+/// Nodes this run upgraded (not those found on the target).
+fn upgraded_by(run: &Run) -> usize {
+    run.nodes
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.step,
+                NodeStep::Done {
+                    started_at: Some(_),
+                    ..
+                }
+            )
+        })
+        .count()
+}
+
+/// What the gates read of `run`, whose next node is of role `phase`.
+fn run_progress(run: &Run, phase: NodeRole) -> RunProgress {
+    let (done, total) = run.counts();
+    let upgraded_done = |n: &&NodeProgress| match n.step {
+        NodeStep::Done {
+            at,
+            started_at: Some(_),
+        } => Some(at),
+        _ => None,
+    };
+    let last_done = run
+        .nodes
+        .iter()
+        .filter_map(|n| upgraded_done(&n).map(|at| (n.name.clone(), at)))
+        .max_by_key(|(_, at)| *at);
+    // The control-plane phase is over, and this is the phase after it (control planes first): its
+    // first node soaks after the last control plane.
+    let control_planes_first = run
+        .nodes
+        .first()
+        .is_some_and(|n| n.role == NodeRole::ControlPlane);
+    let control_planes_done = (phase == NodeRole::Worker && control_planes_first)
+        .then(|| {
+            run.nodes
+                .iter()
+                .filter(|n| n.role == NodeRole::ControlPlane)
+                .filter_map(|n| upgraded_done(&n))
+                .max()
+        })
+        .flatten();
+    RunProgress {
+        done,
+        total,
+        upgraded: upgraded_by(run),
+        last_done,
+        control_planes_done,
+        gates: run.gates.clone(),
+    }
+}
+
 fn is_healthy(node: &NodeObservation) -> bool {
     matches!(node.talos, TalosState::Up { ready: true, .. }) && node.kubernetes_ready
 }
@@ -1260,6 +1407,35 @@ fn finish(
     let in_flight = run.in_flight();
     let failed_nodes: Vec<String> = run.failed_nodes().into_iter().map(String::from).collect();
     let (state, message) = match &run.outcome {
+        Some(Outcome::Completed { .. }) if !run.gates.skipped.is_empty() => {
+            let skipped: Vec<&str> = run.gates.skipped.iter().map(String::as_str).collect();
+            let skipped = skipped.join(", ");
+            let held = format!(
+                "held and not upgraded: {skipped} (remove {} to upgrade {})",
+                crate::annotations::NODE_HOLD,
+                if run.gates.skipped.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
+            );
+            if announce {
+                notes.push(Note::normal(
+                    Reason::UpgradeCompleted,
+                    format!(
+                        "Talos upgrade completed: {total} nodes run {}; {held}",
+                        run.target
+                    ),
+                ));
+            }
+            (
+                RunState::Completed,
+                format!(
+                    "Talos upgrade completed: now running {}; {held}",
+                    run.target
+                ),
+            )
+        }
         Some(Outcome::Completed { .. }) => {
             if announce {
                 notes.push(Note::normal(
@@ -1286,17 +1462,30 @@ fn finish(
             let message = match (in_flight.as_slice(), &waiting) {
                 ([one], _) => format!("Upgrading node {one} ({}/{total})", done + 1),
                 // The reconciler publishes an event when this message changes, not on every pass.
+                ([], Some(Held::Gate(hold))) if hold.gate == Gate::Canary => {
+                    format!("Paused by {} ({done}/{total} done)", hold.message)
+                }
                 ([], Some(held)) => format!("Waiting: {} ({done}/{total} done)", held.message()),
                 ([], None) => format!("Upgrading ({done}/{total} done)"),
                 (many, _) => format!("Upgrading nodes {} ({done}/{total} done)", many.join(", ")),
             };
-            (RunState::InProgress, message)
+            // The canary holds as a pause: a person looks, then lets it go on.
+            let canary = in_flight.is_empty()
+                && matches!(&waiting, Some(Held::Gate(hold)) if hold.gate == Gate::Canary);
+            let state = if canary {
+                RunState::Paused
+            } else {
+                RunState::InProgress
+            };
+            (state, message)
         }
     };
     let nothing_held = waiting.is_none();
     let (hold, gate) = match (&state, in_flight.is_empty(), waiting) {
         (RunState::InProgress, true, Some(Held::Preflight(check, _))) => (Some(check), None),
-        (RunState::InProgress, true, Some(Held::Gate(hold))) => (None, Some(hold)),
+        (RunState::InProgress | RunState::Paused, true, Some(Held::Gate(hold))) => {
+            (None, Some(hold))
+        }
         _ => (None, None),
     };
     let awaiting_reboots = state == RunState::InProgress
@@ -1332,6 +1521,7 @@ fn finish(
             notes,
             hold,
             gate,
+            consumed: Vec::new(),
             awaiting_reboots,
         },
     }

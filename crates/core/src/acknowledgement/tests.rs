@@ -43,6 +43,7 @@ fn talos_run(requested: &str, finished: bool) -> Run {
         target: requested.trim_start_matches('v').to_string(),
         started_at: now(),
         outcome: finished.then(|| Outcome::Completed { at: now() }),
+        gates: Default::default(),
         nodes: Vec::new(),
     }
 }

@@ -85,6 +85,7 @@ fn talos_run_in_flight() -> Run {
         target: "1.12.0".into(),
         started_at: earlier(5),
         outcome: None,
+        gates: Default::default(),
         nodes: vec![
             NodeProgress {
                 name: "worker-1".into(),

@@ -193,6 +193,7 @@ impl Record for Run {
                 node: None,
                 reason: reason.to_string(),
             }),
+            gates: Default::default(),
             nodes: Vec::new(),
         }
     }
@@ -225,7 +226,14 @@ impl Kind for Talos {
             max_parallel_workers: parallel.get() as usize,
             paused: intent.paused,
             installer: intent.installer.clone()?,
-            gates: GateSettings::default(),
+            gates: GateSettings {
+                maintenance_window: intent.maintenance_window.clone()?,
+                force_start: intent.force_start,
+                soak_after_node: intent.soak_after_node.clone()?,
+                soak_after_control_planes: intent.soak_after_control_planes.clone()?,
+                pause_after_nodes: intent.pause_after_nodes.clone()?,
+                resume: intent.resume,
+            },
             ..Talos::stopping(limits)
         })
     }
@@ -426,6 +434,7 @@ impl Kind for Talos {
                 node: None,
                 reason: "kept after the run was dropped: nodes with an install pending".into(),
             }),
+            gates: Default::default(),
             nodes,
         })
     }
@@ -547,6 +556,10 @@ impl Kind for Talos {
         "set resume to upgrade it again"
     }
 
+    fn left_out(run: &Run) -> bool {
+        !run.gates.skipped.is_empty()
+    }
+
     const JOINS: bool = true;
 
     fn join(run: &mut Run, observation: &Observation, again: bool, _: Timestamp) -> Vec<Note> {
@@ -558,10 +571,26 @@ impl Kind for Talos {
             let TalosState::Up { version, .. } = &node.talos else {
                 continue;
             };
-            if *version >= target {
+            // A held node is not taken in while it is held.
+            if *version >= target || observation.gates.held_nodes.contains(&node.name) {
                 continue;
             }
             match run.nodes.iter_mut().find(|n| n.name == node.name) {
+                None if run.gates.skipped.remove(&node.name) => {
+                    notes.push(Note::normal(
+                        Reason::NodeJoined,
+                        format!(
+                            "Node {} is no longer held; upgrading it from Talos {version} to \
+                             {target}",
+                            node.name
+                        ),
+                    ));
+                    run.nodes.push(super::NodeProgress {
+                        name: node.name.clone(),
+                        role: node.role,
+                        step: NodeStep::Pending,
+                    });
+                }
                 None => {
                     notes.push(Note::normal(
                         Reason::NodeJoined,

@@ -8,6 +8,7 @@
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use crate::holds::RunGates;
 use crate::run::{NodeRole, Outcome};
 
 /// One run: every node of a cluster taken to `target`, in a fixed order decided when the run started.
@@ -24,6 +25,9 @@ pub struct Run {
     pub outcome: Option<Outcome>,
     /// Nodes in the order they are taken; the order never changes within a run.
     pub nodes: Vec<NodeProgress>,
+    /// What the operator's gates keep of this run (force-start, the canary, held nodes).
+    #[serde(default, skip_serializing_if = "RunGates::is_empty")]
+    pub gates: RunGates,
 }
 
 /// One node's place in a run.
@@ -228,6 +232,7 @@ mod tests {
             target: "1.12.0".into(),
             started_at: at,
             outcome: None,
+            gates: Default::default(),
             nodes: vec![
                 NodeProgress {
                     name: "worker-1".into(),

@@ -1723,3 +1723,286 @@ fn nodes_without_an_installer_fail_the_run_before_any_call_all_named() {
     assert_eq!(going.report.state, RunState::InProgress);
     assert_eq!(going.actions.len(), 1, "{:?}", going.actions);
 }
+
+// ----- the operator's gates before each node (issue #23) -----
+
+fn with_gates(gates: crate::holds::GateSettings) -> Settings {
+    Settings {
+        gates,
+        ..settings()
+    }
+}
+
+/// A workers-first run with worker-1 upgraded (done at t0 + 1m) and the rest pending.
+fn worker_1_done(obs: &Observation) -> Run {
+    let mut run = workers_first("1.12.0", obs);
+    run.nodes[0].step = NodeStep::Done {
+        at: t0() + 1.minutes(),
+        started_at: Some(t0()),
+    };
+    run
+}
+
+#[test]
+fn held_nodes_are_skipped_announced_once_and_left_out_when_only_they_remain() {
+    let mut obs = cluster("1.11.6");
+    obs.gates.held_nodes = ["worker-1".to_string()].into();
+    let run = workers_first("1.12.0", &obs);
+    let first = decide(&run, &settings(), &obs, t0());
+    assert_eq!(upgraded_nodes(&first.actions), ["worker-2"]);
+    let held: Vec<&Note> = first
+        .report
+        .notes
+        .iter()
+        .filter(|n| n.reason == Reason::NodeHeld)
+        .collect();
+    assert_eq!(held.len(), 1);
+    assert!(
+        held[0].message.starts_with("Node worker-1 is held"),
+        "{}",
+        held[0].message
+    );
+    assert!(first.run.gates.held.contains("worker-1"));
+    // Once per run.
+    let again = decide(&first.run, &settings(), &obs, t0() + 1.seconds());
+    assert!(
+        again
+            .report
+            .notes
+            .iter()
+            .all(|n| n.reason != Reason::NodeHeld)
+    );
+
+    // Every other node done: the run completes without worker-1, naming it.
+    let mut done = first.run.clone();
+    for n in done.nodes.iter_mut().filter(|n| n.name != "worker-1") {
+        n.step = NodeStep::Done {
+            at: t0(),
+            started_at: Some(t0()),
+        };
+    }
+    let end = decide(&done, &settings(), &obs, t0() + 1.hours());
+    assert_eq!(end.report.state, RunState::Completed);
+    assert_eq!(
+        end.report.message,
+        "Talos upgrade completed: now running 1.12.0; held and not upgraded: worker-1 (remove \
+         upgrade.vitistack.io/hold to upgrade it)"
+    );
+    assert!(
+        end.report
+            .notes
+            .iter()
+            .any(|n| n.reason == Reason::UpgradeCompleted && n.message.contains("worker-1")),
+        "{:?}",
+        end.report.notes
+    );
+    assert_eq!(names(&end.run), ["worker-2", "cp-1", "cp-2", "cp-3"]);
+    assert!(end.run.gates.skipped.contains("worker-1"));
+
+    // Unheld later: taken in like a node that joined, while still held it is not.
+    let mut reopened = end.run.clone();
+    assert!(<Talos as crate::lifecycle::Kind>::join(&mut reopened, &obs, false, t0()).is_empty());
+    obs.gates.held_nodes.clear();
+    let notes = <Talos as crate::lifecycle::Kind>::join(&mut reopened, &obs, false, t0());
+    assert_eq!(notes.len(), 1);
+    assert_eq!(
+        notes[0].message,
+        "Node worker-1 is no longer held; upgrading it from Talos 1.11.6 to 1.12.0"
+    );
+    assert!(reopened.outcome.is_none() && reopened.gates.skipped.is_empty());
+}
+
+#[test]
+fn a_held_worker_does_not_keep_the_control_planes_waiting() {
+    let mut obs = cluster("1.11.6");
+    obs.gates.held_nodes = ["worker-2".to_string()].into();
+    let run = worker_1_done(&obs);
+    let decision = decide(&run, &settings(), &obs, t0() + 2.minutes());
+    assert_eq!(upgraded_nodes(&decision.actions), ["cp-1"]);
+}
+
+#[test]
+fn a_soak_holds_the_next_node_until_it_ends() {
+    let obs = cluster("1.11.6");
+    let soak = with_gates(crate::holds::GateSettings {
+        soak_after_node: Some(Duration::from_secs(600)),
+        ..Default::default()
+    });
+    let run = worker_1_done(&obs);
+    let held = decide(&run, &soak, &obs, t0() + 5.minutes());
+    assert!(held.actions.is_empty());
+    assert_eq!(
+        held.report.message,
+        "Waiting: soaking after node worker-1 until 2026-11-25 10:11:00 UTC (1/5 done)"
+    );
+    let hold = held.report.gate.expect("a gate holds");
+    assert_eq!(hold.gate, crate::holds::Gate::Soak);
+    assert_eq!(hold.until, Some(t0() + 11.minutes()));
+    let going = decide(&run, &soak, &obs, t0() + 11.minutes());
+    assert_eq!(upgraded_nodes(&going.actions), ["worker-2"]);
+}
+
+#[test]
+fn control_planes_first_soak_after_the_control_planes_before_the_first_worker() {
+    let obs = cluster("1.11.6");
+    let settings = Settings {
+        order: UpgradeOrder::ControlPlanesFirst,
+        ..with_gates(crate::holds::GateSettings {
+            soak_after_control_planes: Some(Duration::from_secs(1800)),
+            ..Default::default()
+        })
+    };
+    let mut run = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::ControlPlanesFirst,
+        &obs,
+        t0(),
+    );
+    for n in run
+        .nodes
+        .iter_mut()
+        .filter(|n| n.role == NodeRole::ControlPlane)
+    {
+        n.step = NodeStep::Done {
+            at: t0() + 10.minutes(),
+            started_at: Some(t0()),
+        };
+    }
+    let held = decide(&run, &settings, &obs, t0() + 20.minutes());
+    assert_eq!(
+        held.report.message,
+        "Waiting: soaking after the control planes until 2026-11-25 10:40:00 UTC (3/5 done)"
+    );
+    let going = decide(&run, &settings, &obs, t0() + 40.minutes());
+    assert_eq!(upgraded_nodes(&going.actions), ["worker-1"]);
+}
+
+#[test]
+fn the_canary_pauses_once_after_n_nodes_until_resumed_or_unpaused() {
+    let obs = cluster("1.11.6");
+    let canary = crate::holds::GateSettings {
+        pause_after_nodes: std::num::NonZeroU32::new(1),
+        ..Default::default()
+    };
+    let run = worker_1_done(&obs);
+    let paused = decide(&run, &with_gates(canary.clone()), &obs, t0() + 2.minutes());
+    assert!(paused.actions.is_empty());
+    assert_eq!(paused.report.state, RunState::Paused);
+    assert!(
+        paused.report.message.starts_with(
+            "Paused by the canary pause after 1 upgraded node: check the cluster, then set \
+             upgrade.vitistack.io/resume"
+        ),
+        "{}",
+        paused.report.message
+    );
+    assert!(paused.report.message.ends_with("(1/5 done)"));
+    // Still held on the next pass; the user pauses (no node starts either way), then unpauses.
+    let still = decide(
+        &paused.run,
+        &with_gates(canary.clone()),
+        &obs,
+        t0() + 3.minutes(),
+    );
+    assert!(still.actions.is_empty());
+    let user_paused = Settings {
+        paused: true,
+        ..with_gates(canary.clone())
+    };
+    let pausing = decide(&still.run, &user_paused, &obs, t0() + 4.minutes());
+    let unpaused = decide(
+        &pausing.run,
+        &with_gates(canary.clone()),
+        &obs,
+        t0() + 5.minutes(),
+    );
+    assert_eq!(upgraded_nodes(&unpaused.actions), ["worker-2"]);
+    assert!(matches!(
+        unpaused.run.gates.canary,
+        Some(crate::holds::Canary::Released { .. })
+    ));
+    // Or resume releases it.
+    let resumed = decide(
+        &still.run,
+        &with_gates(crate::holds::GateSettings {
+            resume: true,
+            ..canary.clone()
+        }),
+        &obs,
+        t0() + 4.minutes(),
+    );
+    assert_eq!(upgraded_nodes(&resumed.actions), ["worker-2"]);
+    // Once per run: after it, more nodes go on.
+    let mut later = unpaused.run.clone();
+    later.nodes[1].step = NodeStep::Done {
+        at: t0() + 6.minutes(),
+        started_at: Some(t0() + 5.minutes()),
+    };
+    let next = decide(&later, &with_gates(canary), &obs, t0() + 7.minutes());
+    assert_eq!(upgraded_nodes(&next.actions), ["cp-1"]);
+}
+
+#[test]
+fn outside_a_window_no_node_starts_unless_forced_once() {
+    let obs = cluster("1.11.6");
+    // t0 is Wednesday 10:00 UTC, outside 22:00-02:00 Oslo time.
+    let windows = crate::holds::GateSettings {
+        maintenance_window: Some(
+            crate::holds::MaintenanceWindows::parse("Mon-Fri 22:00 4h Europe/Oslo")
+                .expect("windows"),
+        ),
+        ..Default::default()
+    };
+    let run = workers_first("1.12.0", &obs);
+    let held = decide(&run, &with_gates(windows.clone()), &obs, t0());
+    assert!(held.actions.is_empty());
+    assert_eq!(
+        held.report.message,
+        "Waiting: outside the maintenance window (Mon-Fri 22:00 4h Europe/Oslo); the next opens \
+         at Wed 2026-11-25 22:00 Europe/Oslo (2026-11-25 21:00:00 UTC) (0/5 done)"
+    );
+    assert_eq!(
+        held.report.gate.and_then(|hold| hold.until),
+        Some("2026-11-25T21:00:00Z".parse().expect("time"))
+    );
+    assert!(held.report.consumed.is_empty());
+    // Inside the window it goes.
+    let inside = decide(
+        &run,
+        &with_gates(windows.clone()),
+        &obs,
+        "2026-11-25T21:00:00Z".parse().expect("time"),
+    );
+    assert_eq!(upgraded_nodes(&inside.actions), ["worker-1"]);
+
+    let forced = decide(
+        &run,
+        &with_gates(crate::holds::GateSettings {
+            force_start: true,
+            ..windows.clone()
+        }),
+        &obs,
+        t0(),
+    );
+    assert_eq!(upgraded_nodes(&forced.actions), ["worker-1"]);
+    assert_eq!(forced.run.gates.force_started_at, Some(t0()));
+    assert_eq!(forced.report.consumed, [crate::annotations::FORCE_START]);
+    assert!(
+        forced
+            .report
+            .notes
+            .iter()
+            .any(|n| n.reason == Reason::MaintenanceWindowOverridden),
+        "{:?}",
+        forced.report.notes
+    );
+    // Taken in: the run goes on outside the windows without the annotation.
+    let mut next = forced.run.clone();
+    next.nodes[0].step = NodeStep::Done {
+        at: t0() + 1.minutes(),
+        started_at: Some(t0()),
+    };
+    let after = decide(&next, &with_gates(windows), &obs, t0() + 2.minutes());
+    assert_eq!(upgraded_nodes(&after.actions), ["worker-2"]);
+}
