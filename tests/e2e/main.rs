@@ -17,6 +17,7 @@ mod cluster_lifecycle;
 mod cluster_shapes;
 mod coexistence;
 mod deploy;
+mod gates;
 mod helm;
 mod image;
 mod kubernetes_upgrade;

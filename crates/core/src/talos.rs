@@ -1121,10 +1121,17 @@ pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
         .iter()
         .find(|n| matches!(n.step, NodeStep::Pending))
         .map(|n| n.role);
+    // Held nodes are skipped (the run records those it announced): the role after them may come
+    // next too. Both are read, since a node may be held or unheld since the record was written.
+    let after_held = run
+        .nodes
+        .iter()
+        .find(|n| matches!(n.step, NodeStep::Pending) && !run.gates.held.contains(&n.name))
+        .map(|n| n.role);
     run.nodes
         .iter()
         .filter(|n| match &n.step {
-            NodeStep::Pending => Some(n.role) == next_role,
+            NodeStep::Pending => Some(n.role) == next_role || Some(n.role) == after_held,
             NodeStep::Issued { unanswered, .. } => *unanswered,
             NodeStep::Done { .. } | NodeStep::Failed { .. } => false,
         })

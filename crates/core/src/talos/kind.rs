@@ -637,7 +637,27 @@ impl Kind for Talos {
             further.push(Further::Drain(draining));
         }
         // Those the look already read are not read again.
-        let unread: Vec<String> = super::may_start(run, settings)
+        // And the nodes of the role after the nodes held now (held since the record was written):
+        // they may start in this pass.
+        let held = &observation.gates.held_nodes;
+        let after_held = (!settings.paused && run.outcome.is_none())
+            .then(|| {
+                run.nodes
+                    .iter()
+                    .find(|n| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name))
+                    .map(|n| n.role)
+            })
+            .flatten();
+        let mut starting = super::may_start(run, settings);
+        let extra: Vec<&str> = run
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.step, NodeStep::Pending) && Some(n.role) == after_held)
+            .map(|n| n.name.as_str())
+            .filter(|name| !starting.contains(name))
+            .collect();
+        starting.extend(extra);
+        let unread: Vec<String> = starting
             .into_iter()
             .filter(|name| {
                 observation
