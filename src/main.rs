@@ -110,6 +110,26 @@ struct RunArgs {
     /// Unset: any time.
     #[arg(long, env = "TUC_MAINTENANCE_WINDOW", value_parser = parse_maintenance_window)]
     maintenance_window: Option<talos_upgrade_core::holds::MaintenanceWindows>,
+    /// The alert gate: the Prometheus asked, before each node and before a run starts, whether
+    /// alerts that should stop an upgrade are firing (e.g. https://prometheus.monitoring.svc:9090).
+    /// Unset: no alert gate. See docs/upgrades.md, "The alert gate".
+    #[arg(long, env = "TUC_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
+    /// `<namespace>/<name>` of a Secret with the optional keys `token` (a bearer token, sent only over
+    /// https or to a loopback host) and `ca.crt` (the CA that signs Prometheus's certificate; without
+    /// it the platform's roots). Read with the controller's own credentials, never logged.
+    #[arg(long, env = "TUC_PROMETHEUS_AUTH_SECRET")]
+    prometheus_auth_secret: Option<String>,
+    /// The alerts that hold an upgrade, as a PromQL label selector over the alerts' labels;
+    /// {namespace}, {cluster} and {clusterId} are replaced by each cluster's, e.g.
+    /// {severity="critical",cluster="{clusterId}"}. A cluster's upgrade.vitistack.io/alert-gate
+    /// annotation narrows or replaces it.
+    #[arg(
+        long,
+        env = "TUC_ALERT_SELECTOR",
+        default_value = r#"{severity="critical"}"#
+    )]
+    alert_selector: String,
     /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
     #[arg(long, env = "TUC_SECRET_NAME_TEMPLATE", default_value = "{clusterId}")]
     secret_name_template: String,
@@ -193,6 +213,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     if let Some(selector) = args.watch_label_selector.as_deref() {
         check_selector(&clients.main, args.namespace.as_deref(), selector).await?;
     }
+    let gates = gate_config(&args, &clients.main)?;
     let metrics = Metrics::new();
     let health = admin::HealthState::default();
     let settings = reconcile::Settings {
@@ -209,6 +230,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         secret_name_template: args.secret_name_template,
         maintenance_window: args.maintenance_window,
         watch_label_selector: args.watch_label_selector.filter(|s| !s.trim().is_empty()),
+        gates,
         ..reconcile::Settings::default()
     };
     // The pod name in a cluster; elsewhere the host name and process id, so that two processes on one
@@ -286,6 +308,43 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     served.context("admin server")?;
     led.context("leader election")?;
     Ok(())
+}
+
+/// The gates' configuration from the flags. A flag that cannot work stops the controller at start
+/// (a gate the operator asked for must not silently be missing).
+fn gate_config(
+    args: &RunArgs,
+    client: &kube::Client,
+) -> anyhow::Result<talos_upgrade_controller::holds::GateConfig> {
+    use talos_upgrade_controller::holds::{GateConfig, alerts};
+    let url = args
+        .prometheus_url
+        .as_deref()
+        .filter(|url| !url.trim().is_empty());
+    let auth_secret = args
+        .prometheus_auth_secret
+        .as_deref()
+        .filter(|value| !value.trim().is_empty())
+        .map(alerts::parse_secret_ref)
+        .transpose()?;
+    // Checked even without a URL, so a typo is found before the gate is turned on.
+    let selector = alerts::parse_selector(&args.alert_selector)?;
+    let Some(url) = url else {
+        if auth_secret.is_some() {
+            anyhow::bail!("--prometheus-auth-secret needs --prometheus-url");
+        }
+        return Ok(GateConfig::default());
+    };
+    let config = alerts::AlertGateConfig {
+        url: url.to_string(),
+        auth_secret,
+        selector,
+        timeout: alerts::TIMEOUT,
+        secret_ttl: alerts::SECRET_TTL,
+    };
+    Ok(GateConfig {
+        alerts: Some(alerts::Prometheus::new(config, client.clone())?),
+    })
 }
 
 /// Refuses to start with a label selector the API server refuses: a shard that watched nothing, and

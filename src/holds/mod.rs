@@ -12,13 +12,18 @@ use std::collections::BTreeSet;
 use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::holds::{ExternalCheck, GateObservation};
 use talos_upgrade_core::intent::UpgradeIntent;
-use talos_upgrade_core::talos::StartingNodes;
+use talos_upgrade_core::talos::{Run, StartingNodes};
 
 use crate::cluster_access::Access;
 
+pub mod alerts;
+
 /// The operator's configuration of the gates that need IO (flags of the `run` command).
 #[derive(Debug, Clone, Default)]
-pub struct GateConfig {}
+pub struct GateConfig {
+    /// The alert gate's Prometheus (`--prometheus-url`); `None`: no alert gate.
+    pub alerts: Option<alerts::Prometheus>,
+}
 
 /// What the gates of one cluster are observed with, in one reconcile.
 #[derive(Clone, Copy)]
@@ -28,6 +33,9 @@ pub struct GateContext<'a> {
     pub config: &'a GateConfig,
     /// The reconcile's time (the controller's clock: tests set it).
     pub now: jiff::Timestamp,
+    /// The cluster's Talos run record as this reconcile found it, if any: which nodes it has in
+    /// flight or just finished (their alerts are the upgrade's own, see [`alerts`]).
+    pub talos_run: Option<&'a Run>,
 }
 
 /// What the gates see of the cluster now. `starting` says which nodes the pass may start
@@ -37,9 +45,22 @@ pub async fn observe(
     access: &Access,
     starting: &StartingNodes,
 ) -> GateObservation {
-    let _ = (context, starting);
+    let _ = starting;
+    let alerts = match &context.config.alerts {
+        Some(prometheus) => {
+            prometheus
+                .check(
+                    context.cluster,
+                    &context.intent.alert_gate,
+                    context.talos_run,
+                    context.now,
+                )
+                .await
+        }
+        None => ExternalCheck::NotConfigured,
+    };
     GateObservation {
-        alerts: ExternalCheck::NotConfigured,
+        alerts,
         health_checks: ExternalCheck::NotConfigured,
         held_nodes: held_nodes(access),
     }

@@ -529,11 +529,14 @@ async fn reconcile_cluster(
     let note_look = |look| ctx.last_looks.note(key.clone(), look);
     // The end of an install wakes the next reconcile at once (see `talos_upgrade`).
     let wake = ctx.wakeups.waker(&ObjectRef::from_obj(&*cluster));
+    // A copy: the record is written during the drive, the gates read it as this reconcile found it.
+    let talos_run = records.progress().run::<Talos>().cloned();
     let gates = GateContext {
         cluster: &cluster,
         intent: &intent,
         config: &ctx.settings.gates,
         now,
+        talos_run: talos_run.as_ref(),
     };
     let mut talos_io = TalosIo::new(&access, &note_look, now, wake, gates);
     let talos_gates = Gates::for_talos(
