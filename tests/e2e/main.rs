@@ -11,6 +11,7 @@
 mod replica;
 mod world;
 
+mod alert_gate;
 mod chaos;
 mod chaos_apiserver;
 mod cluster_lifecycle;

@@ -36,7 +36,7 @@ const JOB: &str = "talos-upgrade-controller";
 const PATIENCE: Duration = Duration::from_secs(180);
 
 /// The full path of `name` on PATH; panics with the install hint when it is not there.
-fn tool(name: &str) -> PathBuf {
+pub(crate) fn tool(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
@@ -332,7 +332,7 @@ fn promtool_unit_tests_show_each_alert_firing_when_it_should_and_not_before() {
 // ----- a real Prometheus -----
 
 /// GET `url` (plain HTTP on loopback); the status and body.
-async fn http_get(url: &str) -> Result<(u16, String), String> {
+pub(crate) async fn http_get(url: &str) -> Result<(u16, String), String> {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<hyper::body::Bytes>>();
     let uri: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
@@ -364,8 +364,8 @@ fn encode(value: &str) -> String {
 }
 
 /// A Prometheus server process on a free loopback port, killed when dropped.
-struct Prometheus {
-    base: String,
+pub(crate) struct Prometheus {
+    pub(crate) base: String,
     child: tokio::process::Child,
     dir: TempDir,
 }
@@ -373,7 +373,7 @@ struct Prometheus {
 impl Prometheus {
     /// Starts Prometheus scraping `targets` every second as job [`JOB`], evaluating `rules` every
     /// second, and waits until it is ready.
-    async fn start(targets: &[String], rules: &str) -> Prometheus {
+    pub(crate) async fn start(targets: &[String], rules: &str) -> Prometheus {
         let binary = tool("prometheus");
         let dir = TempDir::new("prometheus");
         dir.write("rules.yaml", rules);
@@ -427,7 +427,7 @@ impl Prometheus {
     }
 
     /// `GET /api/v1/<path>`; the `data` of a successful answer.
-    async fn api(&self, path: &str) -> Value {
+    pub(crate) async fn api(&self, path: &str) -> Value {
         let url = format!("{}/api/v1/{path}", self.base);
         let (status, body) = http_get(&url)
             .await
@@ -442,12 +442,12 @@ impl Prometheus {
     }
 
     /// The instant vector of `query`.
-    async fn query(&self, query: &str) -> Vec<Value> {
+    pub(crate) async fn query(&self, query: &str) -> Vec<Value> {
         let data = self.api(&format!("query?query={}", encode(query))).await;
         data["result"].as_array().cloned().unwrap_or_default()
     }
 
-    async fn wait_for<F, Fut>(&self, what: &str, mut check: F)
+    pub(crate) async fn wait_for<F, Fut>(&self, what: &str, mut check: F)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
@@ -484,11 +484,18 @@ impl Prometheus {
     }
 
     /// The alerts Prometheus holds now (pending and firing).
-    async fn alerts(&self) -> Vec<Value> {
+    pub(crate) async fn alerts(&self) -> Vec<Value> {
         self.api("alerts").await["alerts"]
             .as_array()
             .cloned()
             .unwrap_or_default()
+    }
+}
+
+impl Prometheus {
+    /// Kills the server and waits until it is gone (a Prometheus that stops answering).
+    pub(crate) async fn stop(&mut self) {
+        let _ = self.child.kill().await;
     }
 }
 

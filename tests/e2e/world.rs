@@ -400,6 +400,21 @@ impl World {
             now.duration_since(jiff::Timestamp::now());
     }
 
+    /// Gives the controller instances started from now on the alert gate `config`
+    /// (tests/e2e/alert_gate.rs); its auth Secret is read with the namespace's client.
+    pub fn set_alert_gate(
+        &mut self,
+        config: talos_upgrade_controller::holds::alerts::AlertGateConfig,
+    ) {
+        self.settings.gates.alerts = Some(
+            talos_upgrade_controller::holds::alerts::Prometheus::new(
+                config,
+                self.ns.client.clone(),
+            )
+            .expect("the alert gate's configuration"),
+        );
+    }
+
     /// [`World::stop_controller`], then [`World::start_controller`].
     pub async fn restart_controller(&self) {
         self.stop_controller().await;
