@@ -775,7 +775,7 @@ mod tests {
     use super::*;
 
     /// Every metric name in the module documentation table, as encoded.
-    const DOCUMENTED: [&str; 17] = [
+    const DOCUMENTED: [&str; 19] = [
         "talos_upgrade_cluster_phase",
         "talos_upgrade_cluster_status",
         "talos_upgrade_cluster_nodes",
@@ -789,6 +789,8 @@ mod tests {
         "talos_upgrade_node_upgrade_duration_seconds",
         "talos_upgrade_runs_total",
         "talos_upgrade_preflight_failures_total",
+        "talos_upgrade_holds_total",
+        "talos_upgrade_hold",
         "talos_upgrade_reconcile_duration_seconds",
         "talos_upgrade_reconcile_errors_total",
         "talos_upgrade_talos_api_calls_total",
@@ -827,6 +829,7 @@ mod tests {
         m.observe_node_upgrade(key, UpgradeKind::Talos, NodeRole::ControlPlane, 95.0);
         m.record_run_result(key, UpgradeKind::Talos, RunResult::Completed);
         m.record_preflight_failure(key, UpgradeKind::Talos, "etcd-health");
+        m.set_hold(key, UpgradeKind::Talos, Some(Gate::Soak), true);
         m.observe_reconcile(0.2);
         m.record_reconcile_error("kube");
         m.record_talos_call("Upgrade", talos_api::grpc_code_name(tonic::Code::Ok));
@@ -1000,6 +1003,56 @@ mod tests {
         let nodes = samples(&text, "talos_upgrade_cluster_upgrading_node");
         assert_eq!(nodes.len(), 2, "{text}");
         assert!(nodes.iter().all(|l| !l.contains(r#"node="w-1""#)));
+    }
+
+    #[test]
+    fn a_hold_is_counted_once_when_it_begins_and_its_gauge_returns_to_zero() {
+        let m = Metrics::new();
+        let key = ClusterKey::new("ns", "c1");
+        let series = |text: &str, name: &str, gate: &str| -> Option<String> {
+            samples(text, name)
+                .into_iter()
+                .find(|l| l.contains(&format!(r#"gate="{gate}""#)))
+                .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+        };
+        m.set_hold(&key, UpgradeKind::Talos, None, false);
+        assert_eq!(series(&m.encode(), "talos_upgrade_hold", "soak"), None);
+
+        m.set_hold(&key, UpgradeKind::Talos, Some(Gate::Soak), true);
+        m.set_hold(&key, UpgradeKind::Talos, Some(Gate::Soak), false);
+        let text = m.encode();
+        assert_eq!(
+            series(&text, "talos_upgrade_hold", "soak").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            series(&text, "talos_upgrade_hold", "alerts").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            series(&text, "talos_upgrade_holds_total", "soak").as_deref(),
+            Some("1")
+        );
+
+        m.set_hold(&key, UpgradeKind::Talos, Some(Gate::Alerts), true);
+        m.set_hold(&key, UpgradeKind::Talos, None, false);
+        let text = m.encode();
+        assert_eq!(
+            series(&text, "talos_upgrade_hold", "soak").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            series(&text, "talos_upgrade_hold", "alerts").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            series(&text, "talos_upgrade_holds_total", "alerts").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            series(&text, "talos_upgrade_holds_total", "soak").as_deref(),
+            Some("1")
+        );
     }
 
     #[test]

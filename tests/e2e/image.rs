@@ -214,13 +214,7 @@ async fn the_image_runs_as_the_controller_upgrades_a_cluster_and_stops_cleanly_o
         "1s",
     ]);
 
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world.annotate("talos-target", "1.12.0").await;
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
+    world.upgrade_talos("1.11.6", "1.12.0").await;
     assert_eq!(world.annotation("talos-current").await, "1.12.0");
     world.assert_each_node_upgraded_once(5);
     let instances = world.reporting_instances(None).await;

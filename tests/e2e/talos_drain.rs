@@ -468,7 +468,9 @@ const NO_POLL: Duration = Duration::from_secs(60 * 60);
 
 /// Talos ≥ 1.13: the end of a node's install wakes the reconcile that drains and reboots it, as a node
 /// coming back wakes the one that starts the next node. With no poll to fall back on, the run still
-/// completes: every node's reboot follows its install without waiting for a poll.
+/// completes: every node's reboot follows its install without waiting for a poll. (The legacy
+/// generation needs no such wake-up: talos_upgrade.rs
+/// `a_node_coming_back_wakes_the_controller_without_waiting_for_the_poll`.)
 #[tokio::test]
 async fn the_end_of_an_install_wakes_the_drain_and_reboot_without_a_poll() {
     let world = World::start(
@@ -480,51 +482,7 @@ async fn the_end_of_an_install_wakes_the_drain_and_reboot_without_a_poll() {
         },
     )
     .await;
-    world
-        .wait_for_annotation("talos-current", "1.13.0", "60s")
-        .await;
-
-    world.annotate("talos-target", "1.14.0").await;
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
+    world.upgrade_talos("1.13.0", "1.14.0").await;
     world.assert_talos_run_kept_its_promises("1.14.0").await;
     each_node_pulled_installed_and_rebooted_once(&world);
-}
-
-/// The legacy generation (Talos < 1.13, one `MachineService.Upgrade` per node, which answers before
-/// the node goes down) needs no such wake-up: each node's follower wakes the reconcile when it is back.
-/// With no poll it completes too, one upgrade call per node.
-#[tokio::test]
-async fn a_legacy_run_completes_without_a_poll() {
-    let world = World::start(
-        "legacy-no-poll",
-        WorldSpec {
-            poll_interval: NO_POLL,
-            ..WorldSpec::default()
-        },
-    )
-    .await;
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-
-    world.annotate("talos-target", "1.12.0").await;
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_talos_run_kept_its_promises("1.12.0").await;
-    let calls = world.sim.record();
-    for node in world.sim.nodes() {
-        let upgrades = calls
-            .iter()
-            .filter(|c| c.method == "/machine.MachineService/Upgrade" && c.node == node.name)
-            .count();
-        assert_eq!(upgrades, 1, "{}", node.name);
-    }
-    assert!(
-        changing_calls(&world).is_empty(),
-        "no 1.13 call on a legacy node: {:?}",
-        changing_calls(&world)
-    );
 }

@@ -207,13 +207,7 @@ async fn a_node_coming_back_wakes_the_controller_without_waiting_for_the_poll() 
         },
     )
     .await;
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world.annotate("talos-target", "1.12.0").await;
-    world
-        .wait_for_annotation("talos-status", "completed", "120s")
-        .await;
+    world.upgrade_talos("1.11.6", "1.12.0").await;
 
     world.assert_each_node_upgraded_once(5);
     assert_eq!(world.annotation("talos-progress").await, "5/5");

@@ -753,6 +753,16 @@ impl World {
         .await
     }
 
+    /// The user guide's Talos upgrade: once the controller reports `current`, annotate `target` and
+    /// `kubectl wait` for `talos-status=completed` (3 minutes at most).
+    pub async fn upgrade_talos(&self, current: &str, target: &str) {
+        self.wait_for_annotation("talos-current", current, "60s")
+            .await;
+        self.annotate("talos-target", target).await;
+        self.wait_for_annotation("talos-status", "completed", "180s")
+            .await;
+    }
+
     /// `kubectl wait` for an annotation value, as the user guide does.
     pub async fn wait_for_annotation(&self, key: &str, value: &str, timeout: &str) {
         let output = self
