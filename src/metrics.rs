@@ -25,7 +25,7 @@
 //! | `talos_upgrade_node_upgrade_duration_seconds` | histogram | `namespace`, `cluster`, `kind`, `role` | Time from starting a node's upgrade to the node verified on the target. `role` = `control-plane` or `worker`. Buckets 1 s .. 1 h. |
 //! | `talos_upgrade_runs_total` | counter | `namespace`, `cluster`, `kind`, `result` | Finished upgrade runs; `result` = `completed` or `failed`. |
 //! | `talos_upgrade_preflight_failures_total` | counter | `namespace`, `cluster`, `kind`, `check` | Failed pre-node checks (e.g. `nodes-ready`, `talos-api`, `etcd-health`, `etcd-quorum`, `etcd-leader`), by check. |
-//! | `talos_upgrade_holds_total` | counter | `namespace`, `cluster`, `kind`, `gate` | Holds of a run by one of the operator's gates before its next node (`canary`, `maintenance-window`, `soak`, `alerts`, `health-checks`), counted when a hold begins (or its message changes), not per pass. |
+//! | `talos_upgrade_holds_total` | counter | `namespace`, `cluster`, `kind`, `gate`, `reason` | Holds of a run by one of the operator's gates before its next node (`canary`, `maintenance-window`, `soak`, `alerts`, `health-checks`), by why (`canary-pause`, `outside-window`, `after-node`, `after-control-planes`, `failing`, `unknown`), counted when a hold begins (or its message changes), not per pass. |
 //! | `talos_upgrade_hold` | gauge | `namespace`, `cluster`, `kind`, `gate` | 1 for the gate holding the run's next node right now, 0 for the others; no series for a cluster never held. |
 //! | `talos_upgrade_reconcile_duration_seconds` | histogram | | Duration of one reconcile of one `KubernetesCluster`. Buckets 5 ms .. 2 min. Its `_count` is the number of reconciles. |
 //! | `talos_upgrade_reconcile_errors_total` | counter | `category` | Reconciles that ended in an error, by low-cardinality error category. |
@@ -50,7 +50,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
-use talos_upgrade_core::holds::Gate;
+use talos_upgrade_core::holds::{Gate, HoldReason};
+use talos_upgrade_core::lifecycle::GateHold;
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "talos_upgrade";
@@ -194,6 +195,15 @@ struct GateLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HoldLabels {
+    namespace: String,
+    cluster: String,
+    kind: &'static str,
+    gate: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ErrorLabels {
     category: &'static str,
 }
@@ -239,7 +249,7 @@ struct Families {
     node_upgrade_duration: Family<RoleLabels, Histogram, fn() -> Histogram>,
     runs: Family<ResultLabels, Counter>,
     preflight_failures: Family<CheckLabels, Counter>,
-    holds: Family<GateLabels, Counter>,
+    holds: Family<HoldLabels, Counter>,
     hold: Family<GateLabels, Gauge>,
     reconcile_duration: Histogram,
     reconcile_errors: Family<ErrorLabels, Counter>,
@@ -618,7 +628,7 @@ impl Metrics {
 
     /// The gate holding a run's next node now (`None`: none), and whether its hold `began` in this
     /// reconcile (counted once per hold). A cluster never held has no series.
-    pub fn set_hold(&self, key: &ClusterKey, kind: UpgradeKind, gate: Option<Gate>, began: bool) {
+    pub fn set_hold(&self, key: &ClusterKey, kind: UpgradeKind, hold: Option<GateHold>) {
         let _clusters = self.lock_clusters();
         let f = self.families();
         let labels = |gate: Gate| GateLabels {
@@ -627,11 +637,20 @@ impl Metrics {
             kind: kind.as_str(),
             gate: gate.as_str(),
         };
-        if let Some(gate) = gate
-            && began
+        if let Some(hold) = hold
+            && hold.began
         {
-            f.holds.get_or_create(&labels(gate)).inc();
+            f.holds
+                .get_or_create(&HoldLabels {
+                    namespace: key.namespace.clone(),
+                    cluster: key.cluster.clone(),
+                    kind: kind.as_str(),
+                    gate: hold.gate.as_str(),
+                    reason: hold.reason.as_str(),
+                })
+                .inc();
         }
+        let gate = hold.map(|hold| hold.gate);
         for each in Gate::ALL {
             let value = i64::from(Some(each) == gate);
             // Series appear with the first hold, and then go to 0 rather than vanish.
@@ -694,7 +713,15 @@ impl Metrics {
                     kind: kind.as_str(),
                     gate: gate.as_str(),
                 };
-                f.holds.remove(&labels);
+                for reason in HoldReason::ALL {
+                    f.holds.remove(&HoldLabels {
+                        namespace: key.namespace.clone(),
+                        cluster: key.cluster.clone(),
+                        kind: kind.as_str(),
+                        gate: gate.as_str(),
+                        reason: reason.as_str(),
+                    });
+                }
                 f.hold.remove(&labels);
             }
             for result in RunResult::ALL {
@@ -822,6 +849,21 @@ mod tests {
         }
     }
 
+    /// A hold of `gate` as a pass reports it (soak after a node, or an external check failing).
+    fn held(gate: Gate, began: bool) -> GateHold {
+        let reason = match gate {
+            Gate::Soak => HoldReason::SoakAfterNode,
+            Gate::MaintenanceWindow => HoldReason::OutsideWindow,
+            Gate::Canary => HoldReason::CanaryPause,
+            Gate::Alerts | Gate::HealthChecks => HoldReason::CheckFailing,
+        };
+        GateHold {
+            gate,
+            reason,
+            began,
+        }
+    }
+
     fn exercise_all(m: &Metrics, key: &ClusterKey) {
         m.set_cluster_phase(key, "UpgradingTalos");
         m.set_cluster_state(key, UpgradeKind::Talos, &in_progress("cp-1"));
@@ -829,7 +871,7 @@ mod tests {
         m.observe_node_upgrade(key, UpgradeKind::Talos, NodeRole::ControlPlane, 95.0);
         m.record_run_result(key, UpgradeKind::Talos, RunResult::Completed);
         m.record_preflight_failure(key, UpgradeKind::Talos, "etcd-health");
-        m.set_hold(key, UpgradeKind::Talos, Some(Gate::Soak), true);
+        m.set_hold(key, UpgradeKind::Talos, Some(held(Gate::Soak, true)));
         m.observe_reconcile(0.2);
         m.record_reconcile_error("kube");
         m.record_talos_call("Upgrade", talos_api::grpc_code_name(tonic::Code::Ok));
@@ -1015,11 +1057,11 @@ mod tests {
                 .find(|l| l.contains(&format!(r#"gate="{gate}""#)))
                 .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
         };
-        m.set_hold(&key, UpgradeKind::Talos, None, false);
+        m.set_hold(&key, UpgradeKind::Talos, None);
         assert_eq!(series(&m.encode(), "talos_upgrade_hold", "soak"), None);
 
-        m.set_hold(&key, UpgradeKind::Talos, Some(Gate::Soak), true);
-        m.set_hold(&key, UpgradeKind::Talos, Some(Gate::Soak), false);
+        m.set_hold(&key, UpgradeKind::Talos, Some(held(Gate::Soak, true)));
+        m.set_hold(&key, UpgradeKind::Talos, Some(held(Gate::Soak, false)));
         let text = m.encode();
         assert_eq!(
             series(&text, "talos_upgrade_hold", "soak").as_deref(),
@@ -1034,8 +1076,8 @@ mod tests {
             Some("1")
         );
 
-        m.set_hold(&key, UpgradeKind::Talos, Some(Gate::Alerts), true);
-        m.set_hold(&key, UpgradeKind::Talos, None, false);
+        m.set_hold(&key, UpgradeKind::Talos, Some(held(Gate::Alerts, true)));
+        m.set_hold(&key, UpgradeKind::Talos, None);
         let text = m.encode();
         assert_eq!(
             series(&text, "talos_upgrade_hold", "soak").as_deref(),

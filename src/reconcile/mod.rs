@@ -770,12 +770,7 @@ fn export_metrics<K: Stored>(
     if let Some(check) = conclusion.preflight_failure {
         metrics.record_preflight_failure(key, kind, check.as_str());
     }
-    metrics.set_hold(
-        key,
-        kind,
-        conclusion.gate.map(|(gate, _)| gate),
-        conclusion.gate.is_some_and(|(_, began)| began),
-    );
+    metrics.set_hold(key, kind, conclusion.gate);
     // A run ends in exactly one reconcile: the one that announces it.
     let reasons = conclusion.notes.iter().map(|note| note.reason);
     for result in reasons

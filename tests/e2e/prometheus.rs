@@ -609,6 +609,9 @@ async fn a_real_prometheus_scrapes_upgrades_sees_every_metric_used_and_alerts_on
         .expect("fault");
     good.annotate_raw("upgrade.vitistack.io/upgrade-order=control-planes-first")
         .await;
+    // And it soaks a moment after the control planes, so the gates' hold metrics are scraped too.
+    good.annotate_raw("upgrade.vitistack.io/soak-after-control-planes=1s")
+        .await;
     good.annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
         .await;
     good.wait_for_annotation_matching("talos-message", PATIENCE, "about etcd", |m| {
@@ -711,6 +714,22 @@ async fn a_real_prometheus_scrapes_upgrades_sees_every_metric_used_and_alerts_on
             }
         }
     }
+    // The soak held the good run once, by its gate and reason, and holds it no more.
+    let soaks = prometheus
+        .query(&format!(
+            "talos_upgrade_holds_total{{namespace=\"{}\",gate=\"soak\",reason=\"after-control-planes\"}}",
+            good.ns.name
+        ))
+        .await;
+    assert_eq!(soaks.len(), 1, "{soaks:#?}");
+    assert_eq!(soaks[0]["value"][1], "1", "{soaks:#?}");
+    let held_now = prometheus
+        .query(&format!(
+            "talos_upgrade_hold{{namespace=\"{}\"}} == 1",
+            good.ns.name
+        ))
+        .await;
+    assert!(held_now.is_empty(), "{held_now:#?}");
     // The extraction found what it should (a guard against a parser that finds nothing).
     for name in [
         "talos_upgrade_cluster_status",

@@ -57,6 +57,48 @@ impl Gate {
     }
 }
 
+/// Why a gate holds, within the gate: the `reason` label of `talos_upgrade_holds_total`. Closed and
+/// small, so the counter's series stay bounded (the message carries the details).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HoldReason {
+    /// The canary's pause after N nodes was reached.
+    CanaryPause,
+    /// Outside every maintenance window.
+    OutsideWindow,
+    /// The soak after the last node done.
+    SoakAfterNode,
+    /// The soak after the control-plane phase.
+    SoakAfterControlPlanes,
+    /// The external check answered, and its answer holds (alerts firing, a health check failing).
+    CheckFailing,
+    /// The external check could not be asked or answered (Prometheus unreachable, a health check
+    /// that cannot be evaluated): it holds rather than count as clear.
+    CheckUnknown,
+}
+
+impl HoldReason {
+    pub const ALL: [HoldReason; 6] = [
+        HoldReason::CanaryPause,
+        HoldReason::OutsideWindow,
+        HoldReason::SoakAfterNode,
+        HoldReason::SoakAfterControlPlanes,
+        HoldReason::CheckFailing,
+        HoldReason::CheckUnknown,
+    ];
+
+    /// The reason's name in metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldReason::CanaryPause => "canary-pause",
+            HoldReason::OutsideWindow => "outside-window",
+            HoldReason::SoakAfterNode => "after-node",
+            HoldReason::SoakAfterControlPlanes => "after-control-planes",
+            HoldReason::CheckFailing => "failing",
+            HoldReason::CheckUnknown => "unknown",
+        }
+    }
+}
+
 /// What the shell found for a gate that needs IO, this pass.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum ExternalCheck {
@@ -76,10 +118,15 @@ pub enum ExternalCheck {
 impl ExternalCheck {
     /// Why it holds, if it does.
     pub fn holding(&self) -> Option<&str> {
+        self.hold().map(|(message, _)| message)
+    }
+
+    /// Why it holds and the hold's reason, if it does.
+    fn hold(&self) -> Option<(&str, HoldReason)> {
         match self {
             ExternalCheck::NotConfigured | ExternalCheck::Clear => None,
-            ExternalCheck::Holding { message } => Some(message),
-            ExternalCheck::Unknown { reason } => Some(reason),
+            ExternalCheck::Holding { message } => Some((message, HoldReason::CheckFailing)),
+            ExternalCheck::Unknown { reason } => Some((reason, HoldReason::CheckUnknown)),
         }
     }
 }
@@ -97,6 +144,8 @@ pub struct GateObservation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
     pub gate: Gate,
+    /// Why, within the gate (the metric's `reason`).
+    pub reason: HoldReason,
     /// One sentence: what the run waits for.
     pub message: String,
     /// When the hold ends by itself, where that is known (a window's opening, a soak's end): the
@@ -225,8 +274,9 @@ pub fn hold_before_next_node(
     now: Timestamp,
 ) -> Option<Hold> {
     let external = |gate: Gate, check: &ExternalCheck| {
-        check.holding().map(|message| Hold {
+        check.hold().map(|(message, reason)| Hold {
             gate,
+            reason,
             message: message.to_string(),
             until: None,
         })
@@ -248,6 +298,7 @@ fn canary_hold(settings: &GateSettings, progress: &RunProgress) -> Option<Hold> 
         .map_or(upgraded, |n| n.get() as usize);
     Some(Hold {
         gate: Gate::Canary,
+        reason: HoldReason::CanaryPause,
         message: format!(
             "the canary pause after {limit} upgraded node{}: check the cluster, then set \
              upgrade.vitistack.io/resume to \"true\" (or set paused to \"true\" and remove it) to \
@@ -266,6 +317,7 @@ fn window_hold(settings: &GateSettings, progress: &RunProgress, now: Timestamp) 
     let opening = windows.next_opening(now)?;
     Some(Hold {
         gate: Gate::MaintenanceWindow,
+        reason: HoldReason::OutsideWindow,
         message: format!(
             "outside the maintenance window ({windows}); the next opens at {}",
             opening.describe()
@@ -278,18 +330,31 @@ fn soak_hold(settings: &GateSettings, progress: &RunProgress, now: Timestamp) ->
     let after_node = settings
         .soak_after_node
         .zip(progress.last_done.as_ref())
-        .map(|(soak, (node, at))| (*at + soak, format!("node {node}")));
+        .map(|(soak, (node, at))| {
+            (
+                *at + soak,
+                format!("node {node}"),
+                HoldReason::SoakAfterNode,
+            )
+        });
     let after_control_planes = settings
         .soak_after_control_planes
         .zip(progress.control_planes_done)
-        .map(|(soak, at)| (at + soak, "the control planes".to_string()));
+        .map(|(soak, at)| {
+            (
+                at + soak,
+                "the control planes".to_string(),
+                HoldReason::SoakAfterControlPlanes,
+            )
+        });
     // The later of the two is what the next node waits for.
-    let (until, what) = [after_node, after_control_planes]
+    let (until, what, reason) = [after_node, after_control_planes]
         .into_iter()
         .flatten()
-        .max_by_key(|(until, _)| *until)?;
+        .max_by_key(|(until, _, _)| *until)?;
     (now < until).then(|| Hold {
         gate: Gate::Soak,
+        reason,
         message: format!("soaking after {what} until {}", utc(until)),
         until: Some(until),
     })
@@ -737,12 +802,18 @@ mod tests {
         };
         let later = at("2026-11-30T21:36:00Z");
         let cases = [
-            (holding.clone(), outside, &firing, Some(Gate::Canary), None),
+            (
+                holding.clone(),
+                outside,
+                &firing,
+                Some((Gate::Canary, HoldReason::CanaryPause)),
+                None,
+            ),
             (
                 released.clone(),
                 outside,
                 &firing,
-                Some(Gate::MaintenanceWindow),
+                Some((Gate::MaintenanceWindow, HoldReason::OutsideWindow)),
                 Some("2026-11-30T21:00:00Z"),
             ),
             // Forced: the window holds no more; the soak still does.
@@ -750,29 +821,39 @@ mod tests {
                 forced,
                 outside,
                 &firing,
-                Some(Gate::Soak),
+                Some((Gate::Soak, HoldReason::SoakAfterNode)),
                 Some("2026-11-30T21:35:00Z"),
             ),
             (
                 released.clone(),
                 inside,
                 &firing,
-                Some(Gate::Soak),
+                Some((Gate::Soak, HoldReason::SoakAfterNode)),
                 Some("2026-11-30T21:35:00Z"),
             ),
-            (released.clone(), later, &firing, Some(Gate::Alerts), None),
+            (
+                released.clone(),
+                later,
+                &firing,
+                Some((Gate::Alerts, HoldReason::CheckFailing)),
+                None,
+            ),
             (
                 released.clone(),
                 later,
                 &unhealthy,
-                Some(Gate::HealthChecks),
+                Some((Gate::HealthChecks, HoldReason::CheckUnknown)),
                 None,
             ),
             (released, later, &GateObservation::default(), None, None),
         ];
         for (i, (gates, now, observation, gate, until)) in cases.into_iter().enumerate() {
             let hold = hold_before_next_node(&settings(), observation, &progress(gates), now);
-            assert_eq!(hold.as_ref().map(|h| h.gate), gate, "case {i}: {hold:?}");
+            assert_eq!(
+                hold.as_ref().map(|h| (h.gate, h.reason)),
+                gate,
+                "case {i}: {hold:?}"
+            );
             assert_eq!(hold.and_then(|h| h.until), until.map(at), "case {i}");
         }
     }

@@ -31,7 +31,7 @@ use crate::annotations::{self, UpgradeKind, UpgradeStatus};
 use crate::catalog::Catalog;
 use crate::crd::condition::Reason as ConditionReason;
 use crate::gates::Gates;
-use crate::holds::Gate;
+use crate::holds::{Gate, HoldReason};
 use crate::intent::{InvalidOption, Target, UpgradeIntent};
 use crate::report::KindReport;
 use crate::run::{
@@ -359,10 +359,18 @@ pub struct Conclusion<K: Kind> {
     pub run_started_at: Option<Timestamp>,
     /// A preflight check that started holding the run in this pass (counted once per hold).
     pub preflight_failure: Option<PreflightCheck>,
-    /// The operator's gate holding the run's next node, if one does, and whether the hold began in
-    /// this pass (counted once per hold).
-    pub gate: Option<(Gate, bool)>,
+    /// The operator's gate holding the run's next node, if one does.
+    pub gate: Option<GateHold>,
     pub revisit: Revisit,
+}
+
+/// The operator's gate holding a run's next node in a pass, as the shell counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateHold {
+    pub gate: Gate,
+    pub reason: HoldReason,
+    /// The hold began (or its message changed) in this pass: counted once per hold.
+    pub began: bool,
 }
 
 /// Where the machine is.
@@ -1245,11 +1253,11 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                     .push(Note::normal(Reason::UpgradeWaiting, report.message.clone()));
                 preflight_failure = decision.report.hold.filter(|check| check.is_failure());
             }
-            gate = decision
-                .report
-                .gate
-                .as_ref()
-                .map(|hold| (hold.gate, hold_started));
+            gate = decision.report.gate.as_ref().map(|hold| GateHold {
+                gate: hold.gate,
+                reason: hold.reason,
+                began: hold_started,
+            });
         }
         self.notes.extend(decision.report.notes.iter().cloned());
         let revisit = match decision.report.state {
