@@ -206,6 +206,9 @@ pub struct RunGates {
     /// Held nodes the completed run left out; taken in once no longer held.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub skipped: BTreeSet<String>,
+    /// The installer pulled on every node before the first is disrupted ([`crate::prepull`]).
+    #[serde(default, skip_serializing_if = "crate::prepull::PrePull::is_empty")]
+    pub prepull: crate::prepull::PrePull,
 }
 
 impl RunGates {
@@ -980,6 +983,7 @@ mod tests {
             }),
             held: ["worker-2".to_string()].into(),
             skipped: ["worker-2".to_string()].into(),
+            prepull: Default::default(),
         };
         let json = serde_json::to_value(&gates).expect("json");
         assert_eq!(json["canary"]["state"], "holding");

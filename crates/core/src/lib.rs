@@ -26,6 +26,7 @@ pub mod holds;
 pub mod intent;
 pub mod kubernetes;
 pub mod lifecycle;
+pub mod prepull;
 pub mod report;
 pub mod run;
 pub mod talos;

@@ -158,10 +158,12 @@ pub enum Reason {
     NodeHeld,
     /// `force-start`: the run starts and goes on outside the maintenance windows.
     MaintenanceWindowOverridden,
+    /// The installer is pulled on every node the run upgrades, before the first is disrupted.
+    InstallerPulled,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -182,6 +184,7 @@ impl Reason {
         Reason::StepStarted,
         Reason::NodeHeld,
         Reason::MaintenanceWindowOverridden,
+        Reason::InstallerPulled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -206,6 +209,7 @@ impl Reason {
             Reason::StepStarted => "StepStarted",
             Reason::NodeHeld => "NodeHeld",
             Reason::MaintenanceWindowOverridden => "MaintenanceWindowOverridden",
+            Reason::InstallerPulled => "InstallerPulled",
         }
     }
 
@@ -231,7 +235,8 @@ impl Reason {
             | Reason::NodeLeft
             | Reason::StepStarted
             | Reason::NodeHeld
-            | Reason::MaintenanceWindowOverridden => None,
+            | Reason::MaintenanceWindowOverridden
+            | Reason::InstallerPulled => None,
         }
     }
 }

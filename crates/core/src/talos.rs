@@ -33,6 +33,7 @@ pub use self::record::{
     FailedAttempt, LifecycleStage, NodeProgress, NodeStep, PendingInstall, Run,
 };
 use crate::holds::{self, Gate, GateObservation, GateSettings, Hold, RunProgress};
+use crate::prepull;
 pub use crate::run::UpgradeOrder;
 use crate::run::{
     NodeRole, Note, Outcome, PreflightCheck, Reason, Report, RunState, human_duration,
@@ -153,6 +154,15 @@ impl UpgradeApi {
 pub enum Action {
     /// Move etcd leadership off a control plane before it is upgraded.
     ForfeitEtcdLeadership { node: String },
+    /// Pull the installer image on a node before the run disrupts any node ([`crate::prepull`]): with
+    /// [`UpgradeApi::Lifecycle`] into the containerd the install reads it from, with
+    /// [`UpgradeApi::Legacy`] as a check that the node can pull it (see docs/upgrades.md, Pre-pull).
+    /// Changes nothing the node boots; recorded before it is made.
+    PrePull {
+        node: String,
+        installer_image: String,
+        api: UpgradeApi,
+    },
     /// Pull the installer image on a node (Talos ≥ 1.13), before its install.
     Pull {
         node: String,
@@ -176,6 +186,7 @@ impl Action {
     pub fn node(&self) -> &str {
         match self {
             Action::ForfeitEtcdLeadership { node }
+            | Action::PrePull { node, .. }
             | Action::Pull { node, .. }
             | Action::Upgrade { node, .. }
             | Action::Reboot { node }
@@ -995,9 +1006,23 @@ fn advance_run(
         );
     }
 
-    // 2. Start the next node(s), unless paused.
+    // 2. Start the next node(s), unless paused. The pre-pull comes first: no node starts (nothing is
+    // cordoned, drained or rebooted) before the installer is pulled on every node the run upgrades.
     let mut waiting = None;
-    if !settings.paused {
+    if !settings.paused
+        && let Some(message) = pre_pull(
+            &mut run,
+            settings,
+            observation,
+            installer_image_for,
+            &target,
+            now,
+            &mut actions,
+            &mut notes,
+        )
+    {
+        waiting = Some(Held::PrePull(message));
+    } else if !settings.paused {
         let pass = Pass {
             target: &target,
             settings,
@@ -1128,10 +1153,18 @@ pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
         .iter()
         .find(|n| matches!(n.step, NodeStep::Pending) && !run.gates.held.contains(&n.name))
         .map(|n| n.role);
+    // Until the pre-pull is done, every pending node it has no image recorded for (it pulls on all).
+    let prepulling = |name: &str| {
+        !run.gates.prepull.is_done()
+            && !run.gates.held.contains(name)
+            && run.gates.prepull.node(name).is_none()
+    };
     run.nodes
         .iter()
         .filter(|n| match &n.step {
-            NodeStep::Pending => Some(n.role) == next_role || Some(n.role) == after_held,
+            NodeStep::Pending => {
+                Some(n.role) == next_role || Some(n.role) == after_held || prepulling(&n.name)
+            }
             NodeStep::Issued { unanswered, .. } => *unanswered,
             NodeStep::Done { .. } | NodeStep::Failed { .. } => false,
         })
@@ -1139,11 +1172,14 @@ pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
         .collect()
 }
 
-/// Why the next node is not starting: a preflight check, or one of the operator's gates.
+/// Why the next node is not starting: a preflight check, one of the operator's gates, or the
+/// pre-pull still going.
 enum Held {
     /// The check and its sentence.
     Preflight(PreflightCheck, String),
     Gate(Hold),
+    /// The status message of the pre-pull.
+    PrePull(String),
 }
 
 impl Held {
@@ -1151,8 +1187,88 @@ impl Held {
         match self {
             Held::Preflight(_, why) => why,
             Held::Gate(hold) => &hold.message,
+            Held::PrePull(message) => message,
         }
     }
+}
+
+/// The pre-pull of this pass ([`crate::prepull`]) over the nodes the run will upgrade: pending, not
+/// held, not on the target. Adds the pulls to make (recorded in the run first) and returns the status
+/// message while it is not done.
+#[allow(clippy::too_many_arguments)]
+fn pre_pull(
+    run: &mut Run,
+    settings: &Settings,
+    observation: &Observation,
+    installer_image_for: &dyn Fn(&InstallSource, &Version) -> Result<String, String>,
+    target: &Version,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+    notes: &mut Vec<Note>,
+) -> Option<String> {
+    if run.gates.prepull.is_done() {
+        return None;
+    }
+    let held = &observation.gates.held_nodes;
+    let candidates: Vec<prepull::Candidate> = run
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name))
+        .filter_map(|n| {
+            let seen = match &observation.node(&n.name)?.talos {
+                TalosState::Up { version, .. } if version == target => return None,
+                TalosState::Up { install, .. } => prepull::Seen::Up {
+                    image: install
+                        .as_ref()
+                        .and_then(|install| installer_image_for(install, target).ok()),
+                },
+                TalosState::Unreachable { reason } => prepull::Seen::Unreachable {
+                    reason: reason.clone(),
+                },
+            };
+            Some(prepull::Candidate {
+                name: n.name.clone(),
+                seen,
+            })
+        })
+        .collect();
+    let plan = prepull::decide(
+        &mut run.gates.prepull,
+        &candidates,
+        settings.retry_after,
+        now,
+    );
+    for pull in plan.pulls {
+        let Some(TalosState::Up { version, .. }) = observation.node(&pull.node).map(|n| &n.talos)
+        else {
+            continue;
+        };
+        if let Some(failed) = &pull.after {
+            notes.push(Note::warning(
+                Reason::NodeInstallRetried,
+                format!(
+                    "Node {}: pulling {} failed ({}); trying again (attempt {} of {})",
+                    pull.node,
+                    pull.installer_image,
+                    failed.reason,
+                    failed.failures + 1,
+                    prepull::ATTEMPTS
+                ),
+            ));
+        }
+        actions.push(Action::PrePull {
+            node: pull.node,
+            installer_image: pull.installer_image,
+            api: UpgradeApi::for_running(version),
+        });
+    }
+    if let Some(finished) = &plan.finished {
+        notes.push(Note::normal(
+            Reason::InstallerPulled,
+            prepull::finished_message(finished, &run.target),
+        ));
+    }
+    plan.message
 }
 
 /// What one decision starts nodes with.
@@ -1472,6 +1588,7 @@ fn finish(
                 ([], Some(Held::Gate(hold))) if hold.gate == Gate::Canary => {
                     format!("Paused by {} ({done}/{total} done)", hold.message)
                 }
+                ([], Some(Held::PrePull(message))) => message.clone(),
                 ([], Some(held)) => format!("Waiting: {} ({done}/{total} done)", held.message()),
                 ([], None) => format!("Upgrading ({done}/{total} done)"),
                 (many, _) => format!("Upgrading nodes {} ({done}/{total} done)", many.join(", ")),

@@ -85,7 +85,14 @@ fn talos_run_in_flight() -> Run {
         target: "1.12.0".into(),
         started_at: earlier(5),
         outcome: None,
-        gates: Default::default(),
+        // Under way: its pre-pull is over (a new run's is in the tests of its start).
+        gates: crate::holds::RunGates {
+            prepull: crate::prepull::PrePull {
+                nodes: Vec::new(),
+                done_at: Some(earlier(5)),
+            },
+            ..Default::default()
+        },
         nodes: vec![
             NodeProgress {
                 name: "worker-1".into(),
@@ -601,8 +608,15 @@ fn a_new_talos_run_starts_announced_and_records_its_call_before_making_it() {
         talos_answers("1.11.6"),
     );
     assert_eq!(asked[0], Asked::Cluster);
-    let Asked::Act(calls) = &asked[1] else {
-        panic!("a call follows the look: {asked:?}");
+    let Asked::Act(pulls) = &asked[1] else {
+        panic!("the pre-pull follows the look: {asked:?}");
+    };
+    assert!(
+        pulls.len() == 2 && pulls.iter().all(|call| call.starts_with("PrePull")),
+        "{pulls:?}"
+    );
+    let Asked::Act(calls) = &asked[2] else {
+        panic!("a call follows the pre-pull: {asked:?}");
     };
     assert!(calls[0].contains("worker-1"), "workers first: {calls:?}");
     let run = conclusion.record.expect("a run recorded");
@@ -620,7 +634,11 @@ fn a_new_talos_run_starts_announced_and_records_its_call_before_making_it() {
     // Announced with the calls, not again with the report.
     assert_eq!(
         conclusion.announced,
-        [Reason::UpgradeStarted, Reason::NodeUpgradeStarted]
+        [
+            Reason::UpgradeStarted,
+            Reason::InstallerPulled,
+            Reason::NodeUpgradeStarted
+        ]
     );
     assert!(conclusion.notes.is_empty());
     // The pass decided before the call was answered: the next pass sees only the reboot to wait for.
@@ -641,7 +659,31 @@ fn the_act_carries_the_run_to_save_and_the_report_to_write_beside_the_calls() {
     ));
     assert!(matches!(lifecycle.start(), Step::Look(Look::Cluster(_))));
     let Step::Act(act) = lifecycle.looked_at_cluster(Ok(talos_cluster("1.11.6"))) else {
-        panic!("the first node starts");
+        panic!("the pre-pull starts");
+    };
+    // First the pre-pull on both nodes, recorded before it is made and reported beside it; no node
+    // is started yet.
+    let pulling = |name: &str| {
+        matches!(
+            act.run.gates.prepull.node(name).map(|n| &n.state),
+            Some(crate::prepull::PullState::Pulling { failed: None })
+        )
+    };
+    assert!(
+        pulling("worker-1") && pulling("cp-1"),
+        "{:?}",
+        act.run.gates
+    );
+    assert!(act.run.in_flight().is_empty());
+    assert_eq!(act.actions.len(), 2);
+    assert_eq!(reasons(&act.notes), [Reason::UpgradeStarted]);
+    let report = act.report.expect("a pre-pull is reported before its calls");
+    assert_eq!(
+        report.message,
+        "Pulling ghcr.io/siderolabs/installer:v1.12.0 on 2 nodes before upgrading any (0/2 pulled)"
+    );
+    let Step::Act(act) = lifecycle.called(vec![Called::Done, Called::Done]) else {
+        panic!("the first node starts once both pulled");
     };
     // The run to save already records the call as issued and unanswered: a controller that dies
     // between the save and the call never sends a second one blindly.
@@ -652,9 +694,10 @@ fn the_act_carries_the_run_to_save_and_the_report_to_write_beside_the_calls() {
             ..
         })
     ));
+    assert!(act.run.gates.prepull.is_done());
     assert_eq!(
         reasons(&act.notes),
-        [Reason::UpgradeStarted, Reason::NodeUpgradeStarted]
+        [Reason::InstallerPulled, Reason::NodeUpgradeStarted]
     );
     let report = act.report.expect("an upgrade is reported before its call");
     assert_eq!(report.message, "Upgrading node worker-1 (1/2)");
@@ -1092,12 +1135,13 @@ fn a_hold_is_announced_once_and_counted_when_a_check_fails() {
     unhealthy.nodes[0].kubernetes_ready = false;
     let message = "Waiting: node cp-1 is not ready; holding before upgrading worker-1 (0/2 done)";
     for (shown, notes, counted) in [
+        // The pre-pull is made first (nothing it does disrupts a node), announced with its calls.
         (
             None,
-            vec![Reason::UpgradeStarted, Reason::UpgradeWaiting],
+            vec![Reason::UpgradeWaiting, Reason::InstallerPulled],
             true,
         ),
-        (Some(message), vec![Reason::UpgradeStarted], false),
+        (Some(message), vec![Reason::InstallerPulled], false),
     ] {
         let mut pairs = vec![("talos-target", "1.12.0")];
         if let Some(shown) = shown {

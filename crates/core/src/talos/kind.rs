@@ -221,6 +221,8 @@ impl Kind for Talos {
         // The alert gate is the shell's to ask, but a value it cannot read must keep the run from
         // starting here, as every other invalid option does: the user meant some gate, not none.
         intent.alert_gate.clone()?;
+        // So is a silence mode it cannot read: the user meant some silences, or none.
+        intent.alert_silences.clone()?;
         Ok(Settings {
             order,
             max_parallel_workers: parallel.get() as usize,
@@ -379,6 +381,8 @@ impl Kind for Talos {
                 NodeStep::Pending | NodeStep::Issued { .. } | NodeStep::Done { .. } => {}
             }
         }
+        // A pull that failed gets its attempts afresh; pulls done stay done.
+        run.gates.prepull.resume();
         run.outcome = None;
     }
 
@@ -716,6 +720,15 @@ impl Kind for Talos {
             // upgrade needs: Talos's legacy upgrade checks every etcd member when it gets the call,
             // and an election still in progress would fail it.)
             Action::ForfeitEtcdLeadership { .. } => Answered::LookFurther(Further::Etcd),
+            // The last pre-pull answered: the first node may start in the same pass.
+            Action::PrePull { node, .. } => {
+                run.gates.prepull.pulled(node, now);
+                if run.gates.prepull.all_pulled() {
+                    Answered::DecideAgain
+                } else {
+                    Answered::Nothing
+                }
+            }
             // Pulled: the install follows in the same pass, recorded (as sent) before it is made.
             Action::Pull { node, .. } => {
                 super::pulled(run, node);
@@ -763,6 +776,11 @@ impl Kind for Talos {
     }
 
     fn retry(run: &mut Run, action: &Action, reason: &str, now: Timestamp) -> bool {
+        // A pre-pull gets a few attempts, then fails the run: it is there to find early a node that
+        // cannot pull, not to wait for it.
+        if let Action::PrePull { node, .. } = action {
+            return run.gates.prepull.failed(node, reason, now);
+        }
         // Only the Talos >= 1.13 pull and install are made again: neither changed what the node boots
         // (an install that failed never made its system the boot default). The legacy upgrade call
         // runs the whole upgrade on the node, which reports no exit code to classify.
@@ -808,6 +826,23 @@ impl Kind for Talos {
     }
 
     fn refused(run: &mut Run, action: &Action, reason: &str, now: Timestamp) -> Vec<Action> {
+        if let Action::PrePull {
+            node,
+            installer_image,
+            ..
+        } = action
+        {
+            let failures = match run.gates.prepull.node(node).map(|n| &n.state) {
+                Some(crate::prepull::PullState::Pulling {
+                    failed: Some(failed),
+                }) => failed.failures,
+                _ => 1,
+            };
+            let reason = crate::prepull::failure(installer_image, reason, failures);
+            return super::fail_node(run, node, &reason, now)
+                .into_iter()
+                .collect();
+        }
         super::fail_node(run, action.node(), reason, now)
             .into_iter()
             .collect()

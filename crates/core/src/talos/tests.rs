@@ -153,7 +153,20 @@ fn workers_done(target: &str, observation: &Observation) -> Run {
     run
 }
 
+/// Decides on a run whose pre-pull is over: the tests of what comes after it start there (the
+/// pre-pull's own tests use [`decide_with_prepull`]).
 fn decide(run: &Run, settings: &Settings, obs: &Observation, now: Timestamp) -> Decision {
+    let mut run = run.clone();
+    run.gates.prepull.done_at.get_or_insert(t0());
+    advance(&run, settings, obs, &image_for, now)
+}
+
+fn decide_with_prepull(
+    run: &Run,
+    settings: &Settings,
+    obs: &Observation,
+    now: Timestamp,
+) -> Decision {
     advance(run, settings, obs, &image_for, now)
 }
 
@@ -579,17 +592,28 @@ fn whole_run(from: &str, to: &str, order: UpgradeOrder, parallel: usize) {
     let mut obs = cluster(from);
     let mut run = start_run(to, &v(to), order, &obs, t0());
     let mut now = t0();
+    let mut prepulls: Vec<String> = Vec::new();
     let mut upgrade_calls: Vec<String> = Vec::new();
     let mut reboots: Vec<String> = Vec::new();
     let mut going_down: Vec<String> = Vec::new();
     for _ in 0..200 {
-        let decision = decide(&run, &settings, &obs, now);
+        let decision = decide_with_prepull(&run, &settings, &obs, now);
         run = decision.run;
         if decision.report.state == RunState::Completed {
             break;
         }
         assert_eq!(decision.report.state, RunState::InProgress, "{case}");
         for action in &decision.actions {
+            // Nothing disrupts a node before every node pulled, once.
+            if !matches!(action, Action::PrePull { .. }) {
+                let mut pulled = prepulls.clone();
+                pulled.sort();
+                pulled.dedup();
+                assert!(
+                    pulled.len() == 5 && prepulls.len() == 5,
+                    "{case}: {action:?} before the pre-pull ended: {prepulls:?}"
+                );
+            }
             match action {
                 Action::Upgrade {
                     node,
@@ -610,6 +634,10 @@ fn whole_run(from: &str, to: &str, order: UpgradeOrder, parallel: usize) {
                     drain(&mut obs, node, 0, None);
                 }
                 Action::Pull { node, .. } => pulled(&mut run, node),
+                Action::PrePull { node, .. } => {
+                    prepulls.push(node.clone());
+                    run.gates.prepull.pulled(node, now);
+                }
                 Action::Reboot { node } => {
                     reboots.push(node.clone());
                     going_down.push(node.clone());
@@ -1378,11 +1406,25 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
     };
     let mut finished = run.clone();
     finished.outcome = Some(Outcome::Completed { at: t0() });
+    let mut prepulled = run.clone();
+    prepulled.gates.prepull.done_at = Some(t0());
 
     // (case, run, settings, nodes whose machine config is read)
-    let cases: [(&str, &Run, &Settings, &[&str]); 6] = [
+    let cases: [(&str, &Run, &Settings, &[&str]); 7] = [
+        // The pre-pull pulls on every node the run upgrades, each with its own installer.
+        (
+            "a fresh run, before its pre-pull",
+            &run,
+            &settings(),
+            &["worker-1", "worker-2", "cp-1", "cp-2", "cp-3"],
+        ),
         // The batch has room for one, but worker-1 may turn out to be on the target already.
-        ("a fresh run", &run, &settings(), &["worker-1", "worker-2"]),
+        (
+            "a fresh run",
+            &prepulled,
+            &settings(),
+            &["worker-1", "worker-2"],
+        ),
         // worker-1 may come back in this very pass, and worker-2 start in the same decision.
         (
             "worker-1 in flight",
@@ -2005,4 +2047,315 @@ fn outside_a_window_no_node_starts_unless_forced_once() {
     };
     let after = decide(&next, &with_gates(windows), &obs, t0() + 2.minutes());
     assert_eq!(upgraded_nodes(&after.actions), ["worker-2"]);
+}
+
+// ----- the pre-pull (issue 23 item 6) -----
+
+fn prepulled_nodes(actions: &[Action]) -> Vec<(&str, UpgradeApi)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::PrePull { node, api, .. } => Some((node.as_str(), *api)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Which nodes pull before the run disrupts any, with which API: every node the run upgrades (not
+/// those on the target, not the held ones), each with its own installer; nothing while paused.
+#[test]
+fn the_pre_pull_pulls_on_every_node_the_run_upgrades_first() {
+    use UpgradeApi::{Legacy, Lifecycle};
+    let mut on_target = cluster("1.13.0");
+    rebooted(&mut on_target, "cp-3", "1.14.0", true);
+    let mut held = cluster("1.13.0");
+    held.gates.held_nodes.insert("worker-2".into());
+    let mut mixed = cluster("1.12.4");
+    set(&mut mixed, "worker-1", |n| {
+        n.talos = TalosState::Up {
+            version: v("1.13.0"),
+            boot_id: "worker-1-boot-1".into(),
+            ready: true,
+            install: Some(InstallSource::new(
+                "registry.local/installer:v1.13.0",
+                Some("metal"),
+            )),
+        }
+    });
+    let paused = Settings {
+        paused: true,
+        ..settings()
+    };
+    let all_13 = [
+        ("worker-1", Lifecycle),
+        ("worker-2", Lifecycle),
+        ("cp-1", Lifecycle),
+        ("cp-2", Lifecycle),
+        ("cp-3", Lifecycle),
+    ];
+    // (case, observation, target, settings, pulls)
+    let cases: [(&str, Observation, &str, Settings, Vec<(&str, UpgradeApi)>); 5] = [
+        (
+            "1.13 -> 1.14",
+            cluster("1.13.0"),
+            "1.14.0",
+            settings(),
+            all_13.to_vec(),
+        ),
+        (
+            "a node on the target",
+            on_target,
+            "1.14.0",
+            settings(),
+            all_13[..4].to_vec(),
+        ),
+        (
+            "a held node",
+            held,
+            "1.14.0",
+            settings(),
+            vec![
+                ("worker-1", Lifecycle),
+                ("cp-1", Lifecycle),
+                ("cp-2", Lifecycle),
+                ("cp-3", Lifecycle),
+            ],
+        ),
+        (
+            "1.12 nodes check with the legacy pull",
+            mixed,
+            "1.13.1",
+            settings(),
+            vec![
+                ("worker-1", Lifecycle),
+                ("worker-2", Legacy),
+                ("cp-1", Legacy),
+                ("cp-2", Legacy),
+                ("cp-3", Legacy),
+            ],
+        ),
+        ("paused", cluster("1.13.0"), "1.14.0", paused, vec![]),
+    ];
+    for (case, obs, target, settings, pulls) in cases {
+        let run = workers_first(target, &obs);
+        let decision = decide_with_prepull(&run, &settings, &obs, t0());
+        assert_eq!(prepulled_nodes(&decision.actions), pulls, "{case}");
+        assert!(
+            decision
+                .actions
+                .iter()
+                .all(|a| matches!(a, Action::PrePull { .. })),
+            "{case}: {:?}",
+            decision.actions
+        );
+        assert!(decision.report.in_flight.is_empty(), "{case}");
+        if !pulls.is_empty() {
+            assert_eq!(decision.report.state, RunState::InProgress, "{case}");
+            assert!(
+                decision.report.message.starts_with("Pulling ")
+                    && decision.report.message.contains(&format!(
+                        "on {} nodes before upgrading any (0/{} pulled)",
+                        pulls.len(),
+                        pulls.len()
+                    )),
+                "{case}: {}",
+                decision.report.message
+            );
+        }
+    }
+    // Each node pulls its own installer (the image its upgrade uses).
+    let mut mixed_images = cluster("1.13.0");
+    set(&mut mixed_images, "cp-1", |n| {
+        if let TalosState::Up { install, .. } = &mut n.talos {
+            *install = Some(InstallSource::new("mirror.local/installer:v1.13.0", None));
+        }
+    });
+    let run = workers_first("1.14.0", &mixed_images);
+    let decision = decide_with_prepull(&run, &settings(), &mixed_images, t0());
+    let images: Vec<&str> = decision
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::PrePull {
+                node,
+                installer_image,
+                ..
+            } if node == "cp-1" || node == "cp-2" => Some(installer_image.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        images,
+        [
+            "mirror.local/installer:v1.14.0",
+            "factory.talos.dev/installer/abc123:v1.14.0"
+        ]
+    );
+    assert!(
+        decision
+            .report
+            .message
+            .starts_with("Pulling the installer images on 5 nodes"),
+        "{}",
+        decision.report.message
+    );
+}
+
+/// Once every node pulled, the first node starts in the same decision, with the `InstallerPulled`
+/// Event; a restarted controller pulls again only what is not recorded as pulled, and starts nothing
+/// before.
+#[test]
+fn the_first_node_starts_only_once_every_pull_is_recorded() {
+    let obs = cluster("1.13.0");
+    let run = workers_first("1.14.0", &obs);
+    let first = decide_with_prepull(&run, &settings(), &obs, t0());
+    assert_eq!(prepulled_nodes(&first.actions).len(), 5);
+    // Three answered, then the controller restarted: the two others are made again, nothing else.
+    let mut restarted = first.run.clone();
+    for node in ["worker-1", "cp-1", "cp-3"] {
+        restarted.gates.prepull.pulled(node, t0());
+    }
+    let again = decide_with_prepull(&restarted, &settings(), &obs, t0() + 1.minute());
+    assert_eq!(
+        prepulled_nodes(&again.actions),
+        [
+            ("worker-2", UpgradeApi::Lifecycle),
+            ("cp-2", UpgradeApi::Lifecycle)
+        ]
+    );
+    assert_eq!(
+        again.report.message,
+        "Pulling factory.talos.dev/installer/abc123:v1.14.0 on 5 nodes before upgrading any (3/5 pulled)"
+    );
+    let mut pulled = again.run.clone();
+    for node in ["worker-2", "cp-2"] {
+        pulled.gates.prepull.pulled(node, t0());
+    }
+    let start = decide_with_prepull(&pulled, &settings(), &obs, t0() + 2.minutes());
+    assert!(start.run.gates.prepull.is_done());
+    assert_eq!(upgraded_nodes(&start.actions), ["worker-1"]);
+    assert_eq!(
+        start
+            .report
+            .notes
+            .iter()
+            .map(|n| n.reason)
+            .collect::<Vec<_>>(),
+        [Reason::InstallerPulled, Reason::NodeUpgradeStarted]
+    );
+    assert_eq!(
+        start.report.notes[0].message,
+        "Installer factory.talos.dev/installer/abc123:v1.14.0 pulled on 5 nodes; upgrading them to Talos 1.14.0"
+    );
+    // A node that joins after the pre-pull pulls before its own upgrade, as before.
+    assert_eq!(
+        prepulled_nodes(&decide_with_prepull(&start.run, &settings(), &obs, t0()).actions),
+        []
+    );
+}
+
+/// A pull refused for good, or failing [`crate::prepull::ATTEMPTS`] times, fails the run naming
+/// the node and the registry's answer, with no node started; `resume` pulls again on that node only
+/// and then goes on.
+#[test]
+fn a_node_that_cannot_pull_fails_the_run_before_any_node_starts_and_resume_pulls_again() {
+    use crate::lifecycle::Kind as _;
+    let obs = cluster("1.13.0");
+    let run = workers_first("1.14.0", &obs);
+    let first = decide_with_prepull(&run, &settings(), &obs, t0());
+    let pull = |node: &str| {
+        first
+            .actions
+            .iter()
+            .find(|a| a.node() == node)
+            .cloned()
+            .expect("a pull")
+    };
+    let answer = "rpc error: code = NotFound desc = error pulling image: failed to pull image \
+                  \"factory.talos.dev/installer/abc123:v1.14.0\": not found";
+
+    // Refused for good.
+    let mut refused = first.run.clone();
+    refused.gates.prepull.pulled("worker-1", t0());
+    let cleanup = Talos::refused(&mut refused, &pull("worker-2"), answer, t0());
+    assert!(cleanup.is_empty());
+    let failed = decide_with_prepull(&refused, &settings(), &obs, t0());
+    assert_eq!(failed.report.state, RunState::Failed);
+    assert_eq!(failed.report.failed_nodes, ["worker-2"]);
+    assert_eq!(
+        failed.report.message,
+        format!(
+            "Talos upgrade failed: node worker-2 could not pull its installer \
+             factory.talos.dev/installer/abc123:v1.14.0: {answer}; the run stopped before upgrading \
+             any node (none was cordoned or rebooted): fix the image or the registry, then set \
+             resume to pull again"
+        )
+    );
+    assert!(failed.actions.is_empty());
+    assert!(
+        failed
+            .run
+            .nodes
+            .iter()
+            .all(|n| matches!(n.step, NodeStep::Pending | NodeStep::Failed { .. }))
+    );
+
+    // A failure that may pass: retried after the retry interval, then the run fails on the third.
+    let mut flaky = first.run.clone();
+    let cp = pull("cp-1");
+    assert!(Talos::retry(&mut flaky, &cp, "Unavailable: no route", t0()));
+    let waiting = decide_with_prepull(&flaky, &settings(), &obs, t0() + 10.seconds());
+    assert!(
+        prepulled_nodes(&waiting.actions)
+            .iter()
+            .all(|(n, _)| *n != "cp-1")
+    );
+    assert!(
+        waiting
+            .report
+            .message
+            .contains("cp-1's pull failed (Unavailable: no route), tried 1 of 3 times; trying again at 10:00:30 UTC"),
+        "{}",
+        waiting.report.message
+    );
+    let retried = decide_with_prepull(&flaky, &settings(), &obs, t0() + 31.seconds());
+    assert!(prepulled_nodes(&retried.actions).contains(&("cp-1", UpgradeApi::Lifecycle)));
+    assert!(
+        retried
+            .report
+            .notes
+            .iter()
+            .any(|n| n.reason == Reason::NodeInstallRetried && n.message.contains("attempt 2 of 3"))
+    );
+    assert!(Talos::retry(&mut flaky, &cp, "Unavailable: no route", t0()));
+    assert!(!Talos::retry(
+        &mut flaky,
+        &cp,
+        "Unavailable: no route",
+        t0()
+    ));
+    Talos::refused(&mut flaky, &cp, "Unavailable: no route", t0());
+    let failed = decide_with_prepull(&flaky, &settings(), &obs, t0());
+    assert!(
+        failed
+            .report
+            .message
+            .contains("node cp-1 could not pull its installer factory.talos.dev/installer/abc123:v1.14.0 (tried 3 times): Unavailable: no route"),
+        "{}",
+        failed.report.message
+    );
+
+    // resume: only worker-2 pulls again (worker-1's pull is kept, the others were never answered
+    // and are made again), and no node starts before.
+    let mut resumed = refused.clone();
+    for node in ["cp-1", "cp-2", "cp-3"] {
+        resumed.gates.prepull.pulled(node, t0());
+    }
+    Talos::resume(&mut resumed, t0() + 5.minutes());
+    let again = decide_with_prepull(&resumed, &settings(), &obs, t0() + 5.minutes());
+    assert_eq!(
+        prepulled_nodes(&again.actions),
+        [("worker-2", UpgradeApi::Lifecycle)]
+    );
+    assert_eq!(again.report.state, RunState::InProgress);
 }

@@ -439,7 +439,11 @@ impl World {
         if !node.up {
             return Called::NotReached("connection refused".into());
         }
+        if let talos::Action::PrePull { .. } = action {
+            return self.pre_pull(action, &node);
+        }
         let what = match action {
+            talos::Action::PrePull { .. } => unreachable!("handled above"),
             talos::Action::Pull { .. } => "the installation",
             talos::Action::Upgrade {
                 api: UpgradeApi::Legacy,
@@ -492,6 +496,36 @@ impl World {
         }
     }
 
+    /// A pre-pull on `node`: recorded in the saved run before it is made (write-ahead); it changes
+    /// nothing the node boots. A node whose calls are lost misses some; one that refuses calls refuses
+    /// it (the run fails before any node is disrupted).
+    fn pre_pull(
+        &mut self,
+        action: &talos::Action,
+        node: &Node,
+    ) -> talos_upgrade_core::lifecycle::Called {
+        use talos_upgrade_core::lifecycle::Called;
+        let name = node.name.clone();
+        let recorded = self
+            .store
+            .talos
+            .as_ref()
+            .and_then(|run| run.gates.prepull.node(&name))
+            .is_some();
+        if !recorded {
+            self.violations.push(format!(
+                "write-ahead: {action:?} reached {name} before the saved run recorded the pull"
+            ));
+        }
+        if node.behaviour.refuses {
+            return Called::Refused("rpc error: code = NotFound desc = error pulling image".into());
+        }
+        if node.behaviour.unavailable && !self.flip() {
+            return Called::Retry("rpc error: code = Unavailable".into());
+        }
+        Called::Done
+    }
+
     /// A changing Talos call reaches `node`: the promises are checked, then it takes effect.
     fn reach(&mut self, action: &talos::Action, node: &Node) {
         let name = node.name.clone();
@@ -523,6 +557,15 @@ impl World {
             talos::Action::Reboot { .. } => node.staged.is_some(),
             _ => false,
         };
+        // The pre-pull: nothing disrupts a node before the saved run records every pull done.
+        if disruptive
+            && let Some(run) = &self.store.talos
+            && !run.gates.prepull.is_done()
+        {
+            self.violations.push(format!(
+                "pre-pull: {action:?} disrupted {name} before the saved run's pre-pull was done"
+            ));
+        }
         if disruptive {
             let other_down: Option<String> = self
                 .present()
@@ -582,7 +625,8 @@ impl World {
                 node.staged = target(installer_image);
             }
             talos::Action::Reboot { .. } => node.go_down(now),
-            talos::Action::Pull { .. }
+            talos::Action::PrePull { .. }
+            | talos::Action::Pull { .. }
             | talos::Action::ForfeitEtcdLeadership { .. }
             | talos::Action::Uncordon { .. } => {}
         }
