@@ -49,6 +49,10 @@ pub const TALOS_SCHEMATIC: &str = "upgrade.vitistack.io/talos-schematic";
 /// operator's selector narrowed to these names), a label selector `{...}` (replacing the operator's),
 /// or `promql: <expression>` that must return nothing (see [`crate::alert_gate`]).
 pub const ALERT_GATE: &str = "upgrade.vitistack.io/alert-gate";
+/// Which Alertmanager silences the controller keeps during this cluster's Talos runs: `off`, `node`
+/// (one per node in flight; the default with `--alertmanager-url`) or `run` (one for all the run's
+/// nodes while it goes on); see [`crate::silences`].
+pub const ALERT_SILENCES: &str = "upgrade.vitistack.io/alert-silences";
 
 /// When a Talos run may start nodes: `always`, or windows such as `Mon-Fri 22:00 4h Europe/Oslo;
 /// Sat,Sun 02:00 8h UTC` (see [`crate::holds::MaintenanceWindows`]); absent: the operator's default.
@@ -95,7 +99,7 @@ pub const KUBERNETES_PROGRESS: &str = "upgrade.vitistack.io/kubernetes-progress"
 pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 18] = [
+pub const USER_KEYS: [&str; 19] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -109,6 +113,7 @@ pub const USER_KEYS: [&str; 18] = [
     TALOS_INSTALLER_IMAGE,
     TALOS_SCHEMATIC,
     ALERT_GATE,
+    ALERT_SILENCES,
     MAINTENANCE_WINDOW,
     FORCE_START,
     SOAK_AFTER_NODE,

@@ -24,6 +24,7 @@ use crate::alert_gate::AlertGate;
 use crate::annotations::{self, UpgradeKind};
 use crate::holds::{self, MaintenanceWindows};
 pub use crate::run::UpgradeOrder;
+use crate::silences::SilenceMode;
 use crate::talos::installer::{self, InstallerOverride};
 use crate::versions::{KubernetesVersion, TalosVersion, VersionParseError};
 
@@ -105,6 +106,9 @@ pub struct UpgradeIntent {
     /// `Err` names the accepted forms, and no Talos run starts until it is fixed (a gate the user meant
     /// to narrow or widen must not silently fall back to another).
     pub alert_gate: Result<Option<AlertGate>, InvalidOption>,
+    /// `alert-silences`: `Ok(None)` means the default (`node` when Alertmanager is configured); an
+    /// `Err` names the accepted modes, and no Talos run starts until it is fixed.
+    pub alert_silences: Result<Option<SilenceMode>, InvalidOption>,
     /// `maintenance-window` (or, when absent, the operator's default: see
     /// [`UpgradeIntent::with_default_window`]): `Ok(None)` is no window. An `Err` keeps the Talos run
     /// from starting nodes until it is fixed (a window the user meant must not become none).
@@ -156,6 +160,7 @@ impl UpgradeIntent {
             credentials_secret: read_credentials_secret(annotations),
             installer: read_installer(annotations),
             alert_gate: read_alert_gate(annotations),
+            alert_silences: read_alert_silences(annotations),
             maintenance_window: read_maintenance_window(annotations),
             force_start,
             soak_after_node: read_duration(annotations, annotations::SOAK_AFTER_NODE),
@@ -204,6 +209,7 @@ impl UpgradeIntent {
         all.extend(self.credentials_secret.as_ref().err());
         all.extend(self.installer.as_ref().err());
         all.extend(self.alert_gate.as_ref().err());
+        all.extend(self.alert_silences.as_ref().err());
         all.extend(self.maintenance_window.as_ref().err());
         all.extend(self.soak_after_node.as_ref().err());
         all.extend(self.soak_after_control_planes.as_ref().err());
@@ -259,6 +265,17 @@ fn read_alert_gate(
     AlertGate::parse(text)
         .map(Some)
         .map_err(|reason| invalid(annotations, annotations::ALERT_GATE, &reason))
+}
+
+fn read_alert_silences(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<SilenceMode>, InvalidOption> {
+    let Some(text) = value(annotations, annotations::ALERT_SILENCES) else {
+        return Ok(None);
+    };
+    SilenceMode::parse(text)
+        .map(Some)
+        .map_err(|reason| invalid(annotations, annotations::ALERT_SILENCES, &reason))
 }
 
 /// The trimmed value of `key`; `None` when missing or blank.
@@ -827,6 +844,26 @@ mod tests {
             "Annotation upgrade.vitistack.io/alert-gate has the invalid value \"NodeDown\": use off, \
              alerts: <AlertName>, <AlertName>..., a label selector such as {severity=~\"critical|warning\", \
              team=\"storage\"}, or promql: <expression that must return nothing>"
+        );
+    }
+
+    /// `alert-silences`: absent or blank is the default; a bad value names the key and the modes.
+    #[test]
+    fn alert_silences() {
+        assert_eq!(intent(&[]).alert_silences, Ok(None));
+        assert_eq!(intent(&[(ALERT_SILENCES, " ")]).alert_silences, Ok(None));
+        assert_eq!(
+            intent(&[(ALERT_SILENCES, "run")]).alert_silences,
+            Ok(Some(SilenceMode::Run))
+        );
+        let bad = intent(&[(ALERT_SILENCES, "nodes"), (TALOS_TARGET, "1.12.0")]);
+        let error = bad.alert_silences.clone().expect_err("invalid");
+        assert_eq!(bad.invalid_options(), vec![&error]);
+        assert_eq!(
+            error.to_string(),
+            "Annotation upgrade.vitistack.io/alert-silences has the invalid value \"nodes\": use \
+             off, node (one silence per node being upgraded) or run (one silence for all the run's \
+             nodes while the run goes on)"
         );
     }
 

@@ -29,5 +29,6 @@ pub mod lifecycle;
 pub mod prepull;
 pub mod report;
 pub mod run;
+pub mod silences;
 pub mod talos;
 pub mod versions;
