@@ -160,10 +160,16 @@ pub enum Reason {
     MaintenanceWindowOverridden,
     /// The installer is pulled on every node the run upgrades, before the first is disrupted.
     InstallerPulled,
+    /// An Alertmanager silence was created for the run or a node in flight (its id and matchers).
+    SilenceCreated,
+    /// One of the controller's Alertmanager silences was expired (its id, matchers and why).
+    SilenceExpired,
+    /// Alertmanager could not be asked or refused a silence; the run goes on without it.
+    SilenceFailed,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 24] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -185,6 +191,9 @@ impl Reason {
         Reason::NodeHeld,
         Reason::MaintenanceWindowOverridden,
         Reason::InstallerPulled,
+        Reason::SilenceCreated,
+        Reason::SilenceExpired,
+        Reason::SilenceFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -210,6 +219,9 @@ impl Reason {
             Reason::NodeHeld => "NodeHeld",
             Reason::MaintenanceWindowOverridden => "MaintenanceWindowOverridden",
             Reason::InstallerPulled => "InstallerPulled",
+            Reason::SilenceCreated => "SilenceCreated",
+            Reason::SilenceExpired => "SilenceExpired",
+            Reason::SilenceFailed => "SilenceFailed",
         }
     }
 
@@ -236,7 +248,10 @@ impl Reason {
             | Reason::StepStarted
             | Reason::NodeHeld
             | Reason::MaintenanceWindowOverridden
-            | Reason::InstallerPulled => None,
+            | Reason::InstallerPulled
+            | Reason::SilenceCreated
+            | Reason::SilenceExpired
+            | Reason::SilenceFailed => None,
         }
     }
 }
