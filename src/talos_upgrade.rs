@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use talos_api::{LegacyUpgradeOptions, RebootMode, TalosError};
+use talos_api::{ContainerdNamespace, LegacyUpgradeOptions, RebootMode, TalosError};
 use talos_upgrade_core::acknowledgement::LastLook;
 use talos_upgrade_core::lifecycle::{Act, Called, Looked};
 use talos_upgrade_core::talos::installer::installer_exit;
@@ -280,8 +280,24 @@ impl KindIo<Talos> for TalosIo<'_> {
                 return vec![Called::NotReached(error.to_string())];
             }
         };
+        let actions = &act.get().actions;
+        // The pre-pull's pulls go to every node at once (bounded): they change nothing a node boots,
+        // and the run waits for all of them before the first node starts. The answers come back in
+        // the order of the actions, as the lifecycle reads them.
+        if !actions.is_empty()
+            && actions
+                .iter()
+                .all(|action| matches!(action, Action::PrePull { .. }))
+        {
+            let mut called = Vec::with_capacity(actions.len());
+            for batch in actions.chunks(PRE_PULLS_AT_ONCE) {
+                let pulls: Vec<_> = batch.iter().map(|action| call(access, action)).collect();
+                called.extend(futures::future::join_all(pulls).await);
+            }
+            return called;
+        }
         let mut called = Vec::new();
-        for action in &act.get().actions {
+        for action in actions {
             let result = call(access, action).await;
             if next_pass_follows(action, &result) {
                 tracing::debug!(node = %action.node(), "the install ended: waking its cluster");
@@ -337,6 +353,9 @@ fn kubelets(access: &Access) -> Vec<KubernetesVersion> {
         .collect()
 }
 
+/// How many nodes pull at once during the pre-pull.
+const PRE_PULLS_AT_ONCE: usize = 8;
+
 /// Makes one call.
 async fn call(access: &Access, action: &Action) -> Called {
     let node_name = action.node().to_string();
@@ -380,6 +399,11 @@ async fn call(access: &Access, action: &Action) -> Called {
                 .map(|_| ()),
             "the upgrade",
         ),
+        Action::PrePull {
+            installer_image,
+            api,
+            ..
+        } => return pre_pull(&client, &node_name, installer_image, *api).await,
         Action::Pull {
             installer_image, ..
         } => match client.image_pull(installer_image).await {
@@ -448,6 +472,48 @@ async fn call(access: &Access, action: &Action) -> Called {
             Called::Unanswered(error.to_string())
         }
         Err(error) => Called::Refused(format!("refused {what}: {error}")),
+    }
+}
+
+/// The pre-pull on one node. Talos ≥ 1.13: `ImageService.Pull` into the containerd instance
+/// `LifecycleService.Upgrade` then reads the installer from (the system namespace of the CRI
+/// containerd, `talos_api`'s `system_containerd`; talos v1.13.0 `internal/app/lifecycle/container.go`
+/// only looks the image up, it never pulls). Older Talos: the legacy upgrade pulls into the system
+/// containerd itself (talos v1.12.0 `internal/pkg/install/pull.go`), which `MachineService.ImagePull`
+/// cannot reach (it always talks to the CRI containerd, `v1alpha1_images.go`); the pull is then a
+/// check, through the node's own registry configuration, that the node can pull its installer.
+///
+/// The registry's answer is what the run's failure shows. What may pass (the node or the registry not
+/// answering) is tried again a few times; a missing image or a refused reference fails at once.
+async fn pre_pull(
+    client: &talos_api::TalosClient,
+    node: &str,
+    installer_image: &str,
+    api: UpgradeApi,
+) -> Called {
+    let pulled = match api {
+        UpgradeApi::Lifecycle => client.image_pull(installer_image).await.map(|_| ()),
+        UpgradeApi::Legacy => {
+            client
+                .image_pull_legacy(installer_image, ContainerdNamespace::NsSystem)
+                .await
+        }
+    };
+    match pulled {
+        Ok(()) => Called::Done,
+        // A node without the legacy pull cannot be checked; its upgrade call pulls, as before.
+        Err(error) if api == UpgradeApi::Legacy && error.code() == "Unimplemented" => {
+            tracing::warn!(%node, %error, "the node cannot pre-pull; its upgrade pulls");
+            Called::Done
+        }
+        Err(error) if error.is_unreachable() || pull_may_pass(&error) => {
+            tracing::warn!(%node, %error, "pre-pulling the installer; trying again later");
+            Called::Retry(error.to_string())
+        }
+        Err(error) => {
+            tracing::warn!(%node, %error, "pre-pulling the installer failed");
+            Called::Refused(error.to_string())
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::compat;
 use super::image_ref::ImageRef;
-use super::machine_service::{check_pullable, installer_version, pull_image};
+use super::machine_service::{check_pullable, installer_version, pull_image, pull_not_found};
 use super::node::Node;
 use super::node_state::Slot;
 use super::record::CallId;
@@ -114,7 +114,7 @@ impl machine::image_service_server::ImageService for ImageApi {
             // containerd resolves the reference before streaming anything: a missing image fails the
             // call, at once (Talos 1.14 makes a single attempt; talos-1.14.md §4.4).
             if !node.read(|s| s.pulled_images.contains(&req.image_ref)) {
-                check_pullable(&node, &image, &req.image_ref).map_err(Status::not_found)?;
+                check_pullable(&node, &image, &req.image_ref).map_err(pull_not_found)?;
             }
             Ok(image)
         })();

@@ -120,13 +120,23 @@ pub(crate) async fn pull_image(
 }
 
 /// Whether `reference` can be pulled on `node` now: the InstallerPullFails fault, then the registry.
+/// The fault answers as the registry does for an image it does not have (containerd's resolver, as
+/// [`registry::resolve`] words it): the node is told the installer is not found, whatever holds it.
 pub(crate) fn check_pullable(node: &Node, image: &ImageRef, reference: &str) -> Result<(), String> {
     if is_installer(image) && node.faults.current().installer_pull_fails {
         return Err(format!(
-            "failed to pull image {reference:?}: {reference}: not found (injected fault)"
+            "failed to pull image {reference:?}: failed to resolve reference {reference:?}: \
+             {reference}: not found"
         ));
     }
     registry::resolve(reference).map_err(|e| format!("failed to pull image {reference:?}: {e}"))
+}
+
+/// The `NotFound` status of a pull RPC that failed: Talos wraps containerd's error as `error pulling
+/// image: …` (talos v1.13.0 `internal/app/images/images.go` for `ImageService.Pull`,
+/// `internal/app/machined/internal/server/v1alpha1/v1alpha1_images.go` for `MachineService.ImagePull`).
+pub(crate) fn pull_not_found(reason: String) -> tonic::Status {
+    tonic::Status::not_found(format!("error pulling image: {reason}"))
 }
 
 /// The Talos version an installer image installs: its tag's, or why the simulator cannot tell.
@@ -454,7 +464,7 @@ impl MachineApi {
             ImageRef::parse(&req.reference).map_err(Status::invalid_argument)?;
             pull_image(&self.ctx, &node, &req.reference)
                 .await
-                .map_err(Status::not_found)?;
+                .map_err(pull_not_found)?;
             Ok(machine::ImagePullResponse {
                 messages: vec![machine::ImagePull { metadata: None }],
             })
