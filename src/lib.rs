@@ -29,5 +29,6 @@ pub mod metrics;
 pub mod progress_store;
 pub mod read_cache;
 pub mod reconcile;
+pub mod silences;
 pub mod talos_fleet;
 pub mod talos_upgrade;

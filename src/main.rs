@@ -130,6 +130,24 @@ struct RunArgs {
         default_value = r#"{severity="critical"}"#
     )]
     alert_selector: String,
+    /// The Alertmanager (API v2) in which Talos runs keep silences for the nodes they upgrade (e.g.
+    /// https://alertmanager.monitoring.svc:9093): one per node in flight by default, or one for all
+    /// the run's nodes, as each cluster's upgrade.vitistack.io/alert-silences annotation says. Unset:
+    /// no silences. See docs/upgrades.md, "Alertmanager silences".
+    #[arg(long, env = "TUC_ALERTMANAGER_URL")]
+    alertmanager_url: Option<String>,
+    /// `<namespace>/<name>` of a Secret with the optional keys `token` (a bearer token, sent only over
+    /// https or to a loopback host) and `ca.crt` (the CA that signs Alertmanager's certificate).
+    #[arg(long, env = "TUC_ALERTMANAGER_AUTH_SECRET")]
+    alertmanager_auth_secret: Option<String>,
+    /// The alert label that names a node in the silences' matchers.
+    #[arg(long, env = "TUC_SILENCE_NODE_LABEL", default_value = "node")]
+    silence_node_label: String,
+    /// Matchers added to every silence, e.g. cluster="{clusterId}" ({namespace}, {cluster} and
+    /// {clusterId} are replaced by each cluster's), so that a silence covers only that cluster's
+    /// alerts when one Alertmanager serves several clusters.
+    #[arg(long, env = "TUC_SILENCE_MATCHERS", default_value = "")]
+    silence_matchers: String,
     /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
     #[arg(long, env = "TUC_SECRET_NAME_TEMPLATE", default_value = "{clusterId}")]
     secret_name_template: String,
@@ -214,6 +232,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         check_selector(&clients.main, args.namespace.as_deref(), selector).await?;
     }
     let gates = gate_config(&args, &clients.main)?;
+    let silences = silence_config(&args, &clients.main)?;
     let metrics = Metrics::new();
     let health = admin::HealthState::default();
     let settings = reconcile::Settings {
@@ -231,6 +250,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         maintenance_window: args.maintenance_window,
         watch_label_selector: args.watch_label_selector.filter(|s| !s.trim().is_empty()),
         gates,
+        silences,
         ..reconcile::Settings::default()
     };
     // The pod name in a cluster; elsewhere the host name and process id, so that two processes on one
@@ -345,6 +365,41 @@ fn gate_config(
     Ok(GateConfig {
         alerts: Some(alerts::Prometheus::new(config, client.clone())?),
     })
+}
+
+/// The Alertmanager of the silences from the flags; a flag that cannot work stops the controller.
+fn silence_config(
+    args: &RunArgs,
+    client: &kube::Client,
+) -> anyhow::Result<Option<talos_upgrade_controller::silences::Alertmanager>> {
+    use talos_upgrade_controller::silences::{self, Alertmanager, AlertmanagerConfig};
+    let auth_secret = args
+        .alertmanager_auth_secret
+        .as_deref()
+        .filter(|value| !value.trim().is_empty())
+        .map(silences::parse_secret_ref)
+        .transpose()?;
+    // Checked even without a URL, so a typo is found before the silences are turned on.
+    let config = silences::parse_silence_config(&args.silence_node_label, &args.silence_matchers)?;
+    let Some(url) = args
+        .alertmanager_url
+        .as_deref()
+        .filter(|url| !url.trim().is_empty())
+    else {
+        if auth_secret.is_some() {
+            anyhow::bail!("--alertmanager-auth-secret needs --alertmanager-url");
+        }
+        return Ok(None);
+    };
+    let config = AlertmanagerConfig {
+        url: url.to_string(),
+        auth_secret,
+        silences: config,
+        timeout: silences::TIMEOUT,
+        list_ttl: silences::LIST_TTL,
+        secret_ttl: talos_upgrade_controller::holds::alerts::SECRET_TTL,
+    };
+    Ok(Some(Alertmanager::new(config, client.clone())?))
 }
 
 /// Refuses to start with a label selector the API server refuses: a shard that watched nothing, and

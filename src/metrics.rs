@@ -30,6 +30,7 @@
 //! | `talos_upgrade_reconcile_duration_seconds` | histogram | | Duration of one reconcile of one `KubernetesCluster`. Buckets 5 ms .. 2 min. Its `_count` is the number of reconciles. |
 //! | `talos_upgrade_reconcile_errors_total` | counter | `category` | Reconciles that ended in an error, by low-cardinality error category. |
 //! | `talos_upgrade_talos_api_calls_total` | counter | `method`, `code` | Talos API calls by gRPC method short name (e.g. `Version`, `Upgrade`, `EtcdMemberList`) and gRPC status code name (`OK`, `Unavailable`, `DeadlineExceeded`, ...). |
+//! | `talos_upgrade_silence_requests_total` | counter | `operation`, `result` | Requests to Alertmanager for the silences during Talos runs (`--alertmanager-url`): `operation` = `list`, `create`, `extend` or `expire`, `result` = `ok` or `error`. An error never stops a run; it is also said by a `SilenceFailed` Event. |
 //! | `talos_upgrade_build_info` | info | `version` | Always 1; the controller's version. |
 //!
 //! Cardinality: per cluster and kind a bounded number of series (two roles, two results, the fixed set
@@ -215,6 +216,12 @@ struct CallLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SilenceLabels {
+    operation: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
 }
@@ -254,6 +261,7 @@ struct Families {
     reconcile_duration: Histogram,
     reconcile_errors: Family<ErrorLabels, Counter>,
     talos_api_calls: Family<CallLabels, Counter>,
+    silence_requests: Family<SilenceLabels, Counter>,
 }
 
 /// The free-form label sets (phase, node, versions, checks) exported for one cluster, so that a
@@ -310,6 +318,7 @@ impl Metrics {
             reconcile_duration: Histogram::new(RECONCILE_BUCKETS),
             reconcile_errors: Family::default(),
             talos_api_calls: Family::default(),
+            silence_requests: Family::default(),
         };
         let f = &families;
         let mut r = Registry::with_prefix(PREFIX);
@@ -402,6 +411,11 @@ impl Metrics {
             "talos_api_calls",
             "Talos API calls by gRPC method and status code",
             f.talos_api_calls.clone(),
+        );
+        r.register(
+            "silence_requests",
+            "Requests to Alertmanager for silences during Talos runs, by operation and result",
+            f.silence_requests.clone(),
         );
         r.register(
             "build",
@@ -765,6 +779,15 @@ impl Metrics {
             .get_or_create(&CallLabels { method, code })
             .inc();
     }
+
+    /// Count one request to Alertmanager: `operation` is `list`, `create`, `extend` or `expire`.
+    pub fn record_silence_request(&self, operation: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.families()
+            .silence_requests
+            .get_or_create(&SilenceLabels { operation, result })
+            .inc();
+    }
 }
 
 /// Observes the elapsed time into `talos_upgrade_reconcile_duration_seconds` when dropped.
@@ -802,7 +825,7 @@ mod tests {
     use super::*;
 
     /// Every metric name in the module documentation table, as encoded.
-    const DOCUMENTED: [&str; 19] = [
+    const DOCUMENTED: [&str; 20] = [
         "talos_upgrade_cluster_phase",
         "talos_upgrade_cluster_status",
         "talos_upgrade_cluster_nodes",
@@ -821,6 +844,7 @@ mod tests {
         "talos_upgrade_reconcile_duration_seconds",
         "talos_upgrade_reconcile_errors_total",
         "talos_upgrade_talos_api_calls_total",
+        "talos_upgrade_silence_requests_total",
         "talos_upgrade_build_info",
     ];
 
@@ -875,6 +899,7 @@ mod tests {
         m.observe_reconcile(0.2);
         m.record_reconcile_error("kube");
         m.record_talos_call("Upgrade", talos_api::grpc_code_name(tonic::Code::Ok));
+        m.record_silence_request("create", true);
     }
 
     #[test]

@@ -94,7 +94,7 @@ pub enum ConfigError {
 }
 
 /// The base URL without a trailing `/`, whether it is https, and whether its host is a loopback one.
-fn check_url(url: &str) -> Result<(&str, bool, bool), ConfigError> {
+pub(crate) fn check_url(url: &str) -> Result<(&str, bool, bool), ConfigError> {
     let invalid = || ConfigError::InvalidUrl {
         url: url.to_string(),
     };
@@ -471,6 +471,16 @@ fn http_client(
     roots: Option<rustls::RootCertStore>,
     https: bool,
 ) -> Result<HttpClient, ConfigError> {
+    Ok(Client::builder(TokioExecutor::new()).build(connector(roots, https)?))
+}
+
+/// The connector of [`http_client`], for any request body (the Alertmanager client of
+/// [`crate::silences`] posts silences): `https` verified against `roots` (`None`: the platform's
+/// roots), never unverified.
+pub(crate) fn connector(
+    roots: Option<rustls::RootCertStore>,
+    https: bool,
+) -> Result<HttpsConnector<HttpConnector>, ConfigError> {
     let builder = hyper_rustls::HttpsConnectorBuilder::new();
     // ring explicitly, as everywhere in the project; no roots are needed (or loaded) for plain http.
     let builder = match roots {
@@ -487,12 +497,11 @@ fn http_client(
             .with_no_client_auth(),
         ),
     };
-    let connector = builder.https_or_http().enable_http1().build();
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
+    Ok(builder.https_or_http().enable_http1().build())
 }
 
 /// The certificates of a PEM bundle as the only roots; why not, as the end of a sentence.
-fn ca_roots(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+pub(crate) fn ca_roots(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject as _;
     let mut roots = rustls::RootCertStore::empty();
@@ -510,7 +519,7 @@ fn ca_roots(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
 
 /// An error and its causes, `outer: inner: innermost` (hyper's own message alone does not say
 /// whether the connection or the certificate failed).
-fn with_causes(error: &dyn std::error::Error) -> String {
+pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(inner) = cause {

@@ -122,6 +122,8 @@ pub struct Settings {
     pub gates: GateConfig,
     /// `--maintenance-window`: the windows of a cluster without the annotation (`None`: any time).
     pub maintenance_window: Option<MaintenanceWindows>,
+    /// `--alertmanager-url`: the Alertmanager of the silences during Talos runs (`None`: none).
+    pub silences: Option<crate::silences::Alertmanager>,
 }
 
 impl Default for Settings {
@@ -137,6 +139,7 @@ impl Default for Settings {
             clock: Clock::system(),
             gates: GateConfig::default(),
             maintenance_window: None,
+            silences: None,
         }
     }
 }
@@ -258,6 +261,10 @@ impl Context {
     fn forget(&self, name: &forget::ClusterName) {
         let remembered = self.known.take(name);
         self.forget_memory(name, remembered.as_ref());
+        // A deleted cluster's run ended with it: its silences are expired (in the background).
+        if let Some(alertmanager) = &self.settings.silences {
+            alertmanager.forget_cluster(&name.0, &name.1, &self.metrics);
+        }
     }
 
     /// Drops the memory of `name`: its metric series, connections, Machine inventory, progress record
@@ -608,6 +615,22 @@ async fn reconcile_cluster(
             &kubernetes.conclusion.notes,
         )
         .await;
+    // The Alertmanager silences of the Talos run as this reconcile left it (never fatal).
+    if let (Some(alertmanager), Ok(mode)) = (&ctx.settings.silences, &intent.alert_silences) {
+        let view = talos_upgrade_core::silences::RunView {
+            run: records.progress().run::<Talos>(),
+            requested: seen
+                .annotations()
+                .get(UpgradeKind::Talos.target_key())
+                .map(|target| target.trim())
+                .filter(|target| !target.is_empty()),
+            paused: intent.paused,
+        };
+        let notes = alertmanager
+            .sync(&cluster, *mode, &view, now, &ctx.metrics)
+            .await;
+        reporter.publish(baseline, UpgradeKind::Talos, &notes).await;
+    }
 
     let metrics_key = ClusterKey::new(&namespace, &name);
     if let Some(phase) = phase.phase.or_else(|| baseline.phase().map(str::to_string)) {
