@@ -81,6 +81,7 @@ pub fn acknowledgement(
         || intent.max_parallel_workers.is_err()
         || intent.credentials_secret.is_err()
         || intent.alert_gate.is_err()
+        || intent.health_checks.is_err()
         || intent.alert_silences.is_err()
         || intent.maintenance_window.is_err()
         || intent.soak_after_node.is_err()

@@ -53,6 +53,10 @@ pub const ALERT_GATE: &str = "upgrade.vitistack.io/alert-gate";
 /// (one per node in flight; the default with `--alertmanager-url`) or `run` (one for all the run's
 /// nodes while it goes on); see [`crate::silences`].
 pub const ALERT_SILENCES: &str = "upgrade.vitistack.io/alert-silences";
+/// Objects of the workload cluster that must be healthy before each node: a YAML or JSON list of
+/// checks, each an object reference and a condition (`Ready`, `Available` or `cel: <expression>`);
+/// see [`crate::health_checks`].
+pub const HEALTH_CHECKS: &str = "upgrade.vitistack.io/health-checks";
 
 /// When a Talos run may start nodes: `always`, or windows such as `Mon-Fri 22:00 4h Europe/Oslo;
 /// Sat,Sun 02:00 8h UTC` (see [`crate::holds::MaintenanceWindows`]); absent: the operator's default.
@@ -99,7 +103,7 @@ pub const KUBERNETES_PROGRESS: &str = "upgrade.vitistack.io/kubernetes-progress"
 pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 19] = [
+pub const USER_KEYS: [&str; 20] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -114,6 +118,7 @@ pub const USER_KEYS: [&str; 19] = [
     TALOS_SCHEMATIC,
     ALERT_GATE,
     ALERT_SILENCES,
+    HEALTH_CHECKS,
     MAINTENANCE_WINDOW,
     FORCE_START,
     SOAK_AFTER_NODE,
@@ -388,7 +393,7 @@ mod tests {
             assert!(!name.is_empty() && !name.contains('/'), "{key}");
             assert!(seen.insert(*key), "duplicate key {key}");
         }
-        assert_eq!(seen.len(), 29);
+        assert_eq!(seen.len(), 31);
     }
 
     #[test]

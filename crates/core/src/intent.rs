@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use crate::alert_gate::AlertGate;
 use crate::annotations::{self, UpgradeKind};
+use crate::health_checks::HealthChecks;
 use crate::holds::{self, MaintenanceWindows};
 pub use crate::run::UpgradeOrder;
 use crate::silences::SilenceMode;
@@ -106,6 +107,9 @@ pub struct UpgradeIntent {
     /// `Err` names the accepted forms, and no Talos run starts until it is fixed (a gate the user meant
     /// to narrow or widen must not silently fall back to another).
     pub alert_gate: Result<Option<AlertGate>, InvalidOption>,
+    /// `health-checks`: `Ok(None)` is none. An `Err` names the check and its problem, and no Talos run
+    /// starts until it is fixed (a check the user wrote must not silently pass).
+    pub health_checks: Result<Option<HealthChecks>, InvalidOption>,
     /// `alert-silences`: `Ok(None)` means the default (`node` when Alertmanager is configured); an
     /// `Err` names the accepted modes, and no Talos run starts until it is fixed.
     pub alert_silences: Result<Option<SilenceMode>, InvalidOption>,
@@ -160,6 +164,7 @@ impl UpgradeIntent {
             credentials_secret: read_credentials_secret(annotations),
             installer: read_installer(annotations),
             alert_gate: read_alert_gate(annotations),
+            health_checks: read_health_checks(annotations),
             alert_silences: read_alert_silences(annotations),
             maintenance_window: read_maintenance_window(annotations),
             force_start,
@@ -209,6 +214,7 @@ impl UpgradeIntent {
         all.extend(self.credentials_secret.as_ref().err());
         all.extend(self.installer.as_ref().err());
         all.extend(self.alert_gate.as_ref().err());
+        all.extend(self.health_checks.as_ref().err());
         all.extend(self.alert_silences.as_ref().err());
         all.extend(self.maintenance_window.as_ref().err());
         all.extend(self.soak_after_node.as_ref().err());
@@ -276,6 +282,23 @@ fn read_alert_silences(
     SilenceMode::parse(text)
         .map(Some)
         .map_err(|reason| invalid(annotations, annotations::ALERT_SILENCES, &reason))
+}
+
+/// A multi-line list of checks would make the whole value the message: a long one is shown cut, the
+/// reason names the check anyway.
+fn read_health_checks(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<HealthChecks>, InvalidOption> {
+    let Some(text) = value(annotations, annotations::HEALTH_CHECKS) else {
+        return Ok(None);
+    };
+    HealthChecks::parse(text).map_err(|reason| {
+        let mut invalid = invalid(annotations, annotations::HEALTH_CHECKS, &reason);
+        if let Some((at, _)) = invalid.value.char_indices().nth(80) {
+            invalid.value = format!("{}…", &invalid.value[..at]);
+        }
+        invalid
+    })
 }
 
 /// The trimmed value of `key`; `None` when missing or blank.
@@ -844,6 +867,30 @@ mod tests {
             "Annotation upgrade.vitistack.io/alert-gate has the invalid value \"NodeDown\": use off, \
              alerts: <AlertName>, <AlertName>..., a label selector such as {severity=~\"critical|warning\", \
              team=\"storage\"}, or promql: <expression that must return nothing>"
+        );
+    }
+
+    /// `health-checks`: absent, blank or `[]` is none; a bad list names the key, the check and its
+    /// problem, with a long value shown cut (the checks themselves are tested in `health_checks`).
+    #[test]
+    fn health_checks() {
+        assert_eq!(intent(&[]).health_checks, Ok(None));
+        assert_eq!(intent(&[(HEALTH_CHECKS, " ")]).health_checks, Ok(None));
+        assert_eq!(intent(&[(HEALTH_CHECKS, "[]")]).health_checks, Ok(None));
+        let ok = "[{apiVersion: v1, kind: Node, name: w-1, condition: Ready}]";
+        let checks = intent(&[(HEALTH_CHECKS, ok)]).health_checks;
+        assert_eq!(checks.expect("valid").expect("one").checks.len(), 1);
+        let long = "[{check: ceph, apiVersion: ceph.rook.io/v1, kind: CephCluster, namespace: \
+                    rook-ceph, name: rook-ceph, selector: app=ceph, condition: Ready}]";
+        let bad = intent(&[(HEALTH_CHECKS, long), (TALOS_TARGET, "1.12.0")]);
+        let error = bad.health_checks.clone().expect_err("invalid");
+        assert_eq!(bad.invalid_options(), vec![&error]);
+        assert_eq!(
+            error.to_string(),
+            "Annotation upgrade.vitistack.io/health-checks has the invalid value \"[{check: ceph, \
+             apiVersion: ceph.rook.io/v1, kind: CephCluster, namespace: rook-c…\": \
+             health check \"ceph\": both name and selector are given; use name for one object or \
+             selector for every object it matches"
         );
     }
 

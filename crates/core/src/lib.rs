@@ -12,8 +12,9 @@
 //! * the rollouts: [`talos`] and [`kubernetes`] (each a run record, a pure `advance`, and what makes it
 //!   a [`lifecycle::Kind`]), with the vocabulary they share in [`run`];
 //! * the one [`lifecycle`] both kinds share (a state machine the shell drives), the [`gates`] between
-//!   them, the operator's [`holds`] before each node (the [`alert_gate`] among them), the early
-//!   [`acknowledgement`] of a new Talos target, and the [`report`] a reconcile writes.
+//!   them, the operator's [`holds`] before each node (the [`alert_gate`] and the [`health_checks`]
+//!   among them), the early [`acknowledgement`] of a new Talos target, and the [`report`] a reconcile
+//!   writes.
 
 pub mod acknowledgement;
 pub mod alert_gate;
@@ -22,6 +23,7 @@ pub mod catalog;
 pub mod coexistence;
 pub mod crd;
 pub mod gates;
+pub mod health_checks;
 pub mod holds;
 pub mod intent;
 pub mod kubernetes;

@@ -221,6 +221,8 @@ impl Kind for Talos {
         // The alert gate is the shell's to ask, but a value it cannot read must keep the run from
         // starting here, as every other invalid option does: the user meant some gate, not none.
         intent.alert_gate.clone()?;
+        // So are the health checks: a check the user wrote must never pass for being unreadable.
+        intent.health_checks.as_ref().map_err(Clone::clone)?;
         // So is a silence mode it cannot read: the user meant some silences, or none.
         intent.alert_silences.clone()?;
         Ok(Settings {
