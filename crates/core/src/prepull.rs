@@ -21,6 +21,16 @@ use serde::{Deserialize, Serialize};
 /// for it.
 pub const ATTEMPTS: u32 = 3;
 
+/// How long after its pre-pull a node's install reads the installer without pulling it again. Talos
+/// ≥ 1.13 collects images no container uses once they have been unreferenced for an hour (its image
+/// garbage collection runs every 15 minutes with a grace of four runs, talos v1.13.0
+/// `internal/app/machined/pkg/controllers/cri/image_gc.go`, for the system containerd and the CRI
+/// one), and `LifecycleService.Upgrade` only looks the installer up (`internal/app/lifecycle/
+/// container.go`): a node whose turn comes later (a large cluster, a soak, a canary pause) pulls
+/// again right before its install, which is quick when the image is still there (`ImageService.Pull`
+/// skips an image already pulled, `internal/app/images/images.go`).
+pub const FRESH: Duration = Duration::from_secs(30 * 60);
+
 /// What a run keeps of its pre-pull.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -89,6 +99,15 @@ impl PrePull {
         for node in self.nodes.iter_mut().filter(|n| n.name == name) {
             node.state = PullState::Pulled { at: now };
         }
+    }
+
+    /// Whether `name` pulled `image` less than [`FRESH`] ago: its install needs no pull of its own.
+    pub fn fresh(&self, name: &str, image: &str, now: Timestamp) -> bool {
+        self.node(name).is_some_and(|n| {
+            n.installer_image == image
+                && matches!(n.state, PullState::Pulled { at }
+                    if now.duration_since(at).unsigned_abs() < FRESH)
+        })
     }
 
     /// Whether every recorded pull was answered.

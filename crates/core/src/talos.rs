@@ -1423,6 +1423,9 @@ impl Pass<'_> {
                 }
             };
             let api = UpgradeApi::for_running(version);
+            // Pulled by the pre-pull a moment ago: the install follows at once (see
+            // `prepull::FRESH` for why a node whose pull is older pulls again).
+            let pulled = run.gates.prepull.fresh(&name, &image, now);
             run.nodes[index].step = NodeStep::Issued {
                 at: now,
                 boot_id: boot_id.clone(),
@@ -1430,6 +1433,10 @@ impl Pass<'_> {
                 installer_image: image.clone(),
                 lifecycle: match api {
                     UpgradeApi::Legacy => None,
+                    UpgradeApi::Lifecycle if pulled => Some(LifecycleStage::Installing {
+                        retry: false,
+                        failed: None,
+                    }),
                     UpgradeApi::Lifecycle => Some(LifecycleStage::Pulling { failed: None }),
                 },
                 // Until its answer is recorded (see [`answered`]).
@@ -1442,6 +1449,11 @@ impl Pass<'_> {
             ));
             actions.push(match api {
                 UpgradeApi::Legacy => Action::Upgrade {
+                    node: name.clone(),
+                    installer_image: image,
+                    api,
+                },
+                UpgradeApi::Lifecycle if pulled => Action::Upgrade {
                     node: name.clone(),
                     installer_image: image,
                     api,

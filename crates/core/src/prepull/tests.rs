@@ -280,3 +280,37 @@ fn the_failure_names_the_image_the_answer_and_what_to_do() {
     );
     assert!(failure(IMAGE, "Unavailable", 3).contains("(tried 3 times): Unavailable"));
 }
+
+/// A node's install skips its own pull only for the image it pulled, and only while Talos surely
+/// keeps it.
+#[test]
+fn a_pull_is_fresh_for_its_image_for_a_while() {
+    let pulled_at = at("2026-11-28T10:00:00Z");
+    let prepull = PrePull {
+        nodes: vec![
+            recorded("w-1", PullState::Pulled { at: pulled_at }),
+            recorded("w-2", pulling()),
+        ],
+        done_at: Some(pulled_at),
+    };
+    let cases = [
+        ("w-1", IMAGE, "2026-11-28T10:10:00Z", true),
+        ("w-1", IMAGE, "2026-11-28T10:29:59Z", true),
+        ("w-1", IMAGE, "2026-11-28T10:30:00Z", false),
+        (
+            "w-1",
+            "mirror.local/installer:v1.13.2",
+            "2026-11-28T10:10:00Z",
+            false,
+        ),
+        ("w-2", IMAGE, "2026-11-28T10:10:00Z", false),
+        ("w-3", IMAGE, "2026-11-28T10:10:00Z", false),
+    ];
+    for (node, image, now, fresh) in cases {
+        assert_eq!(
+            prepull.fresh(node, image, at(now)),
+            fresh,
+            "{node} {image} {now}"
+        );
+    }
+}

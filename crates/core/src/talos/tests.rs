@@ -2247,6 +2247,33 @@ fn the_first_node_starts_only_once_every_pull_is_recorded() {
         start.report.notes[0].message,
         "Installer factory.talos.dev/installer/abc123:v1.14.0 pulled on 5 nodes; upgrading them to Talos 1.14.0"
     );
+    // Pulled a moment ago: worker-1 is installed at once, with no second pull.
+    assert!(
+        matches!(
+            &start.actions[..],
+            [Action::Upgrade {
+                node,
+                api: UpgradeApi::Lifecycle,
+                ..
+            }] if node == "worker-1"
+        ),
+        "{:?}",
+        start.actions
+    );
+    assert!(matches!(
+        lifecycle_stage(&start.run, "worker-1"),
+        Some(LifecycleStage::Installing {
+            retry: false,
+            failed: None
+        })
+    ));
+    // Pulled longer ago than Talos keeps an unused image for sure: it pulls again first.
+    let late = decide_with_prepull(&pulled, &settings(), &obs, t0() + 45.minutes());
+    assert!(
+        matches!(&late.actions[..], [Action::Pull { node, .. }] if node == "worker-1"),
+        "{:?}",
+        late.actions
+    );
     // A node that joins after the pre-pull pulls before its own upgrade, as before.
     assert_eq!(
         prepulled_nodes(&decide_with_prepull(&start.run, &settings(), &obs, t0()).actions),
