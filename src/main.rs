@@ -364,6 +364,7 @@ fn gate_config(
     };
     Ok(GateConfig {
         alerts: Some(alerts::Prometheus::new(config, client.clone())?),
+        ..GateConfig::default()
     })
 }
 

@@ -5,7 +5,8 @@
 //! The gates decided from settings, the run and the time alone (maintenance windows, soak, canary)
 //! need nothing here. What is gathered: the nodes held out of runs (their Machine or Node annotated
 //! `upgrade.vitistack.io/hold: "true"`, read with the inventory, so no extra request), and the
-//! external checks (alerts, health checks), `NotConfigured` until their gate is set up.
+//! external checks: alerts ([`alerts`], with `--prometheus-url`) and health checks ([`health`], with
+//! the cluster's `health-checks` annotation), each `NotConfigured` when not set up.
 
 use std::collections::BTreeSet;
 
@@ -17,12 +18,15 @@ use talos_upgrade_core::talos::{Run, StartingNodes};
 use crate::cluster_access::Access;
 
 pub mod alerts;
+pub mod health;
 
 /// The operator's configuration of the gates that need IO (flags of the `run` command).
 #[derive(Debug, Clone, Default)]
 pub struct GateConfig {
     /// The alert gate's Prometheus (`--prometheus-url`); `None`: no alert gate.
     pub alerts: Option<alerts::Prometheus>,
+    /// Reads the objects of every cluster's health checks (no flag: the checks are per cluster).
+    pub health: health::HealthReader,
 }
 
 /// What the gates of one cluster are observed with, in one reconcile.
@@ -45,23 +49,41 @@ pub async fn observe(
     access: &Access,
     starting: &StartingNodes,
 ) -> GateObservation {
-    let _ = starting;
-    let alerts = match &context.config.alerts {
-        Some(prometheus) => {
-            prometheus
-                .check(
-                    context.cluster,
-                    &context.intent.alert_gate,
-                    context.talos_run,
-                    context.now,
-                )
-                .await
+    let alerts = async {
+        match &context.config.alerts {
+            Some(prometheus) => {
+                prometheus
+                    .check(
+                        context.cluster,
+                        &context.intent.alert_gate,
+                        context.talos_run,
+                        context.now,
+                    )
+                    .await
+            }
+            None => ExternalCheck::NotConfigured,
         }
-        None => ExternalCheck::NotConfigured,
     };
+    // The checks matter only where a node may start (`may_start` names every pending node of the
+    // next role, even while the batch is full): with none, nothing is read.
+    let may_start = !matches!(starting, StartingNodes::Named(names) if names.is_empty());
+    let health_checks = async {
+        match &context.intent.health_checks {
+            Ok(Some(checks)) if may_start => {
+                context
+                    .config
+                    .health
+                    .check(context.cluster, checks, &access.workload)
+                    .await
+            }
+            // An invalid annotation keeps the run from starting before any gate is asked.
+            Ok(_) | Err(_) => ExternalCheck::NotConfigured,
+        }
+    };
+    let (alerts, health_checks) = tokio::join!(alerts, health_checks);
     GateObservation {
         alerts,
-        health_checks: ExternalCheck::NotConfigured,
+        health_checks,
         held_nodes: held_nodes(access),
     }
 }
