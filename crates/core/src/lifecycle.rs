@@ -1102,7 +1102,8 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         let mut run = decision.run.clone();
         let mut decide_again = false;
         let mut further = Vec::new();
-        for (action, called) in decision.actions.iter().zip(results) {
+        let calls: Vec<(&K::Action, Called)> = decision.actions.iter().zip(results).collect();
+        for (index, (action, called)) in calls.iter().cloned().enumerate() {
             match called {
                 Called::Done => match K::answered(&mut run, action, &pass.observation, now) {
                     Answered::Nothing => {}
@@ -1113,6 +1114,14 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 Called::Unanswered(_) => {}
                 Called::Retry(reason) if K::retry(&mut run, action, &reason, now) => {}
                 Called::Retry(reason) | Called::Refused(reason) => {
+                    // Calls made at once with this one (a Talos pre-pull's) that were answered are
+                    // recorded too, so that a `resume` does not make them again.
+                    for (later, _) in calls[index + 1..]
+                        .iter()
+                        .filter(|(_, called)| *called == Called::Done)
+                    {
+                        K::answered(&mut run, later, &pass.observation, now);
+                    }
                     let cleanup = K::refused(&mut run, action, &reason, now);
                     if run.failure().is_none() {
                         break;

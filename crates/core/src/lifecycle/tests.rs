@@ -645,6 +645,43 @@ fn a_new_talos_run_starts_announced_and_records_its_call_before_making_it() {
     assert_eq!(conclusion.revisit, Revisit::Poll);
 }
 
+/// A pre-pull refused on one node fails the run naming it, with no node started; the pulls made at
+/// the same time that were answered are recorded, so `resume` does not make them again.
+#[test]
+fn a_refused_pre_pull_fails_the_run_and_keeps_the_pulls_answered_beside_it() {
+    let mut answers = talos_answers("1.11.6");
+    answers.calls = vec![vec![
+        Called::Refused("Talos endpoint 10.0.0.2:50000: not found: error pulling image".into()),
+        Called::Done,
+    ]];
+    let (asked, conclusion) = drive::<Talos>(
+        &annotations(&[("talos-target", "1.12.0")]),
+        None,
+        Gates::default(),
+        answers,
+    );
+    assert_eq!(asked.len(), 2, "the look, the pre-pull: {asked:?}");
+    assert_eq!(conclusion.report.status, UpgradeStatus::Failed);
+    assert!(
+        conclusion.report.message.starts_with(
+            "Talos upgrade failed: node worker-1 could not pull its installer \
+             ghcr.io/siderolabs/installer:v1.12.0: Talos endpoint 10.0.0.2:50000: not found"
+        ),
+        "{}",
+        conclusion.report.message
+    );
+    let run = conclusion.record.expect("the run recorded");
+    assert!(run.in_flight().is_empty());
+    assert!(matches!(
+        run.gates.prepull.node("cp-1").map(|n| &n.state),
+        Some(crate::prepull::PullState::Pulled { .. })
+    ));
+    assert!(matches!(
+        run.gates.prepull.node("worker-1").map(|n| &n.state),
+        Some(crate::prepull::PullState::Pulling { .. })
+    ));
+}
+
 #[test]
 fn the_act_carries_the_run_to_save_and_the_report_to_write_beside_the_calls() {
     let annotations = annotations(&[("talos-target", "1.12.0")]);
