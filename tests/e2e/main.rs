@@ -23,6 +23,7 @@ mod helm;
 mod image;
 mod kubernetes_upgrade;
 mod leader_election;
+mod prepull;
 mod prometheus;
 mod shards;
 mod talos_1_14;
