@@ -19,6 +19,7 @@ mod cluster_shapes;
 mod coexistence;
 mod deploy;
 mod gates;
+mod health_checks;
 mod helm;
 mod image;
 mod kubernetes_upgrade;
