@@ -28,7 +28,7 @@ fn metric(world: &World, name: &str, gate: &str) -> Option<String> {
         .metrics
         .encode()
         .lines()
-        .find(|l| l.starts_with(name) && l.contains(&format!("gate=\"{gate}\"")))
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("gate=\"{gate}\"")))
         .and_then(|l| l.rsplit(' ').next().map(str::to_string))
 }
 
@@ -251,6 +251,135 @@ async fn a_held_node_is_skipped_named_and_taken_in_once_unheld() {
         .wait_for_annotation_matching("talos-message", PATIENCE, "completed", |m| {
             m == "Talos upgrade completed: now running 1.12.0"
         })
+        .await;
+    world.assert_each_node_upgraded_once(3);
+}
+
+#[tokio::test]
+async fn a_soak_holds_across_a_restart_until_the_clock_passes_its_end() {
+    let world = World::start("gates-soak-restart", small()).await;
+    world.set_clock(tuesday("10:00:00"));
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world.annotate("soak-after-node", "1h").await;
+    world.annotate("talos-target", "1.12.0").await;
+    let soaking = |m: &str| {
+        m.starts_with("Waiting: soaking after node ") && m.contains(" until 2026-12-01 11:00:")
+    };
+    world
+        .wait_for_annotation_matching("talos-message", PATIENCE, "an hour's soak", soaking)
+        .await;
+    assert_eq!(world.upgrade_calls().len(), 1);
+    assert_eq!(
+        metric(&world, "talos_upgrade_hold", "soak").as_deref(),
+        Some("1")
+    );
+    assert!(
+        world
+            .metrics
+            .encode()
+            .contains("gate=\"soak\",reason=\"after-node\"} 1"),
+        "{}",
+        world.metrics.encode()
+    );
+
+    // A restarted controller still soaks (the node's end is in the run record), starts nothing.
+    world.restart_controller().await;
+    world.poke_and_wait(1).await;
+    world.poke_and_wait(2).await;
+    assert!(soaking(&world.annotation("talos-message").await));
+    assert_eq!(world.upgrade_calls().len(), 1);
+    assert_eq!(world.event_count("UpgradeWaiting").await, 1);
+
+    // Past the soak's end, the next node starts and soaks in its turn; then the last.
+    world.set_clock(tuesday("11:30:00"));
+    world.poke_and_wait(3).await;
+    world
+        .wait_for_annotation_matching("talos-message", PATIENCE, "the second soak", |m| {
+            m.starts_with("Waiting: soaking after node ") && m.contains(" until 2026-12-01 12:30:")
+        })
+        .await;
+    assert_eq!(world.upgrade_calls().len(), 2);
+    world.set_clock(tuesday("13:00:00"));
+    world.poke_and_wait(4).await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    world.assert_each_node_upgraded_once(3);
+    assert_eq!(
+        metric(&world, "talos_upgrade_hold", "soak").as_deref(),
+        Some("0")
+    );
+}
+
+#[tokio::test]
+async fn a_node_held_on_its_workload_node_is_skipped_and_named() {
+    let world = World::start("gates-held-node", small()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    let worker = world.node("worker-2");
+    let hold = "upgrade.vitistack.io/hold";
+    // The Node of the workload cluster (here the test API server), not the Machine.
+    world
+        .ns
+        .kubectl_ok(&["annotate", "node", &worker, &format!("{hold}=true")])
+        .await;
+    world.annotate("talos-target", "1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    assert_eq!(
+        world.annotation("talos-message").await,
+        format!(
+            "Talos upgrade completed: now running 1.12.0; held and not upgraded: {worker} (remove \
+             {hold} to upgrade it)"
+        )
+    );
+    assert_eq!(world.event_count("NodeHeld").await, 1);
+    let calls = world.upgrade_calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(!calls.contains(&worker), "{calls:?}");
+    world
+        .ns
+        .kubectl_ok(&["annotate", "node", &worker, &format!("{hold}-")])
+        .await;
+}
+
+#[tokio::test]
+async fn an_invalid_window_is_refused_and_touches_no_node() {
+    let world = World::start("gates-bad-window", small()).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world
+        .annotate("maintenance-window", "Someday 25:00 4h Mars/Olympus")
+        .await;
+    world.annotate("talos-target", "1.12.0").await;
+    let refused = |m: &str| {
+        m.starts_with(
+            "Talos upgrade not started: Annotation upgrade.vitistack.io/maintenance-window has the \
+             invalid value \"Someday 25:00 4h Mars/Olympus\": ",
+        ) && m.contains("use always, or one or more windows")
+    };
+    world
+        .wait_for_annotation_matching("talos-message", PATIENCE, "the refusal", refused)
+        .await;
+    let event = world.wait_for_event("InvalidOption", None).await;
+    assert!(refused(&event.message), "{}", event.message);
+    world.poke_and_wait(1).await;
+    assert!(
+        world.upgrade_calls().is_empty(),
+        "{:?}",
+        world.upgrade_calls()
+    );
+    assert_eq!(world.event_count("InvalidOption").await, 1);
+
+    // Fixed: the run goes.
+    world.annotate("maintenance-window", "always").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
         .await;
     world.assert_each_node_upgraded_once(3);
 }
