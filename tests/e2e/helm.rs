@@ -224,6 +224,8 @@ async fn helm_lint_passes_strictly_and_the_values_schema_refuses_bad_values() {
         "serviceMonitor.labels.release=kube-prometheus-stack,prometheusRule.labels.release=kube-prometheus-stack",
         "--set",
         "leaderElection.leaseDuration=30s,leaderElection.leaseGrace=10s,image.tag=0.2.0,nodeSelector.role=infra",
+        "--set-json",
+        r#"alertGate={"prometheusUrl":"http://prometheus:9090","authSecret":"monitoring/reader","selector":"{team=\"storage\"}"}"#,
     ];
     for strict in [false, true] {
         for values in [&[][..], &everything[..]] {
@@ -310,6 +312,21 @@ async fn helm_lint_passes_strictly_and_the_values_schema_refuses_bad_values() {
     );
     let not_a_flag = refused(&["--set", "extraArgs={node-deadline=30m}"]).await;
     assert!(not_a_flag.contains("/extraArgs/0"), "{not_a_flag}");
+    // The alert gate's URL has its scheme, its Secret is <namespace>/<name>, its selector braces.
+    for (value, path) in [
+        (
+            "alertGate.prometheusUrl=prometheus:9090",
+            "/alertGate/prometheusUrl",
+        ),
+        ("alertGate.authSecret=reader", "/alertGate/authSecret"),
+        (
+            "alertGate.selector=severity=critical",
+            "/alertGate/selector",
+        ),
+    ] {
+        let bad = refused(&["--set", value]).await;
+        assert!(bad.contains(path), "{value}: {bad}");
+    }
 
     // What the schema cannot say, the templates do.
     let twice = refused(&[
@@ -369,7 +386,10 @@ async fn helm_lint_passes_strictly_and_the_values_schema_refuses_bad_values() {
 }
 
 /// Values that turn on every optional part of the chart.
-const EVERY_PART: [&str; 8] = [
+const EVERY_PART: [&str; 10] = [
+    // As JSON: --set would read the selector's braces as a list.
+    "--set-json",
+    r#"alertGate={"prometheusUrl":"https://prometheus.monitoring.svc:9090","authSecret":"monitoring/prometheus-reader","selector":"{severity=~\"critical|warning\"}"}"#,
     "--set",
     "shards[0].name=a,shards[0].labelSelector=upgrade.vitistack.io/shard=a",
     "--set",
@@ -418,6 +438,28 @@ async fn helm_template_renders_objects_the_api_server_accepts() {
         let mut kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
         kinds.sort();
         assert_eq!(kinds, expected, "{label}: {:?}", kinds_and_names(&objects));
+
+        // The alert gate's values become the controller's flags, in every shard's Deployment.
+        let alert_flags = [
+            "--prometheus-url=https://prometheus.monitoring.svc:9090",
+            "--prometheus-auth-secret=monitoring/prometheus-reader",
+            "--alert-selector={severity=~\"critical|warning\"}",
+        ];
+        for deployment in objects.iter().filter(|o| o["kind"] == "Deployment") {
+            let args: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str())
+                .collect();
+            for flag in alert_flags {
+                assert_eq!(
+                    args.contains(&flag),
+                    !values.is_empty(),
+                    "{label}: {flag} in {args:?}"
+                );
+            }
+        }
 
         // The API server validates every object (schemas of the built-in kinds and of the CRDs,
         // admission) without storing anything.
