@@ -201,7 +201,7 @@ async fn a_node_that_falls_back_to_its_old_version_fails_the_run_and_resume_retr
 }
 
 #[tokio::test]
-async fn a_bad_installer_image_fails_the_run_at_the_first_node_without_touching_others() {
+async fn a_bad_installer_image_fails_the_run_before_any_node_is_touched() {
     let world = World::start("tf-installer", WorldSpec::default()).await;
     let node = world.node("worker-1");
     world
@@ -218,8 +218,12 @@ async fn a_bad_installer_image_fails_the_run_at_the_first_node_without_touching_
     world
         .wait_for_annotation("talos-status", "failed", "120s")
         .await;
+    // The pre-pull finds it before any node is upgraded (docs/upgrades.md, Pre-pull).
     let message = world.annotation("talos-message").await;
-    let prefix = format!("Talos upgrade failed: node {node} refused the upgrade: ");
+    let prefix = format!(
+        "Talos upgrade failed: node {node} could not pull its installer \
+         ghcr.io/siderolabs/installer:v1.12.0: "
+    );
     assert!(message.starts_with(&prefix), "{message}");
     assert!(
         message.contains("failed to pull image") && message.contains("installer:v1.12.0"),
@@ -228,13 +232,18 @@ async fn a_bad_installer_image_fails_the_run_at_the_first_node_without_touching_
     assert_failed_naming(&world, &node, &message).await;
     assert_eq!(world.annotation("talos-progress").await, "0/5");
 
-    // One refused call to that node, no successful upgrade anywhere, no call to any other node.
+    // Each node was asked to pull (the check of Talos < 1.13), that node's refused; no upgrade call
+    // to any node, nothing rebooted.
     world.poke_and_wait(1).await;
     let record = world.sim.record();
-    assert_eq!(record.len(), 1, "{record:#?}");
-    assert_eq!(record[0].node, node);
-    assert_eq!(record[0].method, "/machine.MachineService/Upgrade");
-    assert_ne!(record[0].result, "ok", "{record:#?}");
+    assert_eq!(record.len(), 5, "{record:#?}");
+    for call in &record {
+        assert_eq!(
+            call.method, "/machine.MachineService/ImagePull",
+            "{record:#?}"
+        );
+        assert_eq!(call.result == "ok", call.node != node, "{record:#?}");
+    }
     assert!(world.sim.power_events().is_empty());
     for snapshot in world.sim.snapshots() {
         assert_eq!(snapshot.talos_version, "1.11.6", "{}", snapshot.name);
