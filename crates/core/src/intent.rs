@@ -914,6 +914,97 @@ mod tests {
         );
     }
 
+    /// The gates' options: a window (the cluster's over the operator's default, `always` opting out
+    /// of it), the soaks, the canary and force-start; each bad value names its key and the forms.
+    #[test]
+    fn gate_options() {
+        let none = intent(&[]);
+        assert_eq!(none.maintenance_window, Ok(None));
+        assert_eq!(none.soak_after_node, Ok(None));
+        assert_eq!(none.soak_after_control_planes, Ok(None));
+        assert_eq!(none.pause_after_nodes, Ok(None));
+        assert!(!none.force_start);
+
+        let default = MaintenanceWindows::parse("Sat,Sun 02:00 8h UTC").expect("valid");
+        let own = "Mon-Fri 22:00 4h Europe/Oslo";
+        let cases: [(Option<&str>, Option<String>); 3] = [
+            (None, Some(default.to_string())),
+            (Some(own), Some(own.to_string())),
+            // `always`: a window that is always open, so the default does not apply.
+            (Some("always"), Some("always".to_string())),
+        ];
+        for (annotation, expected) in cases {
+            let pairs: Vec<(&str, &str)> = annotation
+                .map(|window| (MAINTENANCE_WINDOW, window))
+                .into_iter()
+                .collect();
+            let window = intent(&pairs)
+                .with_default_window(Some(&default))
+                .maintenance_window
+                .expect("valid");
+            assert_eq!(window.map(|w| w.to_string()), expected, "{annotation:?}");
+        }
+
+        let set = intent(&[
+            (SOAK_AFTER_NODE, "1h30m"),
+            (SOAK_AFTER_CONTROL_PLANES, "90s"),
+            (PAUSE_AFTER_NODES, "2"),
+            (FORCE_START, "true"),
+        ]);
+        assert_eq!(set.soak_after_node, Ok(Some(Duration::from_secs(5400))));
+        assert_eq!(
+            set.soak_after_control_planes,
+            Ok(Some(Duration::from_secs(90)))
+        );
+        assert_eq!(
+            set.pause_after_nodes,
+            Ok(NonZeroU32::new(2).map(Some).expect("2"))
+        );
+        assert!(set.force_start);
+
+        let bad = intent(&[
+            (TALOS_TARGET, "1.12.0"),
+            (MAINTENANCE_WINDOW, "Someday 25:00 4h UTC"),
+            (SOAK_AFTER_NODE, "0s"),
+            (SOAK_AFTER_CONTROL_PLANES, "30m1h"),
+            (PAUSE_AFTER_NODES, "0"),
+            (FORCE_START, "now"),
+        ]);
+        let keys: Vec<&str> = bad.invalid_options().iter().map(|o| o.key).collect();
+        assert_eq!(
+            keys,
+            [
+                FORCE_START,
+                MAINTENANCE_WINDOW,
+                SOAK_AFTER_NODE,
+                SOAK_AFTER_CONTROL_PLANES,
+                PAUSE_AFTER_NODES
+            ]
+        );
+        // An unrecognised force-start does not force.
+        assert!(!bad.force_start);
+        let window = bad.maintenance_window.clone().expect_err("invalid");
+        assert!(
+            window.to_string().starts_with(
+                "Annotation upgrade.vitistack.io/maintenance-window has the invalid value \
+                 \"Someday 25:00 4h UTC\": "
+            ),
+            "{window}"
+        );
+        let soak = bad.soak_after_node.clone().expect_err("invalid");
+        assert_eq!(
+            soak.to_string(),
+            "Annotation upgrade.vitistack.io/soak-after-node has the invalid value \"0s\": use a \
+             duration such as 30s, 10m, 4h or 1h30m (hours, minutes, seconds), more than zero"
+        );
+        let canary = bad.pause_after_nodes.clone().expect_err("invalid");
+        assert_eq!(
+            canary.to_string(),
+            "Annotation upgrade.vitistack.io/pause-after-nodes has the invalid value \"0\": use a \
+             whole number of 1 or more: the nodes the run upgrades before it pauses once"
+        );
+    }
+
     /// `do-not-reconcile` is read as vitistack's talos-operator reads it: any non-empty value excludes
     /// the cluster (even "false": both controllers must agree on which clusters they leave alone);
     /// missing or empty does not. It leaves every other reading as it is.
