@@ -2094,7 +2094,14 @@ fn the_pre_pull_pulls_on_every_node_the_run_upgrades_first() {
         ("cp-3", Lifecycle),
     ];
     // (case, observation, target, settings, pulls)
-    let cases: [(&str, Observation, &str, Settings, Vec<(&str, UpgradeApi)>); 5] = [
+    type Case<'a> = (
+        &'a str,
+        Observation,
+        &'a str,
+        Settings,
+        Vec<(&'a str, UpgradeApi)>,
+    );
+    let cases: [Case; 5] = [
         (
             "1.13 -> 1.14",
             cluster("1.13.0"),
