@@ -27,6 +27,7 @@ mod leader_election;
 mod prepull;
 mod prometheus;
 mod shards;
+mod silences;
 mod talos_1_14;
 mod talos_bad_input;
 mod talos_drain;

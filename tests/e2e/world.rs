@@ -103,6 +103,9 @@ pub struct World {
     /// How far the controller's clock is ahead of the system's (see [`World::set_clock`]); shared by
     /// every controller instance, so a restarted one keeps the test's time.
     clock_offset: Arc<Mutex<jiff::SignedDuration>>,
+    /// The Alertmanager of the silences (tests/e2e/silences.rs): each controller instance gets a
+    /// client of its own, as a new process would (nothing it listed carried over).
+    silences: Option<talos_upgrade_controller::silences::AlertmanagerConfig>,
 }
 
 /// One controller instance: its own stop token (a child of the world's) and its task.
@@ -327,6 +330,7 @@ impl World {
             controller: Mutex::new(None),
             generation: Mutex::new(0),
             clock_offset,
+            silences: None,
         };
         if spec.start_controller {
             world.start_controller();
@@ -348,11 +352,16 @@ impl World {
         // Clients of its own, as a new process would have: no connection shared with the last one.
         let clients = reconcile::ApiClients::connect(&self.controller_config)
             .expect("the controller's API clients");
+        let mut settings = self.settings.clone();
+        settings.silences = self.silences.clone().map(|config| {
+            talos_upgrade_controller::silences::Alertmanager::new(config, self.ns.client.clone())
+                .expect("the silences' configuration")
+        });
         let task = tokio::spawn(reconcile::run(
             clients,
             Some(self.ns.name.clone()),
             self.metrics.clone(),
-            self.settings.clone(),
+            settings,
             HealthState::default(),
             format!("test-{}-{generation}", self.ns.name),
             stop.clone().cancelled_owned(),
@@ -413,6 +422,12 @@ impl World {
             )
             .expect("the alert gate's configuration"),
         );
+    }
+
+    /// Gives the controller instances started from now on Alertmanager silences with `config`
+    /// (tests/e2e/silences.rs).
+    pub fn set_silences(&mut self, config: talos_upgrade_controller::silences::AlertmanagerConfig) {
+        self.silences = Some(config);
     }
 
     /// [`World::stop_controller`], then [`World::start_controller`].
