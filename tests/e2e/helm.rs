@@ -320,6 +320,12 @@ async fn helm_lint_passes_strictly_and_the_values_schema_refuses_bad_values() {
         ),
         ("alertGate.authSecret=reader", "/alertGate/authSecret"),
         (
+            "silences.alertmanagerUrl=alertmanager:9093",
+            "/silences/alertmanagerUrl",
+        ),
+        ("silences.authSecret=writer", "/silences/authSecret"),
+        ("silences.nodeLabel=node-name", "/silences/nodeLabel"),
+        (
             "alertGate.selector=severity=critical",
             "/alertGate/selector",
         ),
@@ -386,10 +392,12 @@ async fn helm_lint_passes_strictly_and_the_values_schema_refuses_bad_values() {
 }
 
 /// Values that turn on every optional part of the chart.
-const EVERY_PART: [&str; 10] = [
+const EVERY_PART: [&str; 12] = [
     // As JSON: --set would read the selector's braces as a list.
     "--set-json",
     r#"alertGate={"prometheusUrl":"https://prometheus.monitoring.svc:9090","authSecret":"monitoring/prometheus-reader","selector":"{severity=~\"critical|warning\"}"}"#,
+    "--set-json",
+    r#"silences={"alertmanagerUrl":"https://alertmanager.monitoring.svc:9093","authSecret":"monitoring/alertmanager-writer","nodeLabel":"kubernetes_node","matchers":"cluster=\"{clusterId}\""}"#,
     "--set",
     "shards[0].name=a,shards[0].labelSelector=upgrade.vitistack.io/shard=a",
     "--set",
@@ -444,6 +452,11 @@ async fn helm_template_renders_objects_the_api_server_accepts() {
             "--prometheus-url=https://prometheus.monitoring.svc:9090",
             "--prometheus-auth-secret=monitoring/prometheus-reader",
             "--alert-selector={severity=~\"critical|warning\"}",
+            // And the silences'.
+            "--alertmanager-url=https://alertmanager.monitoring.svc:9093",
+            "--alertmanager-auth-secret=monitoring/alertmanager-writer",
+            "--silence-node-label=kubernetes_node",
+            "--silence-matchers=cluster=\"{clusterId}\"",
         ];
         for deployment in objects.iter().filter(|o| o["kind"] == "Deployment") {
             let args: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
