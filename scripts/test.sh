@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The real components the tests run besides the control plane, installed from Debian's packages when
-# missing (quiet when present): Prometheus and promtool (tests/e2e/prometheus.rs), podman and runc
+# missing (quiet when present): Prometheus and promtool (tests/e2e/prometheus.rs, alert_gate.rs),
+# Alertmanager (tests/e2e/silences.rs), podman and runc
 # (tests/e2e/image.rs builds and runs the controller's image).
 bash scripts/install-prometheus.sh >/dev/null
 bash scripts/install-podman.sh >/dev/null
