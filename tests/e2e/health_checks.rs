@@ -426,3 +426,100 @@ async fn a_check_failing_mid_run_holds_the_next_node_while_the_node_in_flight_fi
         .await;
     world.assert_each_node_upgraded_once(3);
 }
+
+#[tokio::test]
+async fn a_read_the_workload_credentials_may_not_make_holds_and_never_shows_them() {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+
+    let world = World::start("health-forbidden", small()).await;
+    create_storage(&world, "ceph", "HEALTH_OK").await;
+    let ns = world.ns.name.clone();
+    let client = world.ns.client.clone();
+    // The workload credentials become a user who may do what an upgrade needs (Nodes, Pods,
+    // evictions) but may not read StorageHealths.
+    let user = format!("{ns}-upgrader");
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "rules": [{"apiGroups": ["", "apps", "policy"], "resources": ["*"], "verbs": ["*"]}],
+    }))
+    .expect("a ClusterRole");
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create the ClusterRole");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .expect("a ClusterRoleBinding");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the ClusterRoleBinding");
+    let kubeconfig = std::fs::read_to_string(world.ns.kubeconfig_as_user(&user, &[]))
+        .expect("the user's kubeconfig");
+    let token = kubeconfig
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("token: "))
+        .map(|token| token.trim_matches('"').to_string())
+        .expect("the kubeconfig's token");
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .patch(
+            &format!("{ns}-id"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"kube.config": kubeconfig}})),
+        )
+        .await
+        .expect("the credentials Secret's kube.config");
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world
+        .annotate("health-checks", &storage_check(&world))
+        .await;
+    world.annotate("talos-target", "1.12.0").await;
+
+    let message = assert_held(
+        &world,
+        &format!("health check \"storage\" cannot be evaluated: reading StorageHealth {ns}/ceph: "),
+    )
+    .await;
+    assert!(
+        message.contains(&format!(
+            "User \"{user}\" cannot get resource \"storagehealths\""
+        )) && message.contains("(403 Forbidden)"),
+        "{message}"
+    );
+    let events = world.events().await;
+    assert!(
+        !message.contains(&token) && events.iter().all(|(_, m)| !m.contains(&token)),
+        "the workload token is shown"
+    );
+
+    // Allowed to read them: the check passes and the run goes.
+    let reader: Role = serde_json::from_value(json!({
+        "metadata": {"name": "storage-reader"},
+        "rules": [{"apiGroups": [GROUP], "resources": ["storagehealths"], "verbs": ["get", "list"]}],
+    }))
+    .expect("a Role");
+    Api::<Role>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &reader)
+        .await
+        .expect("create the Role");
+    let reading: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "storage-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "storage-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .expect("a RoleBinding");
+    Api::<RoleBinding>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &reading)
+        .await
+        .expect("create the RoleBinding");
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    world.assert_each_node_upgraded_once(3);
+}
