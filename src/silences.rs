@@ -50,6 +50,9 @@ use crate::metrics::Metrics;
 pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long Alertmanager's list of silences is reused before it is read again.
 pub const LIST_TTL: Duration = Duration::from_secs(60);
+/// How long after a list that failed it is not asked again (the failure is reported instead): a
+/// reconcile must not wait for an Alertmanager that does not answer at every poll.
+pub const LIST_RETRY: Duration = Duration::from_secs(15);
 /// Largest answer accepted (a list of every silence Alertmanager holds, expired ones included).
 const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 
@@ -148,8 +151,8 @@ struct CachedAuth {
 
 struct Listing {
     read_at: Instant,
-    /// The controller's silences that are not expired.
-    ours: Vec<Existing>,
+    /// The controller's silences that are not expired; why not, when the list failed.
+    ours: Result<Vec<Existing>, String>,
 }
 
 impl std::fmt::Debug for Alertmanager {
@@ -386,28 +389,30 @@ impl Alertmanager {
         metrics: &Metrics,
     ) -> Result<Vec<Existing>, String> {
         let mut listing = self.inner.listing.lock().await;
-        let stale = listing
-            .as_ref()
-            .is_none_or(|listing| listing.read_at.elapsed() >= self.inner.list_ttl);
+        let stale = listing.as_ref().is_none_or(|listing| {
+            let age = listing.read_at.elapsed();
+            match listing.ours {
+                Ok(_) => age >= self.inner.list_ttl,
+                Err(_) => age >= LIST_RETRY.min(self.inner.list_ttl),
+            }
+        });
         if stale {
             let listed = self.list().await;
             metrics.record_silence_request(Operation::List.as_str(), listed.is_ok());
             *listing = Some(Listing {
                 read_at: Instant::now(),
-                ours: listed?,
+                ours: listed,
             });
         }
-        Ok(listing
-            .as_ref()
-            .map(|listing| {
-                listing
-                    .ours
-                    .iter()
-                    .filter(|s| s.key.namespace == namespace && s.key.name == name)
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default())
+        match listing.as_ref().map(|listing| &listing.ours) {
+            Some(Ok(ours)) => Ok(ours
+                .iter()
+                .filter(|s| s.key.namespace == namespace && s.key.name == name)
+                .cloned()
+                .collect()),
+            Some(Err(problem)) => Err(problem.clone()),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Makes one change; the id of the silence it leaves (created, extended, expired).
@@ -425,19 +430,9 @@ impl Alertmanager {
             Change::Extend {
                 id,
                 wanted,
-                starts_at,
+                starts_at: _,
                 ends_at,
-            } => (
-                Operation::Extend,
-                self.post(
-                    Some(id),
-                    &wanted.key,
-                    &wanted.matchers,
-                    *starts_at,
-                    *ends_at,
-                )
-                .await,
-            ),
+            } => (Operation::Extend, self.extend(id, wanted, *ends_at).await),
             Change::Expire { existing } => (
                 Operation::Expire,
                 self.expire(&existing.id)
@@ -449,7 +444,7 @@ impl Alertmanager {
         let id = result?;
         // The list kept current with what was just written.
         let mut listing = self.inner.listing.lock().await;
-        if let Some(listing) = listing.as_mut() {
+        if let Some(Ok(ours)) = listing.as_mut().map(|listing| &mut listing.ours) {
             match change {
                 Change::Create {
                     wanted,
@@ -463,9 +458,9 @@ impl Alertmanager {
                     ..
                 } => {
                     if let Change::Extend { id: old, .. } = change {
-                        listing.ours.retain(|s| &s.id != old);
+                        ours.retain(|s| &s.id != old);
                     }
-                    listing.ours.push(Existing {
+                    ours.push(Existing {
                         id: id.clone(),
                         key: wanted.key.clone(),
                         matchers: wanted.matchers.clone(),
@@ -475,7 +470,7 @@ impl Alertmanager {
                         ends_at: *ends_at,
                     });
                 }
-                Change::Expire { existing } => listing.ours.retain(|s| s.id != existing.id),
+                Change::Expire { existing } => ours.retain(|s| s.id != existing.id),
             }
         }
         Ok(id)
@@ -548,11 +543,63 @@ impl Alertmanager {
         Ok(created.silence_id)
     }
 
+    /// Writes the silence `id` again with a later end. Alertmanager updates an active silence in
+    /// place only when its `startsAt` is the one it holds (which it set itself when the silence was
+    /// created: a start in its past becomes its now), so that is read first; one expired meanwhile
+    /// (by hand) is made again under a new id.
+    async fn extend(
+        &self,
+        id: &str,
+        wanted: &silences::Wanted,
+        ends_at: Timestamp,
+    ) -> Result<String, String> {
+        check_id(id)?;
+        let held = self
+            .request(
+                Method::GET,
+                &format!("/api/v2/silence/{id}"),
+                None,
+                Operation::Extend,
+            )
+            .await;
+        let current = match held {
+            Ok(body) => serde_json::from_slice::<ApiSilence>(&body).ok(),
+            Err(problem) if problem.contains("HTTP 404") => None,
+            Err(problem) => return Err(problem),
+        };
+        match current.filter(|silence| {
+            silence
+                .status
+                .as_ref()
+                .is_none_or(|status| status.state != "expired")
+        }) {
+            Some(silence) => {
+                let id = id.to_string();
+                self.post(
+                    Some(&id),
+                    &wanted.key,
+                    &wanted.matchers,
+                    silence.starts_at,
+                    ends_at,
+                )
+                .await
+            }
+            None => {
+                self.post(
+                    None,
+                    &wanted.key,
+                    &wanted.matchers,
+                    Timestamp::now(),
+                    ends_at,
+                )
+                .await
+            }
+        }
+    }
+
     /// `DELETE /api/v2/silence/{id}`; one Alertmanager no longer knows is as good as expired.
     async fn expire(&self, id: &str) -> Result<(), String> {
-        if !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-            return Err(format!("{id:?} is not a silence id"));
-        }
+        check_id(id)?;
         match self
             .request(
                 Method::DELETE,
@@ -698,6 +745,91 @@ impl Alertmanager {
             client: http.clone(),
         });
         Ok((http, bearer))
+    }
+}
+
+/// One reconcile's silences of one cluster: synced before the calls that start a node (so the
+/// node is silenced before it is disrupted) and after the reconcile; the Events of both, published
+/// with the reconcile's.
+pub struct RunSilences<'a> {
+    pub alertmanager: &'a Alertmanager,
+    pub cluster: &'a KubernetesCluster,
+    /// The annotation's mode (`None`: the default).
+    pub mode: Option<SilenceMode>,
+    /// The Talos target annotation, trimmed.
+    pub requested: Option<&'a str>,
+    pub paused: bool,
+    pub now: Timestamp,
+    pub metrics: &'a Metrics,
+    notes: Mutex<Vec<Note>>,
+}
+
+impl<'a> RunSilences<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        alertmanager: &'a Alertmanager,
+        cluster: &'a KubernetesCluster,
+        mode: Option<SilenceMode>,
+        requested: Option<&'a str>,
+        paused: bool,
+        now: Timestamp,
+        metrics: &'a Metrics,
+    ) -> Self {
+        RunSilences {
+            alertmanager,
+            cluster,
+            mode,
+            requested,
+            paused,
+            now,
+            metrics,
+            notes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Syncs the silences with `run` (the record as saved: before the calls, with the nodes about to
+    /// start in flight), within [`TIMEOUT`]; a sync that takes longer is left for the next one.
+    pub async fn sync(&self, run: Option<&talos_upgrade_core::talos::Run>) {
+        let view = RunView {
+            run,
+            requested: self.requested,
+            paused: self.paused,
+        };
+        let synced = tokio::time::timeout(
+            self.alertmanager.inner.timeout,
+            self.alertmanager
+                .sync(self.cluster, self.mode, &view, self.now, self.metrics),
+        )
+        .await;
+        match synced {
+            Ok(notes) => self
+                .notes
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .extend(notes),
+            Err(_) => tracing::warn!(
+                "syncing the Alertmanager silences took too long; left for the next reconcile"
+            ),
+        }
+    }
+
+    /// The Events of every sync so far.
+    pub fn take_notes(&self) -> Vec<Note> {
+        std::mem::take(
+            &mut *self
+                .notes
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+}
+
+/// An id as Alertmanager makes them (a UUID), before it goes into a path.
+fn check_id(id: &str) -> Result<(), String> {
+    if !id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        Ok(())
+    } else {
+        Err(format!("{id:?} is not a silence id"))
     }
 }
 

@@ -60,6 +60,8 @@ pub struct TalosIo<'a> {
     wake: Waker,
     /// What the gates before each node are observed with (see [`holds`]).
     gates: GateContext<'a>,
+    /// The cluster's Alertmanager silences, synced before the calls (see [`crate::silences`]).
+    silences: Option<&'a crate::silences::RunSilences<'a>>,
 }
 
 impl<'a> TalosIo<'a> {
@@ -78,7 +80,15 @@ impl<'a> TalosIo<'a> {
             observed_at: None,
             wake,
             gates,
+            silences: None,
         }
+    }
+
+    /// Syncs `silences` with the saved run before each batch of calls that may disrupt a node, so a
+    /// node starting is silenced before it is disrupted.
+    pub fn with_silences(mut self, silences: Option<&'a crate::silences::RunSilences<'a>>) -> Self {
+        self.silences = silences;
+        self
     }
 
     fn note(&self, versions: Option<&TalosVersions>) {
@@ -295,6 +305,9 @@ impl KindIo<Talos> for TalosIo<'_> {
                 called.extend(futures::future::join_all(pulls).await);
             }
             return called;
+        }
+        if let Some(silences) = self.silences {
+            silences.sync(Some(&act.get().run)).await;
         }
         let mut called = Vec::new();
         for action in actions {

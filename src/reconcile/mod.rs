@@ -545,7 +545,25 @@ async fn reconcile_cluster(
         now,
         talos_run: talos_run.as_ref(),
     };
-    let mut talos_io = TalosIo::new(&access, &note_look, now, wake, gates);
+    // The Alertmanager silences of the Talos run: synced before its calls and after the reconcile.
+    let silences = match (&ctx.settings.silences, &intent.alert_silences) {
+        (Some(alertmanager), Ok(mode)) => Some(crate::silences::RunSilences::new(
+            alertmanager,
+            &cluster,
+            *mode,
+            seen.annotations()
+                .get(UpgradeKind::Talos.target_key())
+                .map(|target| target.trim())
+                .filter(|target| !target.is_empty()),
+            intent.paused,
+            now,
+            &ctx.metrics,
+        )),
+        // An invalid mode: no run starts; the silences are left to end on their own.
+        _ => None,
+    };
+    let mut talos_io =
+        TalosIo::new(&access, &note_look, now, wake, gates).with_silences(silences.as_ref());
     let talos_gates = Gates::for_talos(
         records.progress().run::<Kubernetes>(),
         seen.annotations()
@@ -616,20 +634,11 @@ async fn reconcile_cluster(
         )
         .await;
     // The Alertmanager silences of the Talos run as this reconcile left it (never fatal).
-    if let (Some(alertmanager), Ok(mode)) = (&ctx.settings.silences, &intent.alert_silences) {
-        let view = talos_upgrade_core::silences::RunView {
-            run: records.progress().run::<Talos>(),
-            requested: seen
-                .annotations()
-                .get(UpgradeKind::Talos.target_key())
-                .map(|target| target.trim())
-                .filter(|target| !target.is_empty()),
-            paused: intent.paused,
-        };
-        let notes = alertmanager
-            .sync(&cluster, *mode, &view, now, &ctx.metrics)
+    if let Some(silences) = &silences {
+        silences.sync(records.progress().run::<Talos>()).await;
+        reporter
+            .publish(baseline, UpgradeKind::Talos, &silences.take_notes())
             .await;
-        reporter.publish(baseline, UpgradeKind::Talos, &notes).await;
     }
 
     let metrics_key = ClusterKey::new(&namespace, &name);
