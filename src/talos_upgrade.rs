@@ -612,6 +612,11 @@ mod tests {
             node: node(),
             installer_image: image(),
         };
+        let prepull = Action::PrePull {
+            node: node(),
+            installer_image: image(),
+            api: UpgradeApi::Lifecycle,
+        };
         let why = || "why".to_string();
         // (action, result, wake?)
         let cases = [
@@ -625,6 +630,9 @@ mod tests {
             // The install follows a pull in the same pass.
             (&pull, Called::Done, false),
             (&pull, Called::Retry(why()), false),
+            // The first node starts in the same pass as the last pre-pull's answer.
+            (&prepull, Called::Done, false),
+            (&prepull, Called::Retry(why()), false),
             // The node reboots by itself: its follower wakes the reconcile when it is back.
             (&legacy, Called::Done, false),
             (&Action::Reboot { node: node() }, Called::Done, false),
