@@ -4,6 +4,12 @@
 //! is what Alertmanager holds (through its API v2: matchers, createdBy, state, ids), the cluster's
 //! Events and the controller's metrics.
 //!
+//! Covered: node mode (the default) silences each node in flight and expires it after; run mode keeps
+//! one silence for the run's nodes, extended in place when the (test) clock moves on, and expired when
+//! the run completes, fails, loses its target or its cluster; a restarted controller reuses its
+//! silence and expires the one of a run reset while it was down; an unreachable Alertmanager never
+//! stops a run and is reported without the token; an invalid mode is refused.
+//!
 //! A missing `prometheus-alertmanager` fails these tests with the install hint; they never skip.
 
 use std::process::Stdio;
@@ -475,6 +481,39 @@ async fn run_mode_expires_the_silence_when_the_target_is_removed_mid_run() {
         expired.message.contains(&id(&silence)),
         "{}",
         expired.message
+    );
+}
+
+#[tokio::test]
+async fn run_mode_expires_the_silence_when_the_cluster_is_deleted_mid_run() {
+    let alertmanager = Alertmanager::start().await;
+    let world = world("silence-delete", &alertmanager.base).await;
+    world.start_controller();
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world.annotate("alert-silences", "run").await;
+    world.annotate("soak-after-node", "1h").await;
+    world.annotate("talos-target", "1.12.0").await;
+    wait_for_soak(&world).await;
+    the_run_silence(&alertmanager, &world).await;
+    // Nothing of the controller's holds the deletion up; the watch sees it go.
+    world
+        .ns
+        .kubectl_ok(&[
+            "delete",
+            "kubernetescluster",
+            &world.cluster,
+            "--timeout=60s",
+        ])
+        .await;
+    assert_none_active(&alertmanager, &world).await;
+    let metrics = world.metrics.encode();
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            r#"talos_upgrade_silence_requests_total{operation="expire",result="ok"}"#
+        )),
+        "{metrics}"
     );
 }
 
