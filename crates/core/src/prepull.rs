@@ -161,6 +161,8 @@ pub enum Seen {
     Up { image: Option<String> },
     /// Its Talos API does not answer: nothing can be pulled on it, and the run holds until it does.
     Unreachable { reason: String },
+    /// Not in this look's node list: the pre-pull holds rather than count it done without a pull.
+    Missing,
 }
 
 /// A pull to make now.
@@ -216,6 +218,9 @@ pub fn decide(
             ) => pulled += 1,
             (_, Seen::Unreachable { reason }) => details.push(format!(
                 "node {name}'s Talos API is unreachable ({reason}); holding before pulling on it"
+            )),
+            (_, Seen::Missing) => details.push(format!(
+                "node {name} is not in the cluster's node list; holding before pulling on it"
             )),
             (
                 Some(PrePullNode {

@@ -1215,7 +1215,15 @@ fn pre_pull(
         .iter()
         .filter(|n| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name))
         .filter_map(|n| {
-            let seen = match &observation.node(&n.name)?.talos {
+            // (A node that left the node list is dropped from the run before this; one missing from
+            // an empty look holds the pre-pull rather than count as pulled.)
+            let Some(observed) = observation.node(&n.name) else {
+                return Some(prepull::Candidate {
+                    name: n.name.clone(),
+                    seen: prepull::Seen::Missing,
+                });
+            };
+            let seen = match &observed.talos {
                 TalosState::Up { version, .. } if version == target => return None,
                 TalosState::Up { install, .. } => prepull::Seen::Up {
                     image: install

@@ -156,6 +156,23 @@ fn which_nodes_pull_now_and_when_the_pre_pull_is_done() {
             ),
         },
         Case {
+            name: "a node missing from the look holds the pre-pull, never counts as pulled",
+            record: vec![recorded("w-2", pulled())],
+            candidates: vec![
+                Candidate {
+                    name: "w-1".into(),
+                    seen: Seen::Missing,
+                },
+                up("w-2"),
+            ],
+            pulls: &[],
+            finished: false,
+            message: Some(
+                "Pulling ghcr.io/siderolabs/installer:v1.13.2 on 2 nodes before upgrading any (1/2 pulled): \
+                 node w-1 is not in the cluster's node list; holding before pulling on it",
+            ),
+        },
+        Case {
             name: "a node whose machine config was not read waits for it",
             record: vec![],
             candidates: vec![unread("w-1")],
