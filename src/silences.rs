@@ -307,7 +307,7 @@ impl Alertmanager {
         };
         let wanted = silences::wanted(mode, &self.inner.config, &identity, view);
         let mut notes = Vec::new();
-        let existing = match self.ours(&namespace, &name, metrics).await {
+        let existing = match self.ours(&namespace, &name, &uid, metrics).await {
             Ok(existing) => existing,
             Err(problem) => {
                 notes.extend(self.failed(&namespace, &name, problem));
@@ -330,14 +330,15 @@ impl Alertmanager {
         notes
     }
 
-    /// Expires every silence of the cluster `namespace/name` (deleted): in the background, logged.
-    pub fn forget_cluster(&self, namespace: &str, name: &str, metrics: &Metrics) {
+    /// Expires every silence of the cluster `namespace/name` with `uid` (deleted): in the
+    /// background, logged.
+    pub fn forget_cluster(&self, namespace: &str, name: &str, uid: &str, metrics: &Metrics) {
         let this = self.clone();
         let metrics = metrics.clone();
-        let (namespace, name) = (namespace.to_string(), name.to_string());
+        let (namespace, name, uid) = (namespace.to_string(), name.to_string(), uid.to_string());
         self.said_lock().remove(&(namespace.clone(), name.clone()));
         tokio::spawn(async move {
-            let ours = match this.ours(&namespace, &name, &metrics).await {
+            let ours = match this.ours(&namespace, &name, &uid, &metrics).await {
                 Ok(ours) => ours,
                 Err(problem) => {
                     tracing::warn!(%namespace, cluster = %name, %problem, "the silences of a deleted cluster are left to end on their own");
@@ -381,11 +382,15 @@ impl Alertmanager {
     }
 
     /// The cluster's silences that are not expired, from the list (read again once
-    /// [`LIST_TTL`] has passed).
+    /// [`LIST_TTL`] has passed). Only those of this object (its uid): a silence of another cluster
+    /// of the same namespace and name (deleted and created again while no controller watched, or
+    /// another management cluster's sharing the Alertmanager) is never touched, and ends on its
+    /// own within [`silences::SILENCE_FOR`].
     async fn ours(
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         metrics: &Metrics,
     ) -> Result<Vec<Existing>, String> {
         let mut listing = self.inner.listing.lock().await;
@@ -407,7 +412,7 @@ impl Alertmanager {
         match listing.as_ref().map(|listing| &listing.ours) {
             Some(Ok(ours)) => Ok(ours
                 .iter()
-                .filter(|s| s.key.namespace == namespace && s.key.name == name)
+                .filter(|s| s.key.namespace == namespace && s.key.name == name && s.key.uid == uid)
                 .cloned()
                 .collect()),
             Some(Err(problem)) => Err(problem.clone()),

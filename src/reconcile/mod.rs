@@ -262,8 +262,8 @@ impl Context {
         let remembered = self.known.take(name);
         self.forget_memory(name, remembered.as_ref());
         // A deleted cluster's run ended with it: its silences are expired (in the background).
-        if let Some(alertmanager) = &self.settings.silences {
-            alertmanager.forget_cluster(&name.0, &name.1, &self.metrics);
+        if let (Some(alertmanager), Some(remembered)) = (&self.settings.silences, &remembered) {
+            alertmanager.forget_cluster(&name.0, &name.1, &remembered.uid, &self.metrics);
         }
     }
 

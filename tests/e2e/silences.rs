@@ -521,8 +521,8 @@ async fn run_mode_expires_the_silence_when_the_cluster_is_deleted_mid_run() {
 async fn a_restarted_controller_reuses_its_silence_and_expires_the_one_of_a_run_ended_meanwhile() {
     let alertmanager = Alertmanager::start().await;
     let world = world("silence-restart", &alertmanager.base).await;
-    // Someone else's silence of the same node is never touched.
     let now = jiff::Timestamp::now();
+    // Someone else's silence of the same node is never touched.
     let foreign = alertmanager
         .post(&json!({
             "matchers": [{"name": "node", "value": world.node("worker-1"), "isRegex": false, "isEqual": true}],
@@ -532,6 +532,28 @@ async fn a_restarted_controller_reuses_its_silence_and_expires_the_one_of_a_run_
             "comment": format!("cluster={}/{} maintenance", world.ns.name, world.cluster),
         }))
         .await;
+    // Nor is one of another object of the same namespace and name (another management cluster's).
+    let namesake = alertmanager
+        .post(&json!({
+            "matchers": [{"name": "node", "value": world.node("cp-1"), "isRegex": false, "isEqual": true}],
+            "startsAt": now.to_string(),
+            "endsAt": (now + jiff::SignedDuration::from_mins(15)).to_string(),
+            "createdBy": "talos-upgrade-controller",
+            "comment": format!(
+                "cluster={}/{} uid=another-object run=1.12.0@2026-01-01T00:00:00Z scope=run",
+                world.ns.name, world.cluster
+            ),
+        }))
+        .await;
+    // This cluster's own, without the namesake.
+    let own = || async {
+        alertmanager
+            .ours(&world)
+            .await
+            .into_iter()
+            .filter(|s| id(s) != namesake)
+            .collect::<Vec<Value>>()
+    };
     world.start_controller();
     world
         .wait_for_annotation("talos-current", "1.11.6", "60s")
@@ -540,36 +562,46 @@ async fn a_restarted_controller_reuses_its_silence_and_expires_the_one_of_a_run_
     world.annotate("soak-after-node", "1h").await;
     world.annotate("talos-target", "1.12.0").await;
     wait_for_soak(&world).await;
-    let silence = the_run_silence(&alertmanager, &world).await;
+    alertmanager
+        .wait_for("the run's silence", || async { own().await.len() == 1 })
+        .await;
+    let silence = own().await.remove(0);
+    assert_eq!(silence["status"]["state"], "active");
 
     // A new controller finds it and keeps it: same id, no second one.
     world.restart_controller().await;
     world.poke_and_wait(1).await;
     world.poke_and_wait(2).await;
-    let after = the_run_silence(&alertmanager, &world).await;
-    assert_eq!(id(&after), id(&silence));
-    assert_eq!(alertmanager.ours(&world).await.len(), 1);
+    let after: Vec<String> = own().await.iter().map(id).collect();
+    assert_eq!(after, vec![id(&silence)], "the same silence, no second one");
     assert_eq!(world.event_messages("SilenceCreated").await.len(), 1);
 
     // The run is reset while no controller runs: the next one expires the silence it left.
     world.stop_controller().await;
     world.annotate("talos-reset-upgrade-state", "true").await;
     world.start_controller();
-    assert_none_active(&alertmanager, &world).await;
     let expired = world.wait_for_event("SilenceExpired", None).await;
     assert!(
         expired.message.contains(&id(&silence)),
         "{}",
         expired.message
     );
-    assert!(
-        alertmanager
-            .silences()
-            .await
-            .iter()
-            .any(|s| id(s) == foreign && s["status"]["state"] == "active"),
-        "someone else's silence was touched"
-    );
+    alertmanager
+        .wait_for("the run's silence expired", || async {
+            own()
+                .await
+                .iter()
+                .all(|s| s["status"]["state"] == "expired")
+        })
+        .await;
+    let all = alertmanager.silences().await;
+    for (other, whose) in [(&foreign, "someone else's"), (&namesake, "the namesake's")] {
+        assert!(
+            all.iter()
+                .any(|s| id(s) == *other && s["status"]["state"] == "active"),
+            "{whose} silence was touched: {all:#?}"
+        );
+    }
 }
 
 #[tokio::test]
