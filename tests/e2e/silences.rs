@@ -8,7 +8,9 @@
 //! one silence for the run's nodes, extended in place when the (test) clock moves on, and expired when
 //! the run completes, fails, loses its target or its cluster; a restarted controller reuses its
 //! silence and expires the one of a run reset while it was down; an unreachable Alertmanager never
-//! stops a run and is reported without the token; an invalid mode is refused.
+//! stops a run and is reported without the token; over https (Alertmanager's own TLS) a CA the
+//! controller does not trust is reported, the auth Secret's `ca.crt` is trusted; an invalid mode is
+//! refused.
 //!
 //! A missing `prometheus-alertmanager` fails these tests with the install hint; they never skip.
 
@@ -36,8 +38,27 @@ struct Alertmanager {
 
 impl Alertmanager {
     async fn start() -> Alertmanager {
+        Alertmanager::start_with(None).await
+    }
+
+    /// With `tls`: (certificate PEM, key PEM) served over https (Alertmanager's web config); the
+    /// test then reads Alertmanager through the controller's Events only, and readiness is its port
+    /// answering.
+    async fn start_with(tls: Option<(String, String)>) -> Alertmanager {
         let binary = tool(BINARY);
         let dir = TempDir::new("alertmanager");
+        let web = tls.as_ref().map(|(certificate, key)| {
+            let certificate = dir.write("server.crt", certificate);
+            let key = dir.write("server.key", key);
+            dir.write(
+                "web.yml",
+                &format!(
+                    "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+                    certificate.display(),
+                    key.display()
+                ),
+            )
+        });
         // No notification goes anywhere: the tests look at the silences only.
         let config = dir.write(
             "alertmanager.yml",
@@ -48,7 +69,11 @@ impl Alertmanager {
             .expect("a free port")
             .port();
         let log = std::fs::File::create(dir.0.join("alertmanager.log")).expect("log file");
-        let child = tokio::process::Command::new(binary)
+        let mut command = tokio::process::Command::new(binary);
+        if let Some(web) = &web {
+            command.arg(format!("--web.config.file={}", web.display()));
+        }
+        let child = command
             .arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.path={}", dir.0.join("data").display()))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
@@ -61,12 +86,27 @@ impl Alertmanager {
             .kill_on_drop(true)
             .spawn()
             .expect("starting prometheus-alertmanager");
+        let scheme = if web.is_some() { "https" } else { "http" };
         let alertmanager = Alertmanager {
-            base: format!("http://127.0.0.1:{port}"),
+            base: format!("{scheme}://127.0.0.1:{port}"),
             child,
             dir,
         };
         let deadline = Instant::now() + PATIENCE;
+        if web.is_some() {
+            while tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "Alertmanager never listened:\n{}",
+                    alertmanager.log()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            return alertmanager;
+        }
         while !matches!(
             http_get(&format!("{}/-/ready", alertmanager.base)).await,
             Ok((200, _))
@@ -693,4 +733,113 @@ async fn an_invalid_mode_is_refused_and_touches_no_node() {
     event_saying(&world, "InvalidOption", "alert-silences").await;
     assert_eq!(world.upgrade_calls(), Vec::<String>::new());
     assert!(alertmanager.ours(&world).await.is_empty());
+}
+
+/// A CA and a certificate it signs for 127.0.0.1: (CA PEM, certificate PEM, key PEM).
+fn certificates() -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::default();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("server key");
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::IpAddress(
+        std::net::Ipv4Addr::LOCALHOST.into(),
+    )];
+    let certificate = params.signed_by(&key, &issuer).expect("server certificate");
+    (ca.pem(), certificate.pem(), key.serialize_pem())
+}
+
+/// Creates or replaces the Secret `name` with `data` (string values).
+async fn put_secret(world: &World, name: &str, data: Value) {
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(world.ns.client.clone(), &world.ns.name);
+    let _ = secrets.delete(name, &Default::default()).await;
+    secrets
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "stringData": data,
+            }))
+            .expect("a Secret"),
+        )
+        .await
+        .expect("the Secret");
+}
+
+#[tokio::test]
+async fn https_is_verified_against_the_ca_of_the_auth_secret_and_the_token_never_shown() {
+    let (ca, certificate, key) = certificates();
+    let alertmanager = Alertmanager::start_with(Some((certificate, key))).await;
+    let mut world = World::start("silence-tls", spec()).await;
+    const TOKEN: &str = "e2e-alertmanager-token-51c9";
+    world.set_silences(AlertmanagerConfig {
+        auth_secret: Some((world.ns.name.clone(), "am-auth".to_string())),
+        secret_ttl: Duration::from_millis(500),
+        ..config(&alertmanager.base)
+    });
+    // The token, but not the CA: the platform's roots do not know Alertmanager's certificate, and
+    // the controller says so (its first look lists the silences, run or not).
+    put_secret(&world, "am-auth", json!({ "token": TOKEN })).await;
+    world.start_controller();
+    let refused = event_saying(&world, "SilenceFailed", "certificate").await;
+    assert!(
+        refused.starts_with(&format!(
+            "Alertmanager at {} (list silences): unreachable: ",
+            alertmanager.base
+        )),
+        "{refused}"
+    );
+
+    // The CA too: the run's nodes are silenced and the silences expired, over verified https.
+    put_secret(&world, "am-auth", json!({ "token": TOKEN, "ca.crt": ca })).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    // An idle cluster is looked at again when something changes: until a list got through (the
+    // Secret is read again after its TTL, a failed list asked again after the list's).
+    let listed = r#"talos_upgrade_silence_requests_total{operation="list",result="ok"}"#;
+    let mut round = 0;
+    while !world
+        .metrics
+        .encode()
+        .lines()
+        .any(|l| l.starts_with(listed))
+    {
+        round += 1;
+        assert!(round < 120, "{}", world.metrics.encode());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        world.poke_and_wait(round).await;
+    }
+    world.annotate("talos-target", "1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    world.assert_each_node_upgraded_once(3);
+    let created = world.event_messages("SilenceCreated").await;
+    assert_eq!(created.len(), 3, "{created:#?}");
+    for node in ["cp-1", "worker-1", "worker-2"] {
+        let node = world.node(node);
+        assert!(
+            created
+                .iter()
+                .any(|m| m.contains(&format!("for node {node} "))),
+            "{node}: {created:#?}"
+        );
+    }
+    // Each expired: three Events, as many ids.
+    let deadline = Instant::now() + PATIENCE;
+    while world.event_messages("SilenceExpired").await.len() < 3 {
+        assert!(Instant::now() < deadline, "{:#?}", world.events().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The token was never shown.
+    let annotations = world.jsonpath("{.metadata.annotations}").await;
+    assert!(!annotations.contains(TOKEN), "{annotations}");
+    for (_, message) in world.events().await {
+        assert!(!message.contains(TOKEN), "{message}");
+    }
 }
