@@ -341,14 +341,34 @@ async fn assert_none_active(alertmanager: &Alertmanager, world: &World) {
 
 #[tokio::test]
 async fn node_mode_silences_each_node_while_it_is_upgraded_and_expires_it_after() {
+    node_mode("silence-node", "1.11.6", "1.12.0").await;
+}
+
+/// Talos ≥ 1.13, where the controller sequences install, drain and reboot itself.
+#[tokio::test]
+async fn node_mode_silences_each_node_through_install_drain_and_reboot() {
+    node_mode("silence-node-13", "1.13.0", "1.13.1").await;
+}
+
+/// A run from `from` to `to` with silences in node mode (the default): each node seen in flight is
+/// seen silenced, and each silence expired at the end.
+async fn node_mode(prefix: &str, from: &'static str, to: &str) {
     let alertmanager = Alertmanager::start().await;
-    let world = world("silence-node", &alertmanager.base).await;
+    let mut world = World::start(
+        prefix,
+        WorldSpec {
+            talos: from,
+            ..spec()
+        },
+    )
+    .await;
+    world.set_silences(config(&alertmanager.base));
     world.start_controller();
     world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .wait_for_annotation("talos-current", from, "60s")
         .await;
     // No annotation: node mode is the default with an Alertmanager.
-    world.annotate("talos-target", "1.12.0").await;
+    world.annotate("talos-target", to).await;
 
     // While the run goes on: which node was seen in flight with an active silence naming it.
     let mut seen_in_flight = std::collections::BTreeSet::new();
