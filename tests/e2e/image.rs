@@ -6,7 +6,11 @@
 //! - the image is the controller: run with a read-only root filesystem, every capability dropped, on
 //!   the host network against the test API server and a simulated cluster, it upgrades the cluster,
 //!   serves `/metrics`, holds its Lease, and on SIGTERM (`podman stop`) stops cleanly, releasing the
-//!   Lease; its logs hold none of the credentials it used.
+//!   Lease; its logs hold none of the credentials it used;
+//! - its CA roots are the ones the live release sources (`--live-releases`) trust: a loopback HTTPS
+//!   source with a certificate from the test's own CA is refused with the image's bundle (TLS is
+//!   verified) and trusted once that CA is mounted over /etc/ssl/certs/ca-certificates.crt (the
+//!   image reads its roots from that file).
 //!
 //! podman missing is a failure (scripts/install-podman.sh installs it), never a skip.
 
@@ -150,9 +154,107 @@ fn token_of(kubeconfig: &Path) -> String {
         .to_string()
 }
 
+/// Runs the image detached as the controller of `world`'s namespace, as deploy/ runs it: read-only
+/// root, every capability dropped, no new privileges, host network, the kubeconfig and the guide's
+/// release catalog mounted read-only, leader election on. `volumes` are further `--volume`s, `args`
+/// further flags of `run`. The container is removed when the returned guard drops.
+fn run_controller(
+    world: &World,
+    kubeconfig: &Path,
+    name: &str,
+    admin: &str,
+    volumes: &[String],
+    args: &[&str],
+) -> Container {
+    let container = Container(name.to_string());
+    let mount = |from: &Path, to: &str| format!("{}:{to}:ro", from.display());
+    let mut command: Vec<String> = [
+        "run",
+        "--detach",
+        "--name",
+        name,
+        "--network",
+        "host",
+        "--read-only",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mounts = [
+        mount(kubeconfig, "/etc/tuc/kubeconfig"),
+        mount(Path::new(replica::CATALOG), "/etc/tuc/catalog.yaml"),
+    ];
+    for volume in mounts.iter().chain(volumes) {
+        command.extend(["--volume".to_string(), volume.clone()]);
+    }
+    command.extend(
+        [
+            "--env",
+            "KUBECONFIG=/etc/tuc/kubeconfig",
+            "--env",
+            &format!("POD_NAME=controller-{}", world.ns.name),
+            "--env",
+            &format!("POD_NAMESPACE={}", world.ns.name),
+            "--env",
+            "TUC_LEADER_ELECT=true",
+            image(),
+            "run",
+            "--namespace",
+            &world.ns.name,
+            "--admin-listen",
+            admin,
+            "--release-catalog",
+            "/etc/tuc/catalog.yaml",
+            "--poll-interval",
+            "100ms",
+            "--node-deadline",
+            "60s",
+            "--lease-duration",
+            "3s",
+            "--lease-grace",
+            "1s",
+        ]
+        .map(String::from),
+    );
+    command.extend(args.iter().map(|arg| arg.to_string()));
+    podman_ok(&command.iter().map(String::as_str).collect::<Vec<_>>());
+    container
+}
+
+/// What a container has logged so far (stdout and stderr).
+fn logs(name: &str) -> String {
+    let output = podman(&["logs", name]);
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Waits (two minutes at most) until the container has logged a line containing `needle`; returns
+/// that line.
+async fn wait_for_log(name: &str, needle: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let logged = logs(name);
+        if let Some(line) = logged.lines().find(|line| line.contains(needle)) {
+            return line.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} never logged {needle:?}; it logged:\n{logged}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
 #[tokio::test]
 async fn the_image_runs_as_the_controller_upgrades_a_cluster_and_stops_cleanly_on_sigterm() {
-    let image = image();
+    // Built before the cluster starts, so the build's minutes are not spent with a cluster waiting.
+    image();
     let world = World::start(
         "image",
         WorldSpec {
@@ -170,49 +272,7 @@ async fn the_image_runs_as_the_controller_upgrades_a_cluster_and_stops_cleanly_o
     let admin = free_admin_address();
     let pod = format!("controller-{}", world.ns.name);
     let name = format!("tuc-{}", world.ns.name);
-    let mount = |from: &Path, to: &str| format!("{}:{to}:ro", from.display());
-    let _container = Container(name.clone());
-    podman_ok(&[
-        "run",
-        "--detach",
-        "--name",
-        &name,
-        "--network",
-        "host",
-        "--read-only",
-        "--cap-drop",
-        "ALL",
-        "--security-opt",
-        "no-new-privileges",
-        "--volume",
-        &mount(&kubeconfig, "/etc/tuc/kubeconfig"),
-        "--volume",
-        &mount(Path::new(replica::CATALOG), "/etc/tuc/catalog.yaml"),
-        "--env",
-        "KUBECONFIG=/etc/tuc/kubeconfig",
-        "--env",
-        &format!("POD_NAME={pod}"),
-        "--env",
-        &format!("POD_NAMESPACE={}", world.ns.name),
-        "--env",
-        "TUC_LEADER_ELECT=true",
-        image,
-        "run",
-        "--namespace",
-        &world.ns.name,
-        "--admin-listen",
-        &admin,
-        "--release-catalog",
-        "/etc/tuc/catalog.yaml",
-        "--poll-interval",
-        "100ms",
-        "--node-deadline",
-        "60s",
-        "--lease-duration",
-        "3s",
-        "--lease-grace",
-        "1s",
-    ]);
+    let _container = run_controller(&world, &kubeconfig, &name, &admin, &[], &[]);
 
     world.upgrade_talos("1.11.6", "1.12.0").await;
     assert_eq!(world.annotation("talos-current").await, "1.12.0");
@@ -255,13 +315,184 @@ async fn the_image_runs_as_the_controller_upgrades_a_cluster_and_stops_cleanly_o
     );
 
     // What it logged holds none of its credentials.
-    let logs = podman(&["logs", &name]);
-    let logged = format!(
-        "{}{}",
-        String::from_utf8_lossy(&logs.stdout),
-        String::from_utf8_lossy(&logs.stderr)
-    );
+    let logged = logs(&name);
     assert!(logged.contains("shutting down"), "{logged}");
     assert!(!logged.contains(&token_of(&kubeconfig)), "the API token");
     assert!(!logged.contains("PRIVATE KEY"), "a key");
+}
+
+/// A loopback HTTPS server answering as the Image Factory (`GET /versions`) and a registry's tag list
+/// (`GET /v2/kube-apiserver/tags/list`) do, with a certificate for 127.0.0.1 from a CA made here (in
+/// no CA bundle anywhere). Returns its base URL and the CA's PEM. A hand-written HTTP/1.1 answer, one
+/// request per connection: what is under test is which roots the client trusts.
+async fn serve_releases_over_https(talos: &[&str], kubernetes: &[&str]) -> (String, String) {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let versions = serde_json::json!(talos).to_string();
+    let tags = serde_json::json!({"name": "kube-apiserver", "tags": kubernetes}).to_string();
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::default();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let server_key = rcgen::KeyPair::generate().expect("server key");
+    let mut server_params = rcgen::CertificateParams::default();
+    server_params.subject_alt_names = vec![rcgen::SanType::IpAddress(
+        std::net::Ipv4Addr::LOCALHOST.into(),
+    )];
+    let server_cert = server_params
+        .signed_by(&server_key, &issuer)
+        .expect("server certificate");
+    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![server_cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+    )
+    .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let address = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let (versions, tags) = (versions.clone(), tags.clone());
+            tokio::spawn(async move {
+                // A client that does not trust the certificate ends the handshake here.
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let target = head
+                    .lines()
+                    .next()
+                    .and_then(|line| line.split(' ').nth(1))
+                    .unwrap_or("/");
+                let path = target.split('?').next().unwrap_or(target);
+                let (status, body) = match path {
+                    "/versions" => ("200 OK", versions),
+                    "/v2/kube-apiserver/tags/list" => ("200 OK", tags),
+                    _ => ("404 Not Found", "{}".to_string()),
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (format!("https://{address}"), ca_cert.pem())
+}
+
+/// The image's CA roots are what the live release sources trust. A source of the test's own, over
+/// HTTPS with a certificate from a CA no bundle holds, publishes releases nothing else knows (Talos
+/// 1.12.1, Kubernetes 1.34.2, beside the guide catalog's 1.12.0 and 1.35.0):
+///
+/// - with the image's own bundle (the build machine's roots), the source is refused: the log names
+///   the certificate problem and the cluster is offered only what the catalog knows;
+/// - with the test's CA mounted read-only over /etc/ssl/certs/ca-certificates.crt (the file the
+///   image's `SSL_CERT_FILE` names), the same source is trusted and its releases are offered.
+///
+/// Both halves run the image on one cluster, one after the other; the multi-threaded runtime keeps
+/// the source answering while the test waits on podman.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_release_sources_trust_the_images_ca_roots_and_a_mounted_bundle_replaces_them() {
+    image();
+    let (base, ca) = serve_releases_over_https(
+        &["v1.11.6", "v1.12.0", "v1.12.1"],
+        &["v1.34.1", "v1.34.2", "v1.35.0"],
+    )
+    .await;
+    let world = World::start(
+        "image-ca",
+        WorldSpec {
+            start_controller: false,
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    let files = TempDir::new("image-ca");
+    let kubeconfig = files.write(
+        "kubeconfig",
+        &std::fs::read_to_string(world.ns.kubeconfig()).expect("the kubeconfig"),
+    );
+    let bundle = files.write("ca-certificates.crt", &ca);
+    let tags_url = format!("{base}/v2/kube-apiserver/tags/list");
+    let live = [
+        "--live-releases",
+        "--talos-factory-url",
+        &base,
+        "--kubernetes-tags-url",
+        &tags_url,
+    ];
+
+    // The image's own bundle: it does not hold the test's CA, so the source is refused.
+    let own = format!("tuc-{}-own-roots", world.ns.name);
+    let container = run_controller(&world, &kubeconfig, &own, &free_admin_address(), &[], &live);
+    let refused = wait_for_log(&own, "release source failed").await;
+    eprintln!("with the image's own roots: {refused}");
+    assert!(
+        refused.contains("invalid peer certificate: UnknownIssuer"),
+        "the log names the certificate problem: {refused}"
+    );
+    world
+        .wait_for_annotation("talos-available", "1.12.0", "60s")
+        .await;
+    assert_eq!(
+        world.annotation("talos-message").await,
+        "Upgrade available: 1.11.6 → 1.12.0"
+    );
+    assert_ne!(world.annotation("kubernetes-available").await, "1.34.2");
+    let logged = logs(&own);
+    assert!(!logged.contains("release source answered"), "{logged}");
+    podman_ok(&["stop", "--time", "30", &own]);
+    drop(container);
+
+    // The test's CA mounted over the image's bundle: the same source is trusted.
+    let mounted = format!("tuc-{}-mounted-roots", world.ns.name);
+    let _container = run_controller(
+        &world,
+        &kubeconfig,
+        &mounted,
+        &free_admin_address(),
+        &[format!(
+            "{}:/etc/ssl/certs/ca-certificates.crt:ro",
+            bundle.display()
+        )],
+        &live,
+    );
+    world
+        .wait_for_annotation("talos-available", "1.12.1", "120s")
+        .await;
+    world
+        .wait_for_annotation("kubernetes-available", "1.34.2", "60s")
+        .await;
+    assert_eq!(
+        world.annotation("talos-message").await,
+        "Upgrade available: 1.11.6 → 1.12.1"
+    );
+    let logged = logs(&mounted);
+    assert!(
+        logged.contains("release source answered") && !logged.contains("release source failed"),
+        "{logged}"
+    );
+    // Offering a release touches no node.
+    assert!(world.sim.record().is_empty(), "{}", world.sim.record_json());
 }
