@@ -188,7 +188,11 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 async fn main() -> anyhow::Result<()> {
     // kube and tonic both use rustls with ring; one process-wide provider keeps every TLS config alike.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Colours only for a person at a terminal: in a container, `kubectl logs` and log shippers would
+    // show the escape codes as text.
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stdout());
     tracing_subscriber::fmt()
+        .with_ansi(colours)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )

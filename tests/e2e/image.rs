@@ -319,6 +319,11 @@ async fn the_image_runs_as_the_controller_upgrades_a_cluster_and_stops_cleanly_o
     assert!(logged.contains("shutting down"), "{logged}");
     assert!(!logged.contains(&token_of(&kubeconfig)), "the API token");
     assert!(!logged.contains("PRIVATE KEY"), "a key");
+    // Plain text for `kubectl logs` and log shippers: no terminal, no colour codes.
+    assert!(
+        !logged.contains('\u{1b}'),
+        "ANSI escape codes in:\n{logged}"
+    );
 }
 
 /// A loopback HTTPS server answering as the Image Factory (`GET /versions`) and a registry's tag list
