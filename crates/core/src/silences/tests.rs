@@ -396,7 +396,9 @@ fn plans() {
     let expire = |existing: &Existing| Change::Expire {
         existing: existing.clone(),
     };
-    let rows: Vec<(&str, Vec<Wanted>, Vec<Existing>, Vec<Change>)> = vec![
+    // (case, the silences wanted, the ones Alertmanager has, the changes planned)
+    type Row = (&'static str, Vec<Wanted>, Vec<Existing>, Vec<Change>);
+    let rows: Vec<Row> = vec![
         ("nothing", vec![], vec![], vec![]),
         ("created", vec![w2.clone()], vec![], vec![create(&w2)]),
         (
