@@ -392,7 +392,10 @@ async fn helm_lint_passes_strictly_and_the_values_schema_refuses_bad_values() {
 }
 
 /// Values that turn on every optional part of the chart.
-const EVERY_PART: [&str; 12] = [
+const EVERY_PART: [&str; 14] = [
+    // A private CA bundle over the image's roots (docs/releases.md), as a platform team mounts one.
+    "--set-json",
+    r#"extraVolumes=[{"name":"ca","configMap":{"name":"corp-ca"}}],extraVolumeMounts=[{"name":"ca","mountPath":"/etc/ssl/certs/ca-certificates.crt","subPath":"ca.crt","readOnly":true}]"#,
     // As JSON: --set would read the selector's braces as a list.
     "--set-json",
     r#"alertGate={"prometheusUrl":"https://prometheus.monitoring.svc:9090","authSecret":"monitoring/prometheus-reader","selector":"{severity=~\"critical|warning\"}"}"#,
@@ -472,6 +475,29 @@ async fn helm_template_renders_objects_the_api_server_accepts() {
                     "{label}: {flag} in {args:?}"
                 );
             }
+        }
+
+        // The extra volume and its mount, beside the release catalog's, in every Deployment.
+        for deployment in objects.iter().filter(|o| o["kind"] == "Deployment") {
+            let pod = &deployment["spec"]["template"]["spec"];
+            let names = |list: &Value| -> Vec<String> {
+                list.as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v["name"].as_str().map(str::to_string))
+                    .collect()
+            };
+            let expected: Vec<String> = if values.is_empty() {
+                vec![]
+            } else {
+                vec!["release-catalog".into(), "ca".into()]
+            };
+            assert_eq!(names(&pod["volumes"]), expected, "{label}");
+            assert_eq!(
+                names(&pod["containers"][0]["volumeMounts"]),
+                expected,
+                "{label}"
+            );
         }
 
         // The API server validates every object (schemas of the built-in kinds and of the CRDs,
