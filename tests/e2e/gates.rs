@@ -341,6 +341,15 @@ async fn a_node_held_on_its_workload_node_is_skipped_and_named() {
     let calls = world.upgrade_calls();
     assert_eq!(calls.len(), 2, "{calls:?}");
     assert!(!calls.contains(&worker), "{calls:?}");
+
+    // A restarted controller keeps it held: no call, no second Event, the completion still names it.
+    let completed = world.annotation("talos-message").await;
+    world.restart_controller().await;
+    world.poke_and_wait(1).await;
+    world.poke_and_wait(2).await;
+    assert_eq!(world.annotation("talos-message").await, completed);
+    assert_eq!(world.upgrade_calls().len(), 2);
+    assert_eq!(world.event_count("NodeHeld").await, 1);
     world
         .ns
         .kubectl_ok(&["annotate", "node", &worker, &format!("{hold}-")])
