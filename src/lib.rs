@@ -21,6 +21,7 @@ pub mod credentials;
 pub mod drain;
 pub mod followers;
 pub mod holds;
+pub mod http_auth;
 pub mod inventory;
 pub mod kind_io;
 pub mod kubernetes_upgrade;

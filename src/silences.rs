@@ -22,18 +22,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
+use hyper::Method;
 use hyper::body::Bytes;
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, USER_AGENT};
-use hyper::{Method, Request};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::Api;
 use serde::{Deserialize, Serialize};
 
 use talos_upgrade_core::crd::KubernetesCluster;
@@ -44,6 +38,7 @@ use talos_upgrade_core::silences::{
 };
 
 use crate::holds::alerts;
+use crate::http_auth::{self, AuthError, ExchangeError, SecretAuth};
 use crate::metrics::Metrics;
 
 /// How long one request may take.
@@ -113,12 +108,7 @@ pub fn parse_silence_config(
     })
 }
 
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-fn http_client(roots: Option<rustls::RootCertStore>, https: bool) -> Result<HttpClient, String> {
-    let connector = alerts::connector(roots, https).map_err(|error| error.to_string())?;
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
-}
+type HttpClient = http_auth::HttpClient<Full<Bytes>>;
 
 /// The controller's Alertmanager: cheap to clone, shared by every reconcile.
 #[derive(Clone)]
@@ -128,25 +118,15 @@ pub struct Alertmanager {
 
 struct Inner {
     base: String,
-    loopback: bool,
-    auth_secret: Option<(String, String)>,
-    secrets: kube::Client,
+    /// The client, with the bearer token and CA of the auth Secret when there is one.
+    auth: SecretAuth<Full<Bytes>>,
     config: SilenceConfig,
     timeout: Duration,
     list_ttl: Duration,
-    secret_ttl: Duration,
-    plain: Option<HttpClient>,
-    auth: tokio::sync::Mutex<Option<CachedAuth>>,
     /// The controller's silences as last listed, kept current with its own writes.
     listing: tokio::sync::Mutex<Option<Listing>>,
     /// The last problem said of each cluster (namespace, name): said once per message.
     said: Mutex<HashMap<(String, String), String>>,
-}
-
-struct CachedAuth {
-    read_at: Instant,
-    bearer: Option<HeaderValue>,
-    client: HttpClient,
 }
 
 struct Listing {
@@ -159,7 +139,7 @@ impl std::fmt::Debug for Alertmanager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Alertmanager")
             .field("url", &self.inner.base)
-            .field("auth_secret", &self.inner.auth_secret)
+            .field("auth_secret", &self.inner.auth.secret())
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
@@ -259,22 +239,21 @@ impl Alertmanager {
             alerts::check_url(&config.url).map_err(|_| ConfigError::InvalidUrl {
                 url: config.url.clone(),
             })?;
-        let plain = match config.auth_secret {
-            Some(_) => None,
-            None => Some(http_client(None, https).map_err(ConfigError::RootCertificates)?),
-        };
+        let auth = SecretAuth::new(
+            https,
+            loopback,
+            config.auth_secret,
+            client,
+            config.secret_ttl,
+        )
+        .map_err(|error| ConfigError::RootCertificates(error.to_string()))?;
         Ok(Alertmanager {
             inner: Arc::new(Inner {
                 base: base.to_string(),
-                loopback,
-                auth_secret: config.auth_secret,
-                secrets: client,
+                auth,
                 config: config.silences,
                 timeout: config.timeout,
                 list_ttl: config.list_ttl,
-                secret_ttl: config.secret_ttl,
-                plain,
-                auth: tokio::sync::Mutex::new(None),
                 listing: tokio::sync::Mutex::new(None),
                 said: Mutex::new(HashMap::new()),
             }),
@@ -653,33 +632,19 @@ impl Alertmanager {
         body: Option<Vec<u8>>,
     ) -> Result<Bytes, String> {
         let (http, bearer) = self.connection().await?;
-        let mut request = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.inner.base))
-            .header(ACCEPT, "application/json")
-            .header(
-                USER_AGENT,
-                concat!("talos-upgrade-controller/", env!("CARGO_PKG_VERSION")),
-            );
+        let mut request = http_auth::request(method, format!("{}{path}", self.inner.base), bearer);
         if body.is_some() {
             request = request.header(CONTENT_TYPE, "application/json");
-        }
-        if let Some(bearer) = bearer {
-            request = request.header(AUTHORIZATION, bearer);
         }
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|_| "cannot build the request".to_string())?;
-        let response = http
-            .request(request)
+        let (status, answer) = http_auth::exchange(&http, request, MAX_ANSWER_BYTES)
             .await
-            .map_err(|error| format!("unreachable: {}", alerts::with_causes(&error)))?;
-        let status = response.status();
-        let answer = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await
-            .map_err(|error| format!("reading the answer failed: {error}"))?
-            .to_bytes();
+            .map_err(|error| match error {
+                ExchangeError::Unreachable(causes) => format!("unreachable: {causes}"),
+                ExchangeError::Reading(error) => format!("reading the answer failed: {error}"),
+            })?;
         if !status.is_success() {
             let hint = if matches!(status.as_u16(), 401 | 403) {
                 " (check the token of --alertmanager-auth-secret)"
@@ -696,66 +661,26 @@ impl Alertmanager {
     /// The client and Authorization header: from the auth Secret (read again once its TTL has
     /// passed), or the plain client without one.
     async fn connection(&self) -> Result<(HttpClient, Option<HeaderValue>), String> {
-        let Some((namespace, name)) = &self.inner.auth_secret else {
-            let plain = self
-                .inner
-                .plain
-                .clone()
-                .expect("built without an auth Secret");
-            return Ok((plain, None));
-        };
-        let mut cache = self.inner.auth.lock().await;
-        if let Some(cached) = cache
-            .as_ref()
-            .filter(|cached| cached.read_at.elapsed() < self.inner.secret_ttl)
-        {
-            return Ok((cached.client.clone(), cached.bearer.clone()));
-        }
-        let shown = format!("Secret {namespace}/{name} (--alertmanager-auth-secret)");
-        let secret = Api::<Secret>::namespaced(self.inner.secrets.clone(), namespace)
-            .get_opt(name)
-            .await
-            .map_err(|error| format!("cannot read the auth {shown}: {error}"))?
-            .ok_or_else(|| format!("the auth {shown} does not exist"))?;
-        let data = secret.data.unwrap_or_default();
-        let token = data
-            .get(alerts::TOKEN_KEY)
-            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_string())
-            .filter(|token| !token.is_empty());
-        let https = self.inner.base.starts_with("https://");
-        let bearer = match token {
-            None => None,
-            Some(_) if !https && !self.inner.loopback => {
-                return Err(format!(
+        self.inner.auth.connection().await.map_err(|problem| {
+            let (namespace, name) = self.inner.auth.secret().expect("only a Secret fails");
+            let shown = format!("Secret {namespace}/{name} (--alertmanager-auth-secret)");
+            match problem {
+                AuthError::Unreadable(error) => format!("cannot read the auth {shown}: {error}"),
+                AuthError::Missing => format!("the auth {shown} does not exist"),
+                AuthError::TokenOverPlainHttp => format!(
                     "refusing to send the bearer token of the auth {shown} over plain http: use an \
                      https URL"
-                ));
+                ),
+                AuthError::BadToken => format!(
+                    "the {:?} key of the auth {shown} is not a usable bearer token",
+                    alerts::TOKEN_KEY
+                ),
+                AuthError::BadCa(problem) => {
+                    format!("the {:?} key of the auth {shown} {problem}", alerts::CA_KEY)
+                }
+                AuthError::Client(error) => error,
             }
-            Some(token) => {
-                let mut value =
-                    HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                        format!(
-                            "the {:?} key of the auth {shown} is not a usable bearer token",
-                            alerts::TOKEN_KEY
-                        )
-                    })?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-        };
-        let roots = match data.get(alerts::CA_KEY) {
-            None => None,
-            Some(pem) => Some(alerts::ca_roots(&pem.0).map_err(|problem| {
-                format!("the {:?} key of the auth {shown} {problem}", alerts::CA_KEY)
-            })?),
-        };
-        let http = http_client(roots, https)?;
-        *cache = Some(CachedAuth {
-            read_at: Instant::now(),
-            bearer: bearer.clone(),
-            client: http.clone(),
-        });
-        Ok((http, bearer))
+        })
     }
 }
 

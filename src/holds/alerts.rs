@@ -23,20 +23,17 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::Empty;
+use hyper::Method;
+use hyper::Uri;
 use hyper::body::Bytes;
-use hyper::header::{ACCEPT, AUTHORIZATION, HeaderValue, USER_AGENT};
-use hyper::{Request, Uri};
+use hyper::header::HeaderValue;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::Api;
 use serde::Deserialize;
 
 use talos_upgrade_core::alert_gate::{
@@ -46,6 +43,8 @@ use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::holds::ExternalCheck;
 use talos_upgrade_core::intent::InvalidOption;
 use talos_upgrade_core::talos::Run;
+
+use crate::http_auth::{self, AuthError, ExchangeError, SecretAuth};
 
 /// The Secret key of the bearer token (optional).
 pub const TOKEN_KEY: &str = "token";
@@ -145,7 +144,7 @@ pub fn parse_selector(value: &str) -> Result<Selector, ConfigError> {
     })
 }
 
-type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+type HttpClient = http_auth::HttpClient<Empty<Bytes>>;
 
 /// The alert gate's Prometheus: cheap to clone, shared by every reconcile.
 #[derive(Clone)]
@@ -158,24 +157,10 @@ struct Inner {
     base: String,
     /// The base URL as it appears in messages (no user info: refused anyway).
     shown: String,
-    loopback: bool,
-    auth_secret: Option<(String, String)>,
-    /// The controller's own client, which reads the auth Secret.
-    secrets: kube::Client,
     selector: Selector,
     timeout: Duration,
-    secret_ttl: Duration,
-    /// Without an auth Secret: the one client, verifying against the platform's roots.
-    plain: Option<HttpClient>,
-    /// With one: what it held when last read, and the client built for its CA.
-    auth: tokio::sync::Mutex<Option<CachedAuth>>,
-}
-
-struct CachedAuth {
-    read_at: Instant,
-    /// The Authorization header, marked sensitive.
-    bearer: Option<HeaderValue>,
-    client: HttpClient,
+    /// The client, with the bearer token and CA of the auth Secret when there is one.
+    auth: SecretAuth<Empty<Bytes>>,
 }
 
 /// Never prints the token (it does not hold it outside the cache, and the cache is not printed).
@@ -183,7 +168,7 @@ impl std::fmt::Debug for Prometheus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prometheus")
             .field("url", &self.inner.shown)
-            .field("auth_secret", &self.inner.auth_secret)
+            .field("auth_secret", &self.inner.auth.secret())
             .field("selector", &self.inner.selector.to_string())
             .finish_non_exhaustive()
     }
@@ -194,22 +179,20 @@ impl Prometheus {
     /// `client` is the controller's own, which reads the auth Secret.
     pub fn new(config: AlertGateConfig, client: kube::Client) -> Result<Prometheus, ConfigError> {
         let (url, https, loopback) = check_url(&config.url)?;
-        let plain = match config.auth_secret {
-            Some(_) => None,
-            None => Some(http_client(None, https)?),
-        };
+        let auth = SecretAuth::new(
+            https,
+            loopback,
+            config.auth_secret,
+            client,
+            config.secret_ttl,
+        )?;
         Ok(Prometheus {
             inner: Arc::new(Inner {
                 base: url.to_string(),
                 shown: url.to_string(),
-                loopback,
-                auth_secret: config.auth_secret,
-                secrets: client,
                 selector: config.selector,
                 timeout: config.timeout,
-                secret_ttl: config.secret_ttl,
-                plain,
-                auth: tokio::sync::Mutex::new(None),
+                auth,
             }),
         })
     }
@@ -287,74 +270,32 @@ impl Prometheus {
     /// The client and Authorization header to use: from the auth Secret (read again once
     /// [`SECRET_TTL`] has passed), or the plain client without one.
     async fn connection(&self) -> Result<(HttpClient, Option<HeaderValue>), String> {
-        let Some((namespace, name)) = &self.inner.auth_secret else {
-            let plain = self
-                .inner
-                .plain
-                .clone()
-                .expect("built without an auth Secret");
-            return Ok((plain, None));
-        };
-        let mut cache = self.inner.auth.lock().await;
-        if let Some(cached) = cache
-            .as_ref()
-            .filter(|cached| cached.read_at.elapsed() < self.inner.secret_ttl)
-        {
-            return Ok((cached.client.clone(), cached.bearer.clone()));
-        }
-        let shown = format!("Secret {namespace}/{name} (--prometheus-auth-secret)");
-        let secret = Api::<Secret>::namespaced(self.inner.secrets.clone(), namespace)
-            .get_opt(name)
-            .await
-            .map_err(|error| {
-                format!("cannot read the Prometheus auth {shown}: {error}; the alert gate holds")
-            })?
-            .ok_or_else(|| {
-                format!("the Prometheus auth {shown} does not exist; the alert gate holds")
-            })?;
-        let data = secret.data.unwrap_or_default();
-        let token = data
-            .get(TOKEN_KEY)
-            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_string())
-            .filter(|token| !token.is_empty());
-        let https = self.inner.base.starts_with("https://");
-        let bearer = match token {
-            None => None,
-            Some(_) if !https && !self.inner.loopback => {
-                return Err(format!(
+        self.inner.auth.connection().await.map_err(|problem| {
+            let (namespace, name) = self.inner.auth.secret().expect("only a Secret fails");
+            let shown = format!("Secret {namespace}/{name} (--prometheus-auth-secret)");
+            match problem {
+                AuthError::Unreadable(error) => format!(
+                    "cannot read the Prometheus auth {shown}: {error}; the alert gate holds"
+                ),
+                AuthError::Missing => {
+                    format!("the Prometheus auth {shown} does not exist; the alert gate holds")
+                }
+                AuthError::TokenOverPlainHttp => format!(
                     "refusing to send the bearer token of the Prometheus auth {shown} over plain http \
                      to {}: use an https URL; the alert gate holds",
                     self.inner.shown
-                ));
-            }
-            Some(token) => {
-                let mut value =
-                    HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                        format!(
-                            "the {TOKEN_KEY:?} key of the Prometheus auth {shown} is not a usable \
-                         bearer token; the alert gate holds"
-                        )
-                    })?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-        };
-        let roots = match data.get(CA_KEY) {
-            None => None,
-            Some(pem) => Some(ca_roots(&pem.0).map_err(|problem| {
-                format!(
+                ),
+                AuthError::BadToken => format!(
+                    "the {TOKEN_KEY:?} key of the Prometheus auth {shown} is not a usable bearer \
+                     token; the alert gate holds"
+                ),
+                AuthError::BadCa(problem) => format!(
                     "the {CA_KEY:?} key of the Prometheus auth {shown} {problem}; the alert gate \
                      holds"
-                )
-            })?),
-        };
-        let http = http_client(roots, https).map_err(|error| format!("{error}"))?;
-        *cache = Some(CachedAuth {
-            read_at: Instant::now(),
-            bearer: bearer.clone(),
-            client: http.clone(),
-        });
-        Ok((http, bearer))
+                ),
+                AuthError::Client(error) => error,
+            }
+        })
     }
 
     /// One instant query; the series of its vector, or why there are none to be had.
@@ -366,30 +307,20 @@ impl Prometheus {
     ) -> Result<Vec<Series>, String> {
         let shown = &self.inner.shown;
         let uri = format!("{}/api/v1/query?query={}", self.inner.base, encode(query));
-        let mut request = Request::get(uri).header(ACCEPT, "application/json").header(
-            USER_AGENT,
-            concat!("talos-upgrade-controller/", env!("CARGO_PKG_VERSION")),
-        );
-        if let Some(bearer) = bearer {
-            request = request.header(AUTHORIZATION, bearer.clone());
-        }
-        let request = request
+        let request = http_auth::request(Method::GET, uri, bearer.cloned())
             .body(Empty::<Bytes>::new())
             .map_err(|_| format!("cannot build a query for Prometheus at {shown}"))?;
-        let response = http.request(request).await.map_err(|error| {
-            format!(
-                "Prometheus at {shown} is unreachable: {}; the alert gate holds until it answers",
-                with_causes(&error)
-            )
-        })?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
+        let (status, body) = http_auth::exchange(http, request, MAX_ANSWER_BYTES)
             .await
-            .map_err(|error| {
-                format!("reading the answer of Prometheus at {shown} failed: {error}; the alert gate holds")
-            })?
-            .to_bytes();
+            .map_err(|error| match error {
+                ExchangeError::Unreachable(causes) => format!(
+                    "Prometheus at {shown} is unreachable: {causes}; the alert gate holds until it \
+                     answers"
+                ),
+                ExchangeError::Reading(error) => format!(
+                    "reading the answer of Prometheus at {shown} failed: {error}; the alert gate holds"
+                ),
+            })?;
         let answer: ApiAnswer = match serde_json::from_slice(&body) {
             Ok(answer) => answer,
             Err(_) if !status.is_success() => {
@@ -466,16 +397,7 @@ struct Sample {
     value: (f64, String),
 }
 
-/// A client verifying `https` against `roots` (`None`: the platform's roots, loaded only for https).
-fn http_client(
-    roots: Option<rustls::RootCertStore>,
-    https: bool,
-) -> Result<HttpClient, ConfigError> {
-    Ok(Client::builder(TokioExecutor::new()).build(connector(roots, https)?))
-}
-
-/// The connector of [`http_client`], for any request body (the Alertmanager client of
-/// [`crate::silences`] posts silences): `https` verified against `roots` (`None`: the platform's
+/// The connector of [`crate::http_auth`]'s clients, for any request body: `https` verified against `roots` (`None`: the platform's
 /// roots), never unverified.
 pub(crate) fn connector(
     roots: Option<rustls::RootCertStore>,
