@@ -461,35 +461,9 @@ async fn an_unreachable_source_reports_why() {
 /// request with `body`. Returns its base URL and the CA to trust. A hand-written HTTP/1.1 answer
 /// keeps the test to what is under test: the client's TLS verification.
 async fn serve_https(body: &'static str) -> (String, rustls::RootCertStore) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    let ca_key = rcgen::KeyPair::generate().expect("CA key");
-    let mut ca_params = rcgen::CertificateParams::default();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let server_key = rcgen::KeyPair::generate().expect("server key");
-    let mut server_params = rcgen::CertificateParams::default();
-    server_params.subject_alt_names = vec![rcgen::SanType::IpAddress(
-        std::net::Ipv4Addr::LOCALHOST.into(),
-    )];
-    let server_cert = server_params
-        .signed_by(&server_key, &issuer)
-        .expect("server certificate");
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca_cert.der().clone()).expect("CA certificate");
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("protocol versions")
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![server_cert.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
-    )
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let pki = testenv::loopback_tls::LoopbackTls::generate();
+    let roots = pki.roots();
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
@@ -502,20 +476,13 @@ async fn serve_https(body: &'static str) -> (String, rustls::RootCertStore) {
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
                     return;
                 };
-                let mut request = Vec::new();
-                let mut buffer = [0u8; 1024];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buffer[..n]),
-                    }
+                if testenv::loopback_tls::read_request_head(&mut tls)
+                    .await
+                    .is_none()
+                {
+                    return;
                 }
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = tls.write_all(answer.as_bytes()).await;
-                let _ = tls.shutdown().await;
+                testenv::loopback_tls::answer_json(&mut tls, "200 OK", body).await;
             });
         }
     });

@@ -422,33 +422,8 @@ async fn tls_proxy(
     token: &'static str,
     stop: &CancellationToken,
 ) -> (String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    let ca_key = rcgen::KeyPair::generate().expect("CA key");
-    let mut ca_params = rcgen::CertificateParams::default();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let server_key = rcgen::KeyPair::generate().expect("server key");
-    let mut server_params = rcgen::CertificateParams::default();
-    server_params.subject_alt_names = vec![rcgen::SanType::IpAddress(
-        std::net::Ipv4Addr::LOCALHOST.into(),
-    )];
-    let server_cert = server_params
-        .signed_by(&server_key, &issuer)
-        .expect("server certificate");
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("protocol versions")
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![server_cert.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
-    )
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let pki = testenv::loopback_tls::LoopbackTls::generate();
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -471,21 +446,10 @@ async fn tls_proxy(
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
                     return;
                 };
-                let mut head = Vec::new();
-                let mut buffer = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buffer[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&head).into_owned();
-                let path = head
-                    .lines()
-                    .next()
-                    .and_then(|line| line.split(' ').nth(1))
-                    .unwrap_or("/")
-                    .to_string();
+                let Some(head) = testenv::loopback_tls::read_request_head(&mut tls).await else {
+                    return;
+                };
+                let path = testenv::loopback_tls::request_target(&head).to_string();
                 let authorized = head.lines().any(|line| {
                     line.split_once(':').is_some_and(|(name, value)| {
                         name.eq_ignore_ascii_case("authorization")
@@ -505,14 +469,10 @@ async fn tls_proxy(
                     401 => "Unauthorized",
                     _ => "Error",
                 };
-                let answer = format!(
-                    "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = tls.write_all(answer.as_bytes()).await;
-                let _ = tls.shutdown().await;
+                let status = format!("{status} {reason}");
+                testenv::loopback_tls::answer_json(&mut tls, &status, &body).await;
             });
         }
     });
-    (format!("https://{address}"), ca_cert.pem())
+    (format!("https://{address}"), pki.ca_pem)
 }

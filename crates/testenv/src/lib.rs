@@ -11,6 +11,7 @@
 mod binaries;
 mod control_plane;
 mod kubeconfig;
+pub mod loopback_tls;
 mod pki;
 mod process;
 pub mod script;
