@@ -162,13 +162,27 @@ async fn assert_held(world: &World, words: &str) -> String {
     message
 }
 
+/// The switches, and a real Prometheus scraping them with [`RULES`]; the switches stop with `stop`.
+async fn switches_and_prometheus(stop: &CancellationToken) -> (Switches, Prometheus) {
+    tool("prometheus");
+    let switches = Switches::start(stop).await;
+    let prometheus = Prometheus::start(std::slice::from_ref(&switches.address), RULES).await;
+    (switches, prometheus)
+}
+
+/// The run completes, every node upgraded once.
+async fn assert_completed(world: &World) {
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    world.assert_each_node_upgraded_once(3);
+}
+
 #[tokio::test]
 async fn a_firing_critical_alert_holds_the_run_across_a_restart_until_it_resolves() {
-    tool("prometheus");
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
-    let switches = Switches::start(&stop).await;
-    let prometheus = Prometheus::start(std::slice::from_ref(&switches.address), RULES).await;
+    let (switches, prometheus) = switches_and_prometheus(&stop).await;
     let mut world = World::start("alert-hold", spec()).await;
     // The operator-wide selector scopes alerts to each cluster through a placeholder.
     world.set_alert_gate(gate(
@@ -210,21 +224,16 @@ async fn a_firing_critical_alert_holds_the_run_across_a_restart_until_it_resolve
 
     // Resolved: the run goes on, every node once.
     switches.set(&critical(&world.ns.name), false);
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    assert_completed(&world).await;
     // Still firing for the other namespace all along.
     wait_for_alert(&prometheus, "E2ECritical", true).await;
 }
 
 #[tokio::test]
 async fn an_alert_on_the_node_the_upgrade_reboots_does_not_hold_it() {
-    tool("prometheus");
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
-    let switches = Switches::start(&stop).await;
-    let prometheus = Prometheus::start(std::slice::from_ref(&switches.address), RULES).await;
+    let (switches, prometheus) = switches_and_prometheus(&stop).await;
     let mut world = World::start("alert-node", spec()).await;
     world.set_alert_gate(gate(&prometheus.base, r#"{severity="critical"}"#));
     let first = world.node("worker-1");
@@ -245,10 +254,7 @@ async fn an_alert_on_the_node_the_upgrade_reboots_does_not_hold_it() {
     world.wait_for_reconciles(3, PATIENCE).await;
     world.sim.clear_faults(&first).expect("clear");
 
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    assert_completed(&world).await;
     wait_for_alert(&prometheus, "E2ENodeTrouble", true).await;
     // Never held on it, not even for a moment.
     let messages = log.values("talos-message");
@@ -260,11 +266,9 @@ async fn an_alert_on_the_node_the_upgrade_reboots_does_not_hold_it() {
 
 #[tokio::test]
 async fn the_cluster_annotation_narrows_and_widens_the_gate() {
-    tool("prometheus");
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
-    let switches = Switches::start(&stop).await;
-    let prometheus = Prometheus::start(std::slice::from_ref(&switches.address), RULES).await;
+    let (switches, prometheus) = switches_and_prometheus(&stop).await;
     let mut world = World::start("alert-annotation", spec()).await;
     world.set_alert_gate(gate(&prometheus.base, r#"{severity="critical"}"#));
     switches.set(WARNING, true);
@@ -302,10 +306,7 @@ async fn the_cluster_annotation_narrows_and_widens_the_gate() {
 
     // Narrowed to one critical alert that is not firing: the warning no longer holds.
     world.annotate("alert-gate", "alerts: E2ECritical").await;
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    assert_completed(&world).await;
 }
 
 #[tokio::test]
@@ -340,11 +341,9 @@ async fn an_unreachable_prometheus_holds_and_never_counts_as_no_alerts() {
 
 #[tokio::test]
 async fn a_bearer_token_and_a_ca_from_a_secret_reach_prometheus_over_verified_tls() {
-    tool("prometheus");
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
-    let switches = Switches::start(&stop).await;
-    let prometheus = Prometheus::start(std::slice::from_ref(&switches.address), RULES).await;
+    let (switches, prometheus) = switches_and_prometheus(&stop).await;
     const TOKEN: &str = "e2e-secret-token-7f3a";
     let (proxy, ca_pem) = tls_proxy(&prometheus.base, TOKEN, &stop).await;
     let mut world = World::start("alert-tls", spec()).await;
@@ -385,10 +384,7 @@ async fn a_bearer_token_and_a_ca_from_a_secret_reach_prometheus_over_verified_tl
     apply_secret(&world, secret(TOKEN, Some(&ca_pem))).await;
     assert_held(&world, "alerts firing: E2ECritical").await;
     switches.set(&critical(&world.ns.name), false);
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    assert_completed(&world).await;
 
     // The token was never shown.
     let annotations = world.jsonpath("{.metadata.annotations}").await;

@@ -134,17 +134,46 @@ async fn assert_held(world: &World, words: &str) -> String {
     message
 }
 
+/// Sets the checks to `checks` and asserts that the run holds saying `words` ([`assert_held`]).
+async fn checks_hold(world: &World, checks: &str, words: &str) {
+    world.annotate("health-checks", checks).await;
+    assert_held(world, words).await;
+}
+
+/// Once the controller has read the cluster, the storage check and a run to 1.12.0.
+async fn start_with_storage_check(world: &World) {
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world.annotate("health-checks", &storage_check(world)).await;
+    world.annotate("talos-target", "1.12.0").await;
+}
+
+/// The run completes, every node upgraded once.
+async fn assert_completed(world: &World) {
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    world.assert_each_node_upgraded_once(3);
+}
+
+/// Writes the Available condition of Deployment `web`, as the deployment controller would.
+async fn set_availability(deployments: &Api<Deployment>, status: &str, reason: &str) {
+    let availability = json!({"status": {"conditions": [{
+        "type": "Available", "status": status, "reason": reason,
+        "message": "Deployment does not have minimum availability.",
+    }]}});
+    deployments
+        .patch_status("web", &PatchParams::default(), &Patch::Merge(availability))
+        .await
+        .expect("the Deployment's status");
+}
+
 #[tokio::test]
 async fn a_failing_check_holds_the_run_across_a_restart_until_the_object_is_healthy() {
     let world = World::start("health-hold", small()).await;
     create_storage(&world, "ceph", "HEALTH_WARN").await;
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world
-        .annotate("health-checks", &storage_check(&world))
-        .await;
-    world.annotate("talos-target", "1.12.0").await;
+    start_with_storage_check(&world).await;
 
     let expected = format!(
         "Waiting: health check \"storage\" failing: StorageHealth {}/ceph: object.status.health == \
@@ -170,10 +199,7 @@ async fn a_failing_check_holds_the_run_across_a_restart_until_the_object_is_heal
 
     // The storage system recovers: the run goes on, every node once.
     set_storage(&world, "ceph", "HEALTH_OK").await;
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    assert_completed(&world).await;
     assert_eq!(
         hold_metric(&world, "talos_upgrade_hold").as_deref(),
         Some("0")
@@ -204,20 +230,7 @@ async fn available_conditions_missing_objects_and_unknown_kinds_hold_and_say_why
         .create(&PostParams::default(), &deployment)
         .await
         .expect("create the Deployment");
-    let availability = |status: &str, reason: &str| {
-        json!({"status": {"conditions": [{
-            "type": "Available", "status": status, "reason": reason,
-            "message": "Deployment does not have minimum availability.",
-        }]}})
-    };
-    deployments
-        .patch_status(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(availability("False", "MinimumReplicasUnavailable")),
-        )
-        .await
-        .expect("the Deployment's status");
+    set_availability(&deployments, "False", "MinimumReplicasUnavailable").await;
     world
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;
@@ -240,48 +253,33 @@ async fn available_conditions_missing_objects_and_unknown_kinds_hold_and_say_why
     .await;
 
     // A group the cluster does not serve.
-    world
-        .annotate(
-            "health-checks",
-            "[{check: rook, apiVersion: ceph.rook.io/v1, kind: CephCluster, namespace: rook-ceph, \
-             name: rook-ceph, condition: 'cel: object.status.ceph.health == \"HEALTH_OK\"'}]",
-        )
-        .await;
-    assert_held(
+    checks_hold(
         &world,
+        "[{check: rook, apiVersion: ceph.rook.io/v1, kind: CephCluster, namespace: rook-ceph, \
+             name: rook-ceph, condition: 'cel: object.status.ceph.health == \"HEALTH_OK\"'}]",
         "health check \"rook\" cannot be evaluated: no kind CephCluster in ceph.rook.io/v1: the \
          cluster does not serve ceph.rook.io/v1",
     )
     .await;
 
     // A named object that is not there, and a selector that matches nothing: a typo holds.
-    world
-        .annotate(
-            "health-checks",
-            &format!(
-                "[{{check: storage, apiVersion: {GROUP}/v1, kind: StorageHealth, namespace: {ns}, \
-                 name: cepth, condition: 'cel: object.status.health == \"HEALTH_OK\"'}}]"
-            ),
-        )
-        .await;
-    assert_held(
+    checks_hold(
         &world,
+        &format!(
+            "[{{check: storage, apiVersion: {GROUP}/v1, kind: StorageHealth, namespace: {ns}, \
+                 name: cepth, condition: 'cel: object.status.health == \"HEALTH_OK\"'}}]"
+        ),
         &format!(
             "health check \"storage\" cannot be evaluated: StorageHealth {ns}/cepth not found"
         ),
     )
     .await;
-    world
-        .annotate(
-            "health-checks",
-            &format!(
-                "[{{check: web, apiVersion: apps/v1, kind: Deployment, namespace: {ns}, selector: \
-                 app=wbe, condition: Available}}]"
-            ),
-        )
-        .await;
-    assert_held(
+    checks_hold(
         &world,
+        &format!(
+            "[{{check: web, apiVersion: apps/v1, kind: Deployment, namespace: {ns}, selector: \
+                 app=wbe, condition: Available}}]"
+        ),
         &format!(
             "health check \"web\" cannot be evaluated: no Deployment in namespace {ns} matches the \
              selector app=wbe"
@@ -290,37 +288,22 @@ async fn available_conditions_missing_objects_and_unknown_kinds_hold_and_say_why
     .await;
 
     // The Deployment's Available condition, with both checks: the failing one is named.
-    world
-        .annotate(
-            "health-checks",
-            &format!(
-                "[{{check: storage, apiVersion: {GROUP}/v1, kind: StorageHealth, namespace: {ns}, \
+    checks_hold(
+        &world,
+        &format!(
+            "[{{check: storage, apiVersion: {GROUP}/v1, kind: StorageHealth, namespace: {ns}, \
                  selector: app=storage, condition: 'cel: object.status.health == \"HEALTH_OK\"'}}, \
                  {{check: web, apiVersion: apps/v1, kind: Deployment, namespace: {ns}, selector: \
                  app=web, condition: Available}}]"
-            ),
-        )
-        .await;
-    assert_held(
-        &world,
+        ),
         &format!(
             "health check \"web\" failing: Deployment {ns}/web: condition Available is False \
              (MinimumReplicasUnavailable: Deployment does not have minimum availability.)"
         ),
     )
     .await;
-    deployments
-        .patch_status(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(availability("True", "MinimumReplicasAvailable")),
-        )
-        .await
-        .expect("the Deployment's status");
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    set_availability(&deployments, "True", "MinimumReplicasAvailable").await;
+    assert_completed(&world).await;
 }
 
 #[tokio::test]
@@ -377,10 +360,7 @@ async fn an_invalid_annotation_keeps_the_run_from_starting_and_touches_no_node()
 
     // Without the checks, the run starts.
     world.remove_annotation("health-checks").await;
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    assert_completed(&world).await;
 }
 
 #[tokio::test]
@@ -394,13 +374,7 @@ async fn a_check_failing_mid_run_holds_the_next_node_while_the_node_in_flight_fi
         .sim
         .inject_fault(&first, Fault::NeverReturns)
         .expect("fault");
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world
-        .annotate("health-checks", &storage_check(&world))
-        .await;
-    world.annotate("talos-target", "1.12.0").await;
+    start_with_storage_check(&world).await;
     wait_for_message(&world, &format!("node {first}")).await;
 
     // The storage system degrades while the first node is down; the node still finishes.
@@ -421,10 +395,7 @@ async fn a_check_failing_mid_run_holds_the_next_node_while_the_node_in_flight_fi
     assert_eq!(world.upgrade_calls(), vec![first]);
 
     set_storage(&world, "ceph", "HEALTH_OK").await;
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    assert_completed(&world).await;
 }
 
 #[tokio::test]
@@ -473,13 +444,7 @@ async fn a_read_the_workload_credentials_may_not_make_holds_and_never_shows_them
         )
         .await
         .expect("the credentials Secret's kube.config");
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world
-        .annotate("health-checks", &storage_check(&world))
-        .await;
-    world.annotate("talos-target", "1.12.0").await;
+    start_with_storage_check(&world).await;
 
     let message = assert_held(
         &world,
@@ -518,8 +483,5 @@ async fn a_read_the_workload_credentials_may_not_make_holds_and_never_shows_them
         .create(&PostParams::default(), &reading)
         .await
         .expect("create the RoleBinding");
-    world
-        .wait_for_annotation("talos-status", "completed", "180s")
-        .await;
-    world.assert_each_node_upgraded_once(3);
+    assert_completed(&world).await;
 }

@@ -295,6 +295,31 @@ fn cluster_matcher(world: &World) -> String {
     format!("cluster={}-id", world.ns.name)
 }
 
+/// Starts the controller on `world` and waits until it has read the cluster's Talos version.
+async fn watching(world: &World) {
+    world.start_controller();
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+}
+
+/// An Alertmanager, and a world named after `prefix` whose controller silences in it, watching.
+async fn watched(prefix: &str) -> (Alertmanager, World) {
+    let alertmanager = Alertmanager::start().await;
+    let world = world(prefix, &alertmanager.base).await;
+    watching(&world).await;
+    (alertmanager, world)
+}
+
+/// Starts a run in `alert-silences: run` mode to 1.12.0 that holds in its soak after the first
+/// node (`soak-after-node: 1h`), and waits for the soak.
+async fn run_into_soak(world: &World) {
+    world.annotate("alert-silences", "run").await;
+    world.annotate("soak-after-node", "1h").await;
+    world.annotate("talos-target", "1.12.0").await;
+    wait_for_soak(world).await;
+}
+
 /// Waits until the run holds in its soak after the first node (`soak-after-node: 1h`).
 async fn wait_for_soak(world: &World) {
     world
@@ -440,16 +465,8 @@ async fn node_mode(prefix: &str, from: &'static str, to: &str) {
 
 #[tokio::test]
 async fn run_mode_keeps_one_silence_extends_it_and_expires_it_when_the_run_completes() {
-    let alertmanager = Alertmanager::start().await;
-    let world = world("silence-run", &alertmanager.base).await;
-    world.start_controller();
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world.annotate("alert-silences", "run").await;
-    world.annotate("soak-after-node", "1h").await;
-    world.annotate("talos-target", "1.12.0").await;
-    wait_for_soak(&world).await;
+    let (alertmanager, world) = watched("silence-run").await;
+    run_into_soak(&world).await;
 
     // One silence for every node of the run, held between nodes too.
     let silence = the_run_silence(&alertmanager, &world).await;
@@ -500,12 +517,7 @@ async fn run_mode_keeps_one_silence_extends_it_and_expires_it_when_the_run_compl
 
 #[tokio::test]
 async fn run_mode_expires_the_silence_when_the_run_fails() {
-    let alertmanager = Alertmanager::start().await;
-    let world = world("silence-fail", &alertmanager.base).await;
-    world.start_controller();
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
+    let (alertmanager, world) = watched("silence-fail").await;
     // Workers go first: the first one falls back to its old version.
     world
         .sim
@@ -523,16 +535,8 @@ async fn run_mode_expires_the_silence_when_the_run_fails() {
 
 #[tokio::test]
 async fn run_mode_expires_the_silence_when_the_target_is_removed_mid_run() {
-    let alertmanager = Alertmanager::start().await;
-    let world = world("silence-untarget", &alertmanager.base).await;
-    world.start_controller();
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world.annotate("alert-silences", "run").await;
-    world.annotate("soak-after-node", "1h").await;
-    world.annotate("talos-target", "1.12.0").await;
-    wait_for_soak(&world).await;
+    let (alertmanager, world) = watched("silence-untarget").await;
+    run_into_soak(&world).await;
     let silence = the_run_silence(&alertmanager, &world).await;
     world.remove_annotation("talos-target").await;
     assert_none_active(&alertmanager, &world).await;
@@ -546,16 +550,8 @@ async fn run_mode_expires_the_silence_when_the_target_is_removed_mid_run() {
 
 #[tokio::test]
 async fn run_mode_expires_the_silence_when_the_cluster_is_deleted_mid_run() {
-    let alertmanager = Alertmanager::start().await;
-    let world = world("silence-delete", &alertmanager.base).await;
-    world.start_controller();
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world.annotate("alert-silences", "run").await;
-    world.annotate("soak-after-node", "1h").await;
-    world.annotate("talos-target", "1.12.0").await;
-    wait_for_soak(&world).await;
+    let (alertmanager, world) = watched("silence-delete").await;
+    run_into_soak(&world).await;
     the_run_silence(&alertmanager, &world).await;
     // Nothing of the controller's holds the deletion up; the watch sees it go.
     world
@@ -614,14 +610,8 @@ async fn a_restarted_controller_reuses_its_silence_and_expires_the_one_of_a_run_
             .filter(|s| id(s) != namesake)
             .collect::<Vec<Value>>()
     };
-    world.start_controller();
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world.annotate("alert-silences", "run").await;
-    world.annotate("soak-after-node", "1h").await;
-    world.annotate("talos-target", "1.12.0").await;
-    wait_for_soak(&world).await;
+    watching(&world).await;
+    run_into_soak(&world).await;
     alertmanager
         .wait_for("the run's silence", || async { own().await.len() == 1 })
         .await;
@@ -690,10 +680,7 @@ async fn an_unreachable_alertmanager_never_stops_the_upgrade_and_is_reported_wit
         auth_secret: Some((world.ns.name.clone(), "am-auth".to_string())),
         ..config(&url)
     });
-    world.start_controller();
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
+    watching(&world).await;
     world.annotate("talos-target", "1.12.0").await;
     world
         .wait_for_annotation("talos-status", "completed", "180s")
@@ -736,12 +723,7 @@ async fn an_unreachable_alertmanager_never_stops_the_upgrade_and_is_reported_wit
 
 #[tokio::test]
 async fn an_invalid_mode_is_refused_and_touches_no_node() {
-    let alertmanager = Alertmanager::start().await;
-    let world = world("silence-invalid", &alertmanager.base).await;
-    world.start_controller();
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
+    let (alertmanager, world) = watched("silence-invalid").await;
     world.annotate("alert-silences", "nodes").await;
     world.annotate("talos-target", "1.12.0").await;
     let message = world
