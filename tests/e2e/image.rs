@@ -331,36 +331,10 @@ async fn the_image_runs_as_the_controller_upgrades_a_cluster_and_stops_cleanly_o
 /// no CA bundle anywhere). Returns its base URL and the CA's PEM. A hand-written HTTP/1.1 answer, one
 /// request per connection: what is under test is which roots the client trusts.
 async fn serve_releases_over_https(talos: &[&str], kubernetes: &[&str]) -> (String, String) {
-    use std::sync::Arc;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     let versions = serde_json::json!(talos).to_string();
     let tags = serde_json::json!({"name": "kube-apiserver", "tags": kubernetes}).to_string();
-    let ca_key = rcgen::KeyPair::generate().expect("CA key");
-    let mut ca_params = rcgen::CertificateParams::default();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let server_key = rcgen::KeyPair::generate().expect("server key");
-    let mut server_params = rcgen::CertificateParams::default();
-    server_params.subject_alt_names = vec![rcgen::SanType::IpAddress(
-        std::net::Ipv4Addr::LOCALHOST.into(),
-    )];
-    let server_cert = server_params
-        .signed_by(&server_key, &issuer)
-        .expect("server certificate");
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("protocol versions")
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![server_cert.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
-    )
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let pki = testenv::loopback_tls::LoopbackTls::generate();
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
@@ -374,36 +348,21 @@ async fn serve_releases_over_https(talos: &[&str], kubernetes: &[&str]) -> (Stri
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
                     return;
                 };
-                let mut head = Vec::new();
-                let mut buffer = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buffer[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&head).into_owned();
-                let target = head
-                    .lines()
-                    .next()
-                    .and_then(|line| line.split(' ').nth(1))
-                    .unwrap_or("/");
+                let Some(head) = testenv::loopback_tls::read_request_head(&mut tls).await else {
+                    return;
+                };
+                let target = testenv::loopback_tls::request_target(&head);
                 let path = target.split('?').next().unwrap_or(target);
                 let (status, body) = match path {
                     "/versions" => ("200 OK", versions),
                     "/v2/kube-apiserver/tags/list" => ("200 OK", tags),
                     _ => ("404 Not Found", "{}".to_string()),
                 };
-                let answer = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = tls.write_all(answer.as_bytes()).await;
-                let _ = tls.shutdown().await;
+                testenv::loopback_tls::answer_json(&mut tls, status, &body).await;
             });
         }
     });
-    (format!("https://{address}"), ca_cert.pem())
+    (format!("https://{address}"), pki.ca_pem)
 }
 
 /// The image's CA roots are what the live release sources trust. A source of the test's own, over
