@@ -38,6 +38,11 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// does not offer HTTP/2.
 const POOL_MAX_IDLE_PER_HOST: usize = 25;
 
+/// How many servers' TLS sessions a client remembers for resumption. A client reaches one API server,
+/// under one name (its kubeconfig's server); rustls's default cache holds 256 and allocates them up
+/// front, about 14 KB per client, which is one per workload cluster.
+const SESSION_CACHE_SERVERS: usize = 1;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiClientError {
     #[error(transparent)]
@@ -56,8 +61,12 @@ pub fn client(config: kube::Config) -> Result<kube::Client, ApiClientError> {
     // client-go set TCP_NODELAY on every connection too.
     http.set_nodelay(true);
 
+    // kube's configuration as it is (the kubeconfig's CA as the only trust root when it names one, its
+    // client identity), with a smaller session cache.
+    let mut tls = config.rustls_client_config()?;
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSION_CACHE_SERVERS);
     let mut https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config.rustls_client_config()?)
+        .with_tls_config(tls)
         .https_or_http();
     if let Some(name) = &config.tls_server_name {
         let server_name = rustls::pki_types::ServerName::try_from(name.clone())
