@@ -406,7 +406,7 @@ async fn get(sources: &Sources, start: &Uri, limit: usize) -> Result<Page, Fetch
                 .await
                 .map_err(|error| FetchError::Request {
                     url: redacted(&uri),
-                    reason: with_causes(&error),
+                    reason: crate::http_auth::with_causes(&error),
                 })?;
         let status = response.status();
         if status.is_redirection() {
@@ -470,18 +470,6 @@ async fn get(sources: &Sources, start: &Uri, limit: usize) -> Result<Page, Fetch
     Err(FetchError::TooManyRedirects {
         url: redacted(start),
     })
-}
-
-/// An error and its chain of causes, `outer: inner: innermost`.
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
 }
 
 /// Resolve a `Location` or `Link` target: absolute URLs as they are, absolute paths against the

@@ -183,7 +183,7 @@ pub fn request(
 /// Why an exchange brought no answer.
 #[derive(Debug)]
 pub enum ExchangeError {
-    /// No answer came: the error and its causes ([`alerts::with_causes`]).
+    /// No answer came: the error and its causes ([`with_causes`]).
     Unreachable(String),
     /// The answer's body could not be read, or is longer than allowed.
     Reading(String),
@@ -203,7 +203,7 @@ where
     let response = http
         .request(request)
         .await
-        .map_err(|error| ExchangeError::Unreachable(alerts::with_causes(&error)))?;
+        .map_err(|error| ExchangeError::Unreachable(with_causes(&error)))?;
     let status = response.status();
     let body = Limited::new(response.into_body(), max_bytes)
         .collect()
@@ -211,4 +211,17 @@ where
         .map_err(|error| ExchangeError::Reading(error.to_string()))?
         .to_bytes();
     Ok((status, body))
+}
+
+/// An error and its causes, `outer: inner: innermost` (hyper's own message alone does not say
+/// whether the connection or the certificate failed).
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }

@@ -439,19 +439,6 @@ pub(crate) fn ca_roots(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
     Ok(roots)
 }
 
-/// An error and its causes, `outer: inner: innermost` (hyper's own message alone does not say
-/// whether the connection or the certificate failed).
-pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
-}
-
 /// Percent-encoding of a query parameter value.
 fn encode(value: &str) -> String {
     let mut encoded = String::with_capacity(value.len() * 3);
