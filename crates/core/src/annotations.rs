@@ -71,6 +71,12 @@ pub const SOAK_AFTER_NODE: &str = "upgrade.vitistack.io/soak-after-node";
 pub const SOAK_AFTER_CONTROL_PLANES: &str = "upgrade.vitistack.io/soak-after-control-planes";
 /// A whole number ≥ 1: the canary; after this many nodes upgraded, the run pauses once.
 pub const PAUSE_AFTER_NODES: &str = "upgrade.vitistack.io/pause-after-nodes";
+/// `multi-hop`: a target that needs several steps becomes a plan of hops (`core::plan`); absent or
+/// `single-step`: one step, as the protocol's version rules say.
+pub const UPGRADE_PLAN: &str = "upgrade.vitistack.io/upgrade-plan";
+/// `"true"`: a dry run: the controller shows the plan it would run (Event and `plan-message`) and
+/// touches no node.
+pub const PLAN_PREVIEW: &str = "upgrade.vitistack.io/plan-preview";
 
 /// `"true"` on a node's vitistack Machine (management cluster) or its workload Node: Talos runs skip
 /// the node (a node in flight finishes) and complete without it, naming it. Not a key of the
@@ -101,9 +107,11 @@ pub const TALOS_PROGRESS: &str = "upgrade.vitistack.io/talos-progress";
 pub const KUBERNETES_PROGRESS: &str = "upgrade.vitistack.io/kubernetes-progress";
 /// Comma-separated nodes that failed in the last run; removed on success or reset.
 pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
+/// The multi-hop plan: the hop in progress, what is done and what is left (or the preview).
+pub const PLAN_MESSAGE: &str = "upgrade.vitistack.io/plan-message";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 20] = [
+pub const USER_KEYS: [&str; 22] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -124,11 +132,13 @@ pub const USER_KEYS: [&str; 20] = [
     SOAK_AFTER_NODE,
     SOAK_AFTER_CONTROL_PLANES,
     PAUSE_AFTER_NODES,
+    UPGRADE_PLAN,
+    PLAN_PREVIEW,
 ];
 
 /// Every key the controller writes. The controller must never rewrite a key outside this list
 /// (protocol: "the user's own keys are never rewritten"); it only removes the one-shot user keys.
-pub const CONTROLLER_KEYS: [&str; 11] = [
+pub const CONTROLLER_KEYS: [&str; 12] = [
     TALOS_CURRENT,
     KUBERNETES_CURRENT,
     TALOS_AVAILABLE,
@@ -140,6 +150,7 @@ pub const CONTROLLER_KEYS: [&str; 11] = [
     TALOS_PROGRESS,
     KUBERNETES_PROGRESS,
     FAILED_NODES,
+    PLAN_MESSAGE,
 ];
 
 /// The two upgrades the controller runs. Each has its own target, status, message, progress, current,
@@ -393,7 +404,7 @@ mod tests {
             assert!(!name.is_empty() && !name.contains('/'), "{key}");
             assert!(seen.insert(*key), "duplicate key {key}");
         }
-        assert_eq!(seen.len(), 31);
+        assert_eq!(seen.len(), 34);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::alert_gate::AlertGate;
 use crate::annotations::{self, UpgradeKind};
 use crate::health_checks::HealthChecks;
 use crate::holds::{self, MaintenanceWindows};
+use crate::plan::PlanMode;
 pub use crate::run::UpgradeOrder;
 use crate::silences::SilenceMode;
 use crate::talos::installer::{self, InstallerOverride};
@@ -127,6 +128,12 @@ pub struct UpgradeIntent {
     /// `do-not-reconcile` holds a non-empty value (any value, even `"false"`, as vitistack's
     /// talos-operator reads it): the controller touches nothing on the cluster.
     pub do_not_reconcile: bool,
+    /// `upgrade-plan`: whether a target that needs several steps becomes a plan. An `Err` names the
+    /// accepted values, and the one-step rules apply until it is fixed (refusing a far target is
+    /// reversible, a plan the user did not ask for is not).
+    pub upgrade_plan: Result<PlanMode, InvalidOption>,
+    /// `plan-preview: "true"`: show the plan, touch nothing.
+    pub plan_preview: bool,
     /// Unrecognised values of the flag annotations (`resume`, the resets, `paused`), whose fields above
     /// hold the safe reading.
     pub invalid_flags: Vec<InvalidOption>,
@@ -148,6 +155,7 @@ impl UpgradeIntent {
         let kubernetes_reset = flag(annotations::KUBERNETES_RESET_UPGRADE_STATE, false);
         let paused = flag(annotations::PAUSED, true);
         let force_start = flag(annotations::FORCE_START, false);
+        let plan_preview = flag(annotations::PLAN_PREVIEW, false);
         UpgradeIntent {
             talos_target: read_target(annotations, annotations::TALOS_TARGET, TalosVersion::parse),
             kubernetes_target: read_target(
@@ -177,6 +185,8 @@ impl UpgradeIntent {
             do_not_reconcile: annotations
                 .get(annotations::DO_NOT_RECONCILE)
                 .is_some_and(|value| !value.is_empty()),
+            upgrade_plan: read_upgrade_plan(annotations),
+            plan_preview,
             invalid_flags,
         }
     }
@@ -220,7 +230,16 @@ impl UpgradeIntent {
         all.extend(self.soak_after_node.as_ref().err());
         all.extend(self.soak_after_control_planes.as_ref().err());
         all.extend(self.pause_after_nodes.as_ref().err());
+        all.extend(self.upgrade_plan.as_ref().err());
         all
+    }
+}
+
+fn read_upgrade_plan(annotations: &BTreeMap<String, String>) -> Result<PlanMode, InvalidOption> {
+    match value(annotations, annotations::UPGRADE_PLAN) {
+        None => Ok(PlanMode::default()),
+        Some(text) => PlanMode::parse(text)
+            .ok_or_else(|| invalid(annotations, annotations::UPGRADE_PLAN, PlanMode::REASON)),
     }
 }
 

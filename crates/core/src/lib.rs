@@ -28,6 +28,7 @@ pub mod holds;
 pub mod intent;
 pub mod kubernetes;
 pub mod lifecycle;
+pub mod plan;
 pub mod prepull;
 pub mod report;
 pub mod run;

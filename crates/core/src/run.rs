@@ -166,10 +166,22 @@ pub enum Reason {
     SilenceExpired,
     /// Alertmanager could not be asked or refused a silence; the run goes on without it.
     SilenceFailed,
+    /// A multi-hop upgrade plan was computed for the targets (its hops).
+    PlanComputed,
+    /// A hop of the plan starts (its run follows).
+    PlanHopStarted,
+    /// A hop of the plan finished (its run completed).
+    PlanHopFinished,
+    /// The plan's last hop finished.
+    PlanFinished,
+    /// No plan reaches the targets; no node was touched.
+    PlanRefused,
+    /// `plan-preview`: the plan the controller would run, nothing touched.
+    PlanPreview,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 24] = [
+    pub const ALL: [Reason; 30] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -194,6 +206,12 @@ impl Reason {
         Reason::SilenceCreated,
         Reason::SilenceExpired,
         Reason::SilenceFailed,
+        Reason::PlanComputed,
+        Reason::PlanHopStarted,
+        Reason::PlanHopFinished,
+        Reason::PlanFinished,
+        Reason::PlanRefused,
+        Reason::PlanPreview,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -222,6 +240,12 @@ impl Reason {
             Reason::SilenceCreated => "SilenceCreated",
             Reason::SilenceExpired => "SilenceExpired",
             Reason::SilenceFailed => "SilenceFailed",
+            Reason::PlanComputed => "PlanComputed",
+            Reason::PlanHopStarted => "PlanHopStarted",
+            Reason::PlanHopFinished => "PlanHopFinished",
+            Reason::PlanFinished => "PlanFinished",
+            Reason::PlanRefused => "PlanRefused",
+            Reason::PlanPreview => "PlanPreview",
         }
     }
 
@@ -251,7 +275,13 @@ impl Reason {
             | Reason::InstallerPulled
             | Reason::SilenceCreated
             | Reason::SilenceExpired
-            | Reason::SilenceFailed => None,
+            | Reason::SilenceFailed
+            | Reason::PlanComputed
+            | Reason::PlanHopStarted
+            | Reason::PlanHopFinished
+            | Reason::PlanFinished
+            | Reason::PlanRefused
+            | Reason::PlanPreview => None,
         }
     }
 }
