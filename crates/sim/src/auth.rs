@@ -44,6 +44,8 @@ pub(crate) enum Access {
     Read,
     /// admin, operator, reader, etcd:backup.
     EtcdRead,
+    /// admin, operator, etcd:backup (not reader: a snapshot holds every Secret of the cluster).
+    EtcdBackup,
     /// admin, operator.
     Operate,
     /// admin only.
@@ -55,6 +57,7 @@ impl Access {
         match self {
             Access::Read => roles.admin || roles.operator || roles.reader,
             Access::EtcdRead => roles.admin || roles.operator || roles.reader || roles.etcd_backup,
+            Access::EtcdBackup => roles.admin || roles.operator || roles.etcd_backup,
             Access::Operate => roles.admin || roles.operator,
             Access::Admin => roles.admin,
         }
@@ -79,6 +82,8 @@ pub(crate) fn required_access(method: &str) -> Access {
         "/machine.MachineService/EtcdStatus" | "/machine.MachineService/EtcdMemberList" => {
             Access::EtcdRead
         }
+        // talos v1.14.1 `machined.go`: role.MakeSet(role.Admin, role.Operator, role.EtcdBackup).
+        "/machine.MachineService/EtcdSnapshot" => Access::EtcdBackup,
         "/machine.MachineService/Reboot"
         | "/machine.MachineService/ImagePull"
         | "/machine.ImageService/Pull" => Access::Operate,
@@ -182,5 +187,10 @@ mod tests {
         assert!(
             required_access("/machine.MachineService/EtcdStatus").allows(roles("os:etcd:backup"))
         );
+        // A snapshot holds every Secret: admin, operator and etcd:backup, not reader.
+        let snapshot = required_access("/machine.MachineService/EtcdSnapshot");
+        assert!(snapshot.allows(roles("os:etcd:backup")));
+        assert!(snapshot.allows(operator) && snapshot.allows(admin));
+        assert!(!snapshot.allows(reader) && !snapshot.allows(nobody));
     }
 }

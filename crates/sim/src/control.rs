@@ -36,6 +36,8 @@ pub const FAULT_NAMES: &[&str] = &[
     "reboot-lost",
     "install-unavailable",
     "installer-exits",
+    "etcd-snapshot-fails",
+    "etcd-snapshot-truncated",
 ];
 
 /// Parses a fault name and its query parameters (`count` for `fail-next-calls`, `ms` for `ready-delay`,
@@ -60,6 +62,8 @@ pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault
         "apply-config-rejected" => Fault::ApplyConfigRejected,
         "reboot-lost" => Fault::RebootLost,
         "install-unavailable" => Fault::InstallUnavailable,
+        "etcd-snapshot-fails" => Fault::EtcdSnapshotFails,
+        "etcd-snapshot-truncated" => Fault::EtcdSnapshotTruncated,
         "installer-exits" => {
             let code = number("code")?;
             if !(1..=255).contains(&code) {

@@ -37,6 +37,13 @@ pub enum Fault {
     /// codes"); an installer image older than 1.14 exits 1 whatever `code` is. `count` 0: every run
     /// until the fault is cleared.
     InstallerExits { code: i32, count: u32 },
+    /// `EtcdSnapshot` on this node fails: after a few chunks the stream ends with the error Talos
+    /// answers when etcd's snapshot read fails (`failed reading etcd snapshot: …`). Stays until cleared.
+    EtcdSnapshotFails,
+    /// `EtcdSnapshot` on this node ends early without an error (a cut-off stream): what arrives lacks
+    /// the end of the database and the SHA-256 etcd appends, which a client that verifies it notices.
+    /// Stays until cleared.
+    EtcdSnapshotTruncated,
 }
 
 /// The `installer-exits` fault as it stands.
@@ -60,6 +67,8 @@ pub struct ActiveFaults {
     pub reboot_lost: bool,
     pub install_unavailable: bool,
     pub installer_exits: Option<InstallerExits>,
+    pub etcd_snapshot_fails: bool,
+    pub etcd_snapshot_truncated: bool,
 }
 
 /// A node's faults behind a watch channel, so waiting code (a node kept down, a delayed readiness)
@@ -93,6 +102,8 @@ impl FaultSet {
                     remaining: (count > 0).then_some(count),
                 });
             }
+            Fault::EtcdSnapshotFails => f.etcd_snapshot_fails = true,
+            Fault::EtcdSnapshotTruncated => f.etcd_snapshot_truncated = true,
         });
     }
 

@@ -31,6 +31,7 @@ pub(crate) const DMESG: &str = "/machine.MachineService/Dmesg";
 pub(crate) const EVENTS: &str = "/machine.MachineService/Events";
 pub(crate) const ETCD_MEMBER_LIST: &str = "/machine.MachineService/EtcdMemberList";
 pub(crate) const ETCD_FORFEIT_LEADERSHIP: &str = "/machine.MachineService/EtcdForfeitLeadership";
+pub(crate) const ETCD_SNAPSHOT: &str = "/machine.MachineService/EtcdSnapshot";
 pub(crate) const ETCD_STATUS: &str = "/machine.MachineService/EtcdStatus";
 pub(crate) const IMAGE_PULL: &str = "/machine.MachineService/ImagePull";
 pub(crate) const KUBECONFIG: &str = "/machine.MachineService/Kubeconfig";
@@ -84,6 +85,41 @@ fn etcd_running(node: &Node) -> Result<(), Status> {
             "failed to create etcd client: etcd is not running on this node",
         ))
     }
+}
+
+/// The size of the chunks `EtcdSnapshot` streams.
+const SNAPSHOT_CHUNK: usize = 64 * 1024;
+
+/// A deterministic stand-in for an etcd snapshot of the simulated cluster: whole bbolt pages (4 KiB)
+/// of bytes derived from the etcd members (the same on every member, a few hundred KiB), followed by
+/// the SHA-256 of those bytes, as etcd's `Maintenance.Snapshot` appends it (etcd v3.6
+/// `server/etcdserver/api/v3rpc/maintenance.go`) and `etcdutl snapshot restore` checks it
+/// (`etcdutl/snapshot/v3_snapshot.go`, `hasChecksum`: the size modulo 512 is 32).
+pub(crate) fn pseudo_snapshot(members: &[super::etcd::Member]) -> Vec<u8> {
+    let mut seed: u64 = 0xcbf2_9ce4_8422_2325;
+    for member in members {
+        for b in member.name.bytes().chain(member.id.to_le_bytes()) {
+            seed = (seed ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    let pages = 64 + (seed % 32) as usize;
+    let mut data = Vec::with_capacity(pages * 4096 + 32);
+    let mut state = seed | 1;
+    while data.len() < pages * 4096 {
+        // xorshift64: cheap, deterministic, not compressible to nothing.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        data.extend_from_slice(&state.to_le_bytes());
+    }
+    let hash = ring::digest::digest(&ring::digest::SHA256, &data);
+    data.extend_from_slice(hash.as_ref());
+    data
+}
+
+/// Lower-case hex, as `sha256sum` prints a digest.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A stable fake git sha for a version, so `Version` looks like a real build.
@@ -419,6 +455,51 @@ impl MachineApi {
             metadata: None,
             bytes: archive,
         }))))
+    }
+
+    /// `EtcdSnapshot` (talos v1.14.1 `v1alpha1_server.go`): control planes only (a worker answers
+    /// `Unimplemented`, `machinehelper.CheckControlplane`), from the local etcd member, streamed in
+    /// chunks. Recorded like a call that changes something, with the bytes sent and their SHA-256, so
+    /// a test can compare them with what the controller stored. The `etcd-snapshot-fails` fault
+    /// answers Talos's error for a snapshot etcd could not read; `etcd-snapshot-truncated` ends the
+    /// stream cleanly after half the database (no error: what a real stream cut short looks like).
+    fn etcd_snapshot_on(&self, node: &Node) -> Result<DataStream, Status> {
+        let faults = node.faults.current();
+        let snapshot = (|| {
+            only_control_plane(node, "etcd snapshot")?;
+            etcd_running(node)?;
+            if faults.etcd_snapshot_fails {
+                return Err(Status::unknown(
+                    "failed reading etcd snapshot: rpc error: code = Unavailable desc = etcdserver: \
+                     snapshot read failed (injected fault)",
+                ));
+            }
+            let mut data = pseudo_snapshot(&self.ctx.cluster.etcd.members());
+            if faults.etcd_snapshot_truncated {
+                data.truncate(data.len() / 2);
+            }
+            Ok(data)
+        })();
+        let params = match &snapshot {
+            Ok(data) => json!({
+                "size": data.len(),
+                "sha256": hex(ring::digest::digest(&ring::digest::SHA256, data).as_ref()),
+            }),
+            Err(_) => json!({}),
+        };
+        let call = self.ctx.record(node, ETCD_SNAPSHOT, params);
+        self.ctx.finish(call, &snapshot);
+        let data = snapshot?;
+        let chunks: Vec<Result<common::Data, Status>> = data
+            .chunks(SNAPSHOT_CHUNK)
+            .map(|chunk| {
+                Ok(common::Data {
+                    metadata: None,
+                    bytes: chunk.to_vec(),
+                })
+            })
+            .collect();
+        Ok(Box::pin(tokio_stream::iter(chunks)))
     }
 
     async fn forfeit_on(
@@ -950,6 +1031,21 @@ impl MachineService for MachineApi {
             .route(&request, ETCD_FORFEIT_LEADERSHIP, Proxy::Unary)?;
         let reply = fan_out(targets, |node| self.forfeit_on(node)).await?;
         Ok(Response::new(reply))
+    }
+
+    type EtcdSnapshotStream = DataStream;
+
+    async fn etcd_snapshot(
+        &self,
+        request: Request<machine::EtcdSnapshotRequest>,
+    ) -> Result<Response<Self::EtcdSnapshotStream>, Status> {
+        let targets = self.ctx.route(&request, ETCD_SNAPSHOT, Proxy::Streaming)?;
+        let stream = fan_out_stream(targets, |node| {
+            let stream = self.etcd_snapshot_on(&node);
+            async move { stream }
+        })
+        .await?;
+        Ok(Response::new(stream))
     }
 
     async fn etcd_status(

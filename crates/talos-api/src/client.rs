@@ -317,6 +317,25 @@ impl TalosClient {
         Ok(self.single("EtcdForfeitLeadership", resp.messages)?.member)
     }
 
+    /// Open a snapshot of this control plane's etcd database (`MachineService.EtcdSnapshot`, what
+    /// `talosctl etcd snapshot` reads): the server streams the database in chunks, read with
+    /// [`SnapshotStream::next_chunk`]. Needs `os:admin`, `os:operator` or `os:etcd:backup`; a worker
+    /// answers [`TalosError::Unimplemented`]. Opening is bounded by the request timeout, the whole
+    /// stream by the long request timeout (sent as `grpc-timeout`, so the node stops when we do).
+    pub async fn etcd_snapshot(&self) -> Result<SnapshotStream> {
+        let req = machine::EtcdSnapshotRequest {};
+        let mut machine = self.machine();
+        let open = self.open(machine.etcd_snapshot(self.long_request(req)));
+        let inner = self
+            .within("EtcdSnapshot", self.request_timeout, open)
+            .await?;
+        Ok(SnapshotStream {
+            inner,
+            client: self.clone(),
+            deadline: tokio::time::Instant::now() + self.long_request_timeout,
+        })
+    }
+
     /// Legacy in-place upgrade (`MachineService.Upgrade`, all Talos 1.x; deprecated in 1.13). The node
     /// pulls and validates `image` before answering (bounded by the long request timeout), then runs
     /// the upgrade sequence asynchronously. Returns the sequence's actor id, which its events carry.
@@ -869,6 +888,43 @@ impl TalosClient {
             endpoint: self.endpoint.to_string(),
             message: message.to_owned(),
         }
+    }
+}
+
+/// The chunks of an etcd snapshot being streamed ([`TalosClient::etcd_snapshot`]).
+pub struct SnapshotStream {
+    inner: tonic::Streaming<common::Data>,
+    client: TalosClient,
+    deadline: tokio::time::Instant,
+}
+
+impl SnapshotStream {
+    /// The next chunk, `None` at the end of the snapshot. A stream cut short (the node went away, it
+    /// answered an error midway) is an `Err`, never a short `None`.
+    pub async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>> {
+        let next = tokio::time::timeout_at(self.deadline, self.inner.message()).await;
+        let chunk = match next {
+            Err(_) => {
+                return Err(TalosError::Timeout {
+                    endpoint: self.client.endpoint.to_string(),
+                    message: "EtcdSnapshot did not complete within the long request timeout"
+                        .to_owned(),
+                });
+            }
+            Ok(Err(st)) => return Err(TalosError::from_stream_status(&self.client.endpoint, &st)),
+            Ok(Ok(None)) => return Ok(None),
+            Ok(Ok(Some(chunk))) => chunk,
+        };
+        self.client.check_metadata(chunk.metadata.as_ref())?;
+        Ok(Some(chunk.bytes))
+    }
+}
+
+impl std::fmt::Debug for SnapshotStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotStream")
+            .field("endpoint", &self.client.endpoint)
+            .finish_non_exhaustive()
     }
 }
 

@@ -42,7 +42,8 @@ mod tls;
 pub mod types;
 
 pub use client::{
-    CallObserver, ConnectOptions, DEFAULT_PORT, MAX_MESSAGE_SIZE, TalosClient, Target,
+    CallObserver, ConnectOptions, DEFAULT_PORT, MAX_MESSAGE_SIZE, SnapshotStream, TalosClient,
+    Target,
 };
 pub use config::{Context, TalosCredentials, Talosconfig};
 pub use cosi::{CosiEvent, CosiEventType, CosiMetadata, CosiResource, CosiWatchStream, resources};

@@ -306,6 +306,15 @@ impl MachineService for FakeNode {
         unimplemented()
     }
 
+    type EtcdSnapshotStream = BoxStream<common::Data>;
+
+    async fn etcd_snapshot(
+        &self,
+        _request: Request<machine::EtcdSnapshotRequest>,
+    ) -> Result<Response<Self::EtcdSnapshotStream>, Status> {
+        unimplemented()
+    }
+
     type KubeconfigStream = BoxStream<common::Data>;
 
     async fn kubeconfig(
