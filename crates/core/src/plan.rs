@@ -25,6 +25,7 @@
 //! ([`Plan`]); it is computed again only when a target changes (not when the catalog does), or with
 //! `resume` after it was refused.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::annotations::{UpgradeKind, UpgradeStatus};
 use crate::catalog::Catalog;
 use crate::crd::condition::Reason as ConditionReason;
+use crate::intent::{Target, UpgradeIntent};
 use crate::report::KindReport;
 use crate::run::{Note, Reason};
 use crate::versions::{
@@ -692,3 +694,261 @@ pub fn waiting_message(kind: UpgradeKind) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// What a kind's run record says, for the plan to move on: the target value it was for, and whether
+/// it completed or failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunEnd<'a> {
+    pub requested: &'a str,
+    pub completed: bool,
+    pub failed: bool,
+}
+
+/// The plan layer of one reconcile: what the two runs are given as targets (the hop's version in place
+/// of the user's), and what the reconcile shows and keeps of the plan afterwards. Without the opt-in
+/// it gives the runs the user's annotations unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layer {
+    plan: Option<Plan>,
+    /// A stored plan to drop (no plan any more).
+    forget: bool,
+    /// The plan waits for the versions of this kind.
+    waiting: Option<UpgradeKind>,
+    /// The user's targets (trimmed), to tell which kinds a waiting plan is for.
+    targets: [Option<String>; 2],
+    /// `upgrade-plan` has a value that is not a mode.
+    invalid: Option<String>,
+    /// `resume` was set: a refused plan consumes it (the runs are given no target to consume it).
+    resume: bool,
+    notes: Vec<Note>,
+}
+
+/// How a reconcile ends for the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Concluded {
+    /// The plan to keep in the progress record (`None`: none).
+    pub keep: Option<Plan>,
+    /// Events to publish.
+    pub notes: Vec<Note>,
+    /// `plan-message`: `None` removes it.
+    pub message: Option<String>,
+    /// Look again at once: a hop finished and the next starts, or the plan waits for versions.
+    pub again: bool,
+}
+
+fn trimmed<'a>(annotations: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
+    annotations
+        .get(key)
+        .map(|value| value.trim())
+        .filter(|value| !value.is_empty())
+}
+
+impl Layer {
+    pub fn new(
+        intent: &UpgradeIntent,
+        annotations: &BTreeMap<String, String>,
+        stored: Option<Plan>,
+        catalog: &Catalog,
+    ) -> Layer {
+        let talos_target = trimmed(annotations, crate::annotations::TALOS_TARGET);
+        let kubernetes_target = trimmed(annotations, crate::annotations::KUBERNETES_TARGET);
+        let (mode, invalid) = match &intent.upgrade_plan {
+            Ok(mode) => (*mode, None),
+            // The safe reading: one step (a refusal can be taken back, hops cannot).
+            Err(invalid) => (
+                PlanMode::SingleStep,
+                Some(format!("{invalid}; one-step upgrades until it is fixed")),
+            ),
+        };
+        let course = course(&Inputs {
+            mode,
+            talos_target,
+            kubernetes_target,
+            talos_current: trimmed(annotations, crate::annotations::TALOS_CURRENT),
+            kubernetes_current: trimmed(annotations, crate::annotations::KUBERNETES_CURRENT),
+            stored,
+            resume: intent.resume,
+            reset: intent.talos_reset || intent.kubernetes_reset,
+            catalog,
+        });
+        let mut layer = Layer {
+            plan: None,
+            forget: false,
+            waiting: None,
+            targets: [
+                talos_target.map(str::to_string),
+                kubernetes_target.map(str::to_string),
+            ],
+            invalid,
+            resume: intent.resume,
+            notes: Vec::new(),
+        };
+        match course {
+            Course::OneStep { forget } => layer.forget = forget,
+            Course::Waiting(kind) => layer.waiting = Some(kind),
+            Course::Follow { plan, notes } => {
+                // A refused plan is announced once, with the `resume` it consumed (if any).
+                layer.plan = Some(plan);
+                layer.notes = notes;
+            }
+        }
+        layer
+    }
+
+    /// The plan being followed, if any.
+    pub fn plan(&self) -> Option<&Plan> {
+        self.plan.as_ref()
+    }
+
+    /// Whether the runs are given something else than the user's targets.
+    pub fn is_active(&self) -> bool {
+        self.plan.is_some() || self.waiting.is_some()
+    }
+
+    /// The target value `kind`'s run is given.
+    fn target_of(&self, kind: UpgradeKind) -> Option<&str> {
+        let user = self.targets[kind_index(kind)].as_deref();
+        match (&self.plan, self.waiting) {
+            (_, Some(_)) => None,
+            (Some(plan), None) if plan.refused.is_some() => None,
+            (Some(plan), None) => plan.effective_target(kind, user),
+            (None, None) => user,
+        }
+    }
+
+    /// The intent and annotations the two runs are given: the user's, with each target replaced by
+    /// the value the plan gives that kind this reconcile.
+    pub fn effective(
+        &self,
+        intent: &UpgradeIntent,
+        annotations: &BTreeMap<String, String>,
+    ) -> (UpgradeIntent, BTreeMap<String, String>) {
+        let mut intent = intent.clone();
+        let mut annotations = annotations.clone();
+        if !self.is_active() {
+            return (intent, annotations);
+        }
+        for kind in UpgradeKind::ALL {
+            let value = self.target_of(kind).map(str::to_string);
+            match &value {
+                Some(value) => annotations.insert(kind.target_key().to_string(), value.clone()),
+                None => annotations.remove(kind.target_key()),
+            };
+            match kind {
+                UpgradeKind::Talos => {
+                    intent.talos_target = match value {
+                        Some(value) => match TalosVersion::parse(&value) {
+                            Ok(version) => Target::Version(version),
+                            Err(reason) => Target::Invalid { raw: value, reason },
+                        },
+                        None => Target::Absent,
+                    }
+                }
+                UpgradeKind::Kubernetes => {
+                    intent.kubernetes_target = match value {
+                        Some(value) => match KubernetesVersion::parse(&value) {
+                            Ok(version) => Target::Version(version),
+                            Err(reason) => Target::Invalid { raw: value, reason },
+                        },
+                        None => Target::Absent,
+                    }
+                }
+            }
+        }
+        (intent, annotations)
+    }
+
+    /// After both runs: moves the plan past a hop its run completed, shapes the two reports as the
+    /// plan shows them, and says what to keep and tell. `ends` are the kinds' run records as saved
+    /// (Talos, Kubernetes); `shown` the `plan-message` the cluster shows now.
+    pub fn conclude(
+        mut self,
+        ends: [Option<RunEnd<'_>>; 2],
+        reports: [&mut KindReport; 2],
+        shown: Option<&str>,
+    ) -> Concluded {
+        let mut notes = std::mem::take(&mut self.notes);
+        let mut again = false;
+        if let Some(waiting) = self.waiting {
+            for report in reports {
+                if self.targets[kind_index(report.kind)].is_some() {
+                    report.status = UpgradeStatus::InProgress;
+                    report.condition_reason = Some(ConditionReason::InProgress);
+                    report.message = waiting_message(waiting);
+                }
+            }
+            return Concluded {
+                keep: None,
+                notes,
+                message: Some(waiting_message(waiting)),
+                again: true,
+            };
+        }
+        let Some(mut plan) = self.plan else {
+            let message = self.invalid.clone();
+            if let Some(invalid) = &self.invalid
+                && shown != Some(invalid.as_str())
+            {
+                notes.push(Note::warning(Reason::InvalidOption, invalid.clone()));
+            }
+            return Concluded {
+                keep: None,
+                notes,
+                message,
+                again: false,
+            };
+        };
+        if let Some(refused) = plan.refused.clone() {
+            let [talos, kubernetes] = reports;
+            if self.resume {
+                talos.consumed.push(crate::annotations::RESUME);
+            }
+            for report in [talos, kubernetes] {
+                if self.targets[kind_index(report.kind)].is_some() {
+                    report.status = UpgradeStatus::Failed;
+                    report.condition_reason = Some(ConditionReason::Failed);
+                    report.message = refused.clone();
+                }
+            }
+            return Concluded {
+                message: Some(plan.progress_line(false)),
+                keep: Some(plan),
+                notes,
+                again: false,
+            };
+        }
+        let mut failed = false;
+        if let Some(hop) = plan.current() {
+            let kind = hop.kind.upgrade_kind();
+            if let Some(end) = ends[kind_index(kind)]
+                && end.requested.trim() == hop.to
+            {
+                failed = end.failed;
+                let moved = plan.advance(kind, end.requested, end.completed);
+                again = !moved.is_empty() && !plan.is_finished();
+                notes.extend(moved);
+            }
+        }
+        for report in reports {
+            plan.shape(report);
+        }
+        Concluded {
+            message: Some(plan.progress_line(failed)),
+            keep: Some(plan),
+            notes,
+            again,
+        }
+    }
+
+    /// Whether a stored plan must be dropped.
+    pub fn forgets(&self) -> bool {
+        self.forget
+    }
+}
+
+fn kind_index(kind: UpgradeKind) -> usize {
+    match kind {
+        UpgradeKind::Talos => 0,
+        UpgradeKind::Kubernetes => 1,
+    }
+}

@@ -544,3 +544,129 @@ fn modes() {
     assert_eq!(PlanMode::parse("single-step"), Some(PlanMode::SingleStep));
     assert_eq!(PlanMode::parse("multihop"), None);
 }
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_layer_gives_the_runs_the_hop_and_moves_on() {
+    use crate::annotations::*;
+    let catalog = Catalog::builtin();
+    let shown = annotations(&[
+        (UPGRADE_PLAN, "multi-hop"),
+        (TALOS_TARGET, "1.14.1"),
+        (TALOS_CURRENT, "1.11.6"),
+        (KUBERNETES_CURRENT, "1.34.1"),
+    ]);
+    let intent = UpgradeIntent::from_annotations(&shown);
+    let layer = Layer::new(&intent, &shown, None, &catalog);
+    let (run_intent, run_annotations) = layer.effective(&intent, &shown);
+    assert_eq!(run_intent.talos_target, Target::Version(talos("1.13.9")));
+    assert_eq!(run_annotations[TALOS_TARGET], "1.13.9");
+    assert_eq!(run_intent.kubernetes_target, Target::Absent);
+    // The first hop's run completed: the plan moves on, Talos is still in progress.
+    let mut talos_report =
+        KindReport::new(UpgradeKind::Talos, UpgradeStatus::Completed, "c".into());
+    let mut kubernetes_report =
+        KindReport::new(UpgradeKind::Kubernetes, UpgradeStatus::Idle, "".into());
+    let end = RunEnd {
+        requested: "1.13.9",
+        completed: true,
+        failed: false,
+    };
+    let concluded = layer.conclude(
+        [Some(end), None],
+        [&mut talos_report, &mut kubernetes_report],
+        None,
+    );
+    let plan = concluded.keep.clone().unwrap();
+    assert_eq!(plan.done, 1);
+    assert!(concluded.again);
+    assert_eq!(
+        concluded.notes.iter().map(|n| n.reason).collect::<Vec<_>>(),
+        vec![
+            Reason::PlanComputed,
+            Reason::PlanHopStarted,
+            Reason::PlanHopFinished,
+            Reason::PlanHopStarted
+        ]
+    );
+    assert_eq!(talos_report.status, UpgradeStatus::InProgress);
+    assert_eq!(
+        talos_report.message,
+        "Upgrade plan hop 2/2: Talos 1.13.9 → 1.14.1: starting"
+    );
+    // Kubernetes has no hop: its report is its own.
+    assert_eq!(kubernetes_report.status, UpgradeStatus::Idle);
+    assert_eq!(
+        concluded.message.as_deref(),
+        Some("hop 2/2: Talos 1.13.9 → 1.14.1; done: Talos 1.11.6 → 1.13.9; nothing left after it")
+    );
+    // The next reconcile gives Talos the last hop; its failure stops the plan there.
+    let layer = Layer::new(&intent, &shown, Some(plan), &catalog);
+    let (_, run_annotations) = layer.effective(&intent, &shown);
+    assert_eq!(run_annotations[TALOS_TARGET], "1.14.1");
+    let mut failed = KindReport::new(UpgradeKind::Talos, UpgradeStatus::Failed, "f".into());
+    let mut kubernetes_report =
+        KindReport::new(UpgradeKind::Kubernetes, UpgradeStatus::Idle, "".into());
+    let concluded = layer.conclude(
+        [
+            Some(RunEnd {
+                requested: "1.14.1",
+                completed: false,
+                failed: true,
+            }),
+            None,
+        ],
+        [&mut failed, &mut kubernetes_report],
+        None,
+    );
+    assert_eq!(failed.status, UpgradeStatus::Failed);
+    assert!(concluded.notes.is_empty() && !concluded.again);
+    assert!(
+        concluded
+            .message
+            .unwrap()
+            .contains("failed; the plan stops here until resume")
+    );
+}
+
+#[test]
+fn without_the_opt_in_the_runs_get_the_annotations_as_written() {
+    use crate::annotations::*;
+    let catalog = Catalog::builtin();
+    for mode in [None, Some("single-step"), Some("sideways")] {
+        let mut pairs = vec![(TALOS_TARGET, "1.14.1"), (TALOS_CURRENT, "1.11.6")];
+        if let Some(mode) = mode {
+            pairs.push((UPGRADE_PLAN, mode));
+        }
+        let shown = annotations(&pairs);
+        let intent = UpgradeIntent::from_annotations(&shown);
+        let layer = Layer::new(&intent, &shown, None, &catalog);
+        assert!(!layer.is_active());
+        assert_eq!(
+            layer.effective(&intent, &shown),
+            (intent.clone(), shown.clone())
+        );
+        let mut a = KindReport::new(UpgradeKind::Talos, UpgradeStatus::Failed, "x".into());
+        let mut b = KindReport::new(UpgradeKind::Kubernetes, UpgradeStatus::Idle, "".into());
+        let concluded = layer.conclude([None, None], [&mut a, &mut b], None);
+        assert_eq!(concluded.keep, None);
+        match mode {
+            Some("sideways") => {
+                assert_eq!(concluded.notes[0].reason, Reason::InvalidOption);
+                assert_eq!(
+                    concluded.message.as_deref(),
+                    Some(
+                        "Annotation upgrade.vitistack.io/upgrade-plan has the invalid value \"sideways\": use multi-hop or single-step (the default); one-step upgrades until it is fixed"
+                    )
+                );
+            }
+            _ => assert_eq!((concluded.notes.len(), concluded.message), (0, None)),
+        }
+    }
+}
