@@ -25,6 +25,8 @@
 //! ([`Plan`]); it is computed again only when a target changes (not when the catalog does), or with
 //! `resume` after it was refused.
 
+pub mod preview;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
