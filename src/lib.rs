@@ -19,6 +19,7 @@ pub mod catalog_sources;
 pub mod cluster_access;
 pub mod credentials;
 pub mod drain;
+pub mod etcd_snapshot;
 pub mod followers;
 pub mod holds;
 pub mod http_auth;

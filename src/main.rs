@@ -151,6 +151,75 @@ struct RunArgs {
     /// Name of a cluster's credentials Secret; {clusterId} and {name} are replaced.
     #[arg(long, env = "TUC_SECRET_NAME_TEMPLATE", default_value = "{clusterId}")]
     secret_name_template: String,
+    /// A directory (a mounted volume) for the etcd snapshot taken before the first control plane of
+    /// every Talos run, as <dir>/<namespace>/<cluster>/<UTC time>-talos-<target>.snapshot. See
+    /// docs/upgrades.md, "etcd snapshot before the control planes".
+    #[arg(long, env = "TUC_ETCD_SNAPSHOT_DIR")]
+    etcd_snapshot_dir: Option<std::path::PathBuf>,
+    /// An S3-compatible bucket for the etcd snapshots instead of a directory.
+    #[arg(long, env = "TUC_ETCD_SNAPSHOT_S3_BUCKET")]
+    etcd_snapshot_s3_bucket: Option<String>,
+    /// The bucket's endpoint, https (http only for a loopback host), e.g. https://s3.eu-north-1.amazonaws.com.
+    #[arg(long, env = "TUC_ETCD_SNAPSHOT_S3_ENDPOINT")]
+    etcd_snapshot_s3_endpoint: Option<String>,
+    /// The bucket's region (what the request signatures name).
+    #[arg(long, env = "TUC_ETCD_SNAPSHOT_S3_REGION", default_value = "us-east-1")]
+    etcd_snapshot_s3_region: String,
+    /// A key prefix in the bucket (the snapshots go under <prefix>/<namespace>/<cluster>/).
+    #[arg(long, env = "TUC_ETCD_SNAPSHOT_S3_PREFIX", default_value = "")]
+    etcd_snapshot_s3_prefix: String,
+    /// <namespace>/<name> of a Secret with the keys access-key-id and secret-access-key, read at
+    /// start.
+    #[arg(long, env = "TUC_ETCD_SNAPSHOT_S3_CREDENTIALS_SECRET")]
+    etcd_snapshot_s3_credentials_secret: Option<String>,
+    /// How many snapshots of a cluster are kept (older ones of that cluster are deleted).
+    #[arg(long, env = "TUC_ETCD_SNAPSHOT_KEEP", default_value_t = 5)]
+    etcd_snapshot_keep: usize,
+}
+
+/// `--etcd-snapshot-*`: where the etcd snapshots go, if anywhere.
+async fn snapshot_config(
+    args: &RunArgs,
+    client: &kube::Client,
+) -> anyhow::Result<Option<talos_upgrade_controller::etcd_snapshot::SnapshotConfig>> {
+    use talos_upgrade_controller::etcd_snapshot::{
+        self as snapshot, ConfigError, Destination, S3Destination, S3Options, SnapshotConfig,
+    };
+    let bucket = args
+        .etcd_snapshot_s3_bucket
+        .as_deref()
+        .map(str::trim)
+        .filter(|b| !b.is_empty());
+    let destination = match (&args.etcd_snapshot_dir, bucket) {
+        (Some(_), Some(_)) => return Err(ConfigError::Both.into()),
+        (None, None) => return Ok(None),
+        (Some(dir), None) => Destination::Dir(dir.clone()),
+        (None, Some(bucket)) => {
+            let endpoint = args
+                .etcd_snapshot_s3_endpoint
+                .clone()
+                .context("--etcd-snapshot-s3-bucket needs --etcd-snapshot-s3-endpoint")?;
+            let secret = args
+                .etcd_snapshot_s3_credentials_secret
+                .as_deref()
+                .context("--etcd-snapshot-s3-bucket needs --etcd-snapshot-s3-credentials-secret")?;
+            let (namespace, name) = talos_upgrade_controller::silences::parse_secret_ref(secret)?;
+            let (access_key_id, secret_access_key) =
+                snapshot::s3_credentials(client, &namespace, &name).await?;
+            Destination::S3(S3Destination::new(S3Options {
+                endpoint,
+                bucket: bucket.to_string(),
+                region: args.etcd_snapshot_s3_region.clone(),
+                prefix: args.etcd_snapshot_s3_prefix.clone(),
+                access_key_id,
+                secret_access_key,
+            })?)
+        }
+    };
+    Ok(Some(SnapshotConfig::new(
+        destination,
+        args.etcd_snapshot_keep,
+    )?))
 }
 
 /// `250ms`, `30s`, `15m`, `1h`.
@@ -237,6 +306,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     }
     let gates = gate_config(&args, &clients.main)?;
     let silences = silence_config(&args, &clients.main)?;
+    let etcd_snapshots = snapshot_config(&args, &clients.main).await?;
     let metrics = Metrics::new();
     let health = admin::HealthState::default();
     let settings = reconcile::Settings {
@@ -255,6 +325,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         watch_label_selector: args.watch_label_selector.filter(|s| !s.trim().is_empty()),
         gates,
         silences,
+        etcd_snapshots,
         ..reconcile::Settings::default()
     };
     // The pod name in a cluster; elsewhere the host name and process id, so that two processes on one

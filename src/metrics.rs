@@ -31,6 +31,7 @@
 //! | `talos_upgrade_reconcile_errors_total` | counter | `category` | Reconciles that ended in an error, by low-cardinality error category. |
 //! | `talos_upgrade_talos_api_calls_total` | counter | `method`, `code` | Talos API calls by gRPC method short name (e.g. `Version`, `Upgrade`, `EtcdMemberList`) and gRPC status code name (`OK`, `Unavailable`, `DeadlineExceeded`, ...). |
 //! | `talos_upgrade_silence_requests_total` | counter | `operation`, `result` | Requests to Alertmanager for the silences during Talos runs (`--alertmanager-url`): `operation` = `list`, `create`, `extend` or `expire`, `result` = `ok` or `error`. An error never stops a run; it is also said by a `SilenceFailed` Event. |
+//! | `talos_upgrade_etcd_snapshots_total` | counter | `destination`, `result` | etcd snapshots taken before the first control plane of a Talos run (`--etcd-snapshot-dir` or `--etcd-snapshot-s3-bucket`): `destination` = `dir` or `s3`, `result` = `ok` (stored and verified) or `failed` (the run stopped before any control plane; its message says why). |
 //! | `talos_upgrade_build_info` | info | `version` | Always 1; the controller's version. |
 //!
 //! Cardinality: per cluster and kind a bounded number of series (two roles, two results, the fixed set
@@ -216,6 +217,12 @@ struct CallLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SnapshotLabels {
+    destination: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct SilenceLabels {
     operation: &'static str,
     result: &'static str,
@@ -262,6 +269,7 @@ struct Families {
     reconcile_errors: Family<ErrorLabels, Counter>,
     talos_api_calls: Family<CallLabels, Counter>,
     silence_requests: Family<SilenceLabels, Counter>,
+    etcd_snapshots: Family<SnapshotLabels, Counter>,
 }
 
 /// The free-form label sets (phase, node, versions, checks) exported for one cluster, so that a
@@ -319,6 +327,7 @@ impl Metrics {
             reconcile_errors: Family::default(),
             talos_api_calls: Family::default(),
             silence_requests: Family::default(),
+            etcd_snapshots: Family::default(),
         };
         let f = &families;
         let mut r = Registry::with_prefix(PREFIX);
@@ -416,6 +425,11 @@ impl Metrics {
             "silence_requests",
             "Requests to Alertmanager for silences during Talos runs, by operation and result",
             f.silence_requests.clone(),
+        );
+        r.register(
+            "etcd_snapshots",
+            "etcd snapshots taken before the control planes of a Talos run, by destination and result",
+            f.etcd_snapshots.clone(),
         );
         r.register(
             "build",
@@ -788,6 +802,18 @@ impl Metrics {
             .get_or_create(&SilenceLabels { operation, result })
             .inc();
     }
+
+    /// Count one etcd snapshot: `destination` is `dir` or `s3`.
+    pub fn record_etcd_snapshot(&self, destination: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.families()
+            .etcd_snapshots
+            .get_or_create(&SnapshotLabels {
+                destination,
+                result,
+            })
+            .inc();
+    }
 }
 
 /// Observes the elapsed time into `talos_upgrade_reconcile_duration_seconds` when dropped.
@@ -825,7 +851,7 @@ mod tests {
     use super::*;
 
     /// Every metric name in the module documentation table, as encoded.
-    const DOCUMENTED: [&str; 20] = [
+    const DOCUMENTED: [&str; 21] = [
         "talos_upgrade_cluster_phase",
         "talos_upgrade_cluster_status",
         "talos_upgrade_cluster_nodes",
@@ -845,6 +871,7 @@ mod tests {
         "talos_upgrade_reconcile_errors_total",
         "talos_upgrade_talos_api_calls_total",
         "talos_upgrade_silence_requests_total",
+        "talos_upgrade_etcd_snapshots_total",
         "talos_upgrade_build_info",
     ];
 
@@ -900,6 +927,7 @@ mod tests {
         m.record_reconcile_error("kube");
         m.record_talos_call("Upgrade", talos_api::grpc_code_name(tonic::Code::Ok));
         m.record_silence_request("create", true);
+        m.record_etcd_snapshot("dir", true);
     }
 
     #[test]

@@ -62,6 +62,17 @@ pub struct TalosIo<'a> {
     gates: GateContext<'a>,
     /// The cluster's Alertmanager silences, synced before the calls (see [`crate::silences`]).
     silences: Option<&'a crate::silences::RunSilences<'a>>,
+    /// Where the etcd snapshot before the control planes goes (see [`crate::etcd_snapshot`]).
+    snapshots: Option<SnapshotContext<'a>>,
+}
+
+/// What taking a cluster's etcd snapshot needs besides the node: the destination, the cluster's name
+/// (the snapshot's is made of it) and the metrics.
+pub struct SnapshotContext<'a> {
+    pub config: &'a crate::etcd_snapshot::SnapshotConfig,
+    pub namespace: String,
+    pub cluster: String,
+    pub metrics: &'a crate::metrics::Metrics,
 }
 
 impl<'a> TalosIo<'a> {
@@ -81,6 +92,62 @@ impl<'a> TalosIo<'a> {
             wake,
             gates,
             silences: None,
+            snapshots: None,
+        }
+    }
+
+    /// Takes the etcd snapshots this cluster's runs ask for into `snapshots`' destination.
+    pub fn with_snapshots(mut self, snapshots: Option<SnapshotContext<'a>>) -> Self {
+        self.snapshots = snapshots;
+        self
+    }
+
+    /// Takes the etcd snapshot from `node` and stores it, verified: `Stored` with where it went, or
+    /// `Refused` with what failed (the run then stops before any control plane).
+    async fn snapshot(&self, access: &Access, node: &str, target: &str) -> Called {
+        let Some(context) = &self.snapshots else {
+            return Called::Refused(
+                "the controller has no etcd snapshot destination (--etcd-snapshot-dir or \
+                 --etcd-snapshot-s3-bucket)"
+                    .to_string(),
+            );
+        };
+        let Some(inventory_node) = access.inventory.iter().find(|n| n.name == node) else {
+            return Called::Refused("the node is no longer in the node inventory".to_string());
+        };
+        let client = match access.fleet.client(inventory_node.address) {
+            Ok(client) => client,
+            // Taken again on the next pass, from whichever control plane is healthy then.
+            Err(error) => return Called::NotReached(error.to_string()),
+        };
+        let name = crate::etcd_snapshot::SnapshotName {
+            namespace: context.namespace.clone(),
+            cluster: context.cluster.clone(),
+            kind: "talos",
+            target: target.to_string(),
+            at: self.now,
+        };
+        match context.config.take(&client, &name).await {
+            Ok(stored) => {
+                context
+                    .metrics
+                    .record_etcd_snapshot(context.config.label(), true);
+                tracing::info!(
+                    %node,
+                    location = %stored.location,
+                    size = stored.size,
+                    sha256 = %stored.sha256,
+                    "etcd snapshot stored"
+                );
+                Called::Stored(stored)
+            }
+            Err(reason) => {
+                context
+                    .metrics
+                    .record_etcd_snapshot(context.config.label(), false);
+                tracing::warn!(%node, %reason, "etcd snapshot failed");
+                Called::Refused(reason)
+            }
         }
     }
 
@@ -311,7 +378,12 @@ impl KindIo<Talos> for TalosIo<'_> {
         }
         let mut called = Vec::new();
         for action in actions {
-            let result = call(access, action).await;
+            let result = match action {
+                Action::EtcdSnapshot { node } => {
+                    self.snapshot(access, node, &act.get().run.target).await
+                }
+                _ => call(access, action).await,
+            };
             if next_pass_follows(action, &result) {
                 tracing::debug!(node = %action.node(), "the install ended: waking its cluster");
                 self.wake.wake();
@@ -388,6 +460,10 @@ async fn call(access: &Access, action: &Action) -> Called {
     };
     let (result, what) = match action {
         Action::Uncordon { .. } => return Called::Done,
+        // Made by `TalosIo::snapshot`, which has the destination.
+        Action::EtcdSnapshot { .. } => {
+            return Called::Refused("the etcd snapshot has no destination here".to_string());
+        }
         Action::ForfeitEtcdLeadership { .. } => {
             // Best effort: if it fails, the next look sees the same leader and tries again.
             if let Err(error) = client.etcd_forfeit_leadership().await {

@@ -40,7 +40,7 @@ use crate::holds::{GateConfig, GateContext};
 use crate::kubernetes_upgrade::KubernetesIo;
 use crate::metrics::{ClusterKey, ClusterUpgradeGauges, Metrics};
 use crate::progress_store::{ProgressStore, Records, Stored};
-use crate::talos_upgrade::TalosIo;
+use crate::talos_upgrade::{SnapshotContext, TalosIo};
 use talos_api::ConnectOptions;
 use talos_upgrade_core::acknowledgement;
 use talos_upgrade_core::annotations::UpgradeKind;
@@ -124,6 +124,9 @@ pub struct Settings {
     pub maintenance_window: Option<MaintenanceWindows>,
     /// `--alertmanager-url`: the Alertmanager of the silences during Talos runs (`None`: none).
     pub silences: Option<crate::silences::Alertmanager>,
+    /// `--etcd-snapshot-dir` or `--etcd-snapshot-s3-*`: where the etcd snapshot before the control
+    /// planes goes (`None`: no snapshot; see [`crate::etcd_snapshot`]).
+    pub etcd_snapshots: Option<crate::etcd_snapshot::SnapshotConfig>,
 }
 
 impl Default for Settings {
@@ -140,6 +143,7 @@ impl Default for Settings {
             gates: GateConfig::default(),
             maintenance_window: None,
             silences: None,
+            etcd_snapshots: None,
         }
     }
 }
@@ -223,6 +227,8 @@ impl Context {
             main: client,
             intake,
         } = clients;
+        // Whether the runs take etcd snapshots follows from having somewhere to put them.
+        settings.limits.etcd_snapshot = settings.etcd_snapshots.is_some();
         // Every Talos API call of every cluster is counted by operation and result code.
         if settings.talos.observer.is_none() {
             let metrics = metrics.clone();
@@ -562,8 +568,19 @@ async fn reconcile_cluster(
         // An invalid mode: no run starts; the silences are left to end on their own.
         _ => None,
     };
-    let mut talos_io =
-        TalosIo::new(&access, &note_look, now, wake, gates).with_silences(silences.as_ref());
+    let snapshots = ctx
+        .settings
+        .etcd_snapshots
+        .as_ref()
+        .map(|config| SnapshotContext {
+            config,
+            namespace: namespace.clone(),
+            cluster: name.clone(),
+            metrics: &ctx.metrics,
+        });
+    let mut talos_io = TalosIo::new(&access, &note_look, now, wake, gates)
+        .with_silences(silences.as_ref())
+        .with_snapshots(snapshots);
     let talos_gates = Gates::for_talos(
         records.progress().run::<Kubernetes>(),
         seen.annotations()

@@ -302,6 +302,8 @@ impl World {
                 unanswered_grace: Duration::from_secs(3),
                 retry_after: Duration::from_millis(200),
                 step_deadline: Duration::from_secs(60),
+                // Set from `etcd_snapshots` when the controller starts.
+                etcd_snapshot: false,
             },
             catalog: spec
                 .catalog

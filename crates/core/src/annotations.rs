@@ -77,6 +77,10 @@ pub const UPGRADE_PLAN: &str = "upgrade.vitistack.io/upgrade-plan";
 /// `"true"`: a dry run: the controller shows the plan it would run (Event and `plan-message`) and
 /// touches no node.
 pub const PLAN_PREVIEW: &str = "upgrade.vitistack.io/plan-preview";
+/// Which runs take an etcd snapshot before their first control plane: `off`, `talos` (the default
+/// when the controller has a snapshot destination) or `talos-and-kubernetes`; see
+/// [`crate::etcd_snapshot`].
+pub const ETCD_SNAPSHOT: &str = "upgrade.vitistack.io/etcd-snapshot";
 
 /// `"true"` on a node's vitistack Machine (management cluster) or its workload Node: Talos runs skip
 /// the node (a node in flight finishes) and complete without it, naming it. Not a key of the
@@ -111,7 +115,7 @@ pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
 pub const PLAN_MESSAGE: &str = "upgrade.vitistack.io/plan-message";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 22] = [
+pub const USER_KEYS: [&str; 23] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -134,6 +138,7 @@ pub const USER_KEYS: [&str; 22] = [
     PAUSE_AFTER_NODES,
     UPGRADE_PLAN,
     PLAN_PREVIEW,
+    ETCD_SNAPSHOT,
 ];
 
 /// Every key the controller writes. The controller must never rewrite a key outside this list
@@ -404,7 +409,7 @@ mod tests {
             assert!(!name.is_empty() && !name.contains('/'), "{key}");
             assert!(seen.insert(*key), "duplicate key {key}");
         }
-        assert_eq!(seen.len(), 34);
+        assert_eq!(seen.len(), 35);
     }
 
     #[test]

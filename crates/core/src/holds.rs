@@ -209,6 +209,9 @@ pub struct RunGates {
     /// The installer pulled on every node before the first is disrupted ([`crate::prepull`]).
     #[serde(default, skip_serializing_if = "crate::prepull::PrePull::is_empty")]
     pub prepull: crate::prepull::PrePull,
+    /// The etcd snapshot taken before the first control plane ([`crate::etcd_snapshot`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshot: Option<crate::etcd_snapshot::Snapshot>,
 }
 
 impl RunGates {
@@ -984,6 +987,7 @@ mod tests {
             held: ["worker-2".to_string()].into(),
             skipped: ["worker-2".to_string()].into(),
             prepull: Default::default(),
+            etcd_snapshot: None,
         };
         let json = serde_json::to_value(&gates).expect("json");
         assert_eq!(json["canary"]["state"], "holding");

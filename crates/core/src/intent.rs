@@ -134,6 +134,10 @@ pub struct UpgradeIntent {
     pub upgrade_plan: Result<PlanMode, InvalidOption>,
     /// `plan-preview: "true"`: show the plan, touch nothing.
     pub plan_preview: bool,
+    /// `etcd-snapshot`: `Ok(None)` means the default (`talos` when the controller has a snapshot
+    /// destination); an `Err` names the accepted modes, and no Talos run starts until it is fixed (a
+    /// snapshot the user asked for must not silently become none).
+    pub etcd_snapshot: Result<Option<crate::etcd_snapshot::SnapshotMode>, InvalidOption>,
     /// Unrecognised values of the flag annotations (`resume`, the resets, `paused`), whose fields above
     /// hold the safe reading.
     pub invalid_flags: Vec<InvalidOption>,
@@ -187,6 +191,7 @@ impl UpgradeIntent {
                 .is_some_and(|value| !value.is_empty()),
             upgrade_plan: read_upgrade_plan(annotations),
             plan_preview,
+            etcd_snapshot: read_etcd_snapshot(annotations),
             invalid_flags,
         }
     }
@@ -231,6 +236,7 @@ impl UpgradeIntent {
         all.extend(self.soak_after_control_planes.as_ref().err());
         all.extend(self.pause_after_nodes.as_ref().err());
         all.extend(self.upgrade_plan.as_ref().err());
+        all.extend(self.etcd_snapshot.as_ref().err());
         all
     }
 }
@@ -290,6 +296,17 @@ fn read_alert_gate(
     AlertGate::parse(text)
         .map(Some)
         .map_err(|reason| invalid(annotations, annotations::ALERT_GATE, &reason))
+}
+
+fn read_etcd_snapshot(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<crate::etcd_snapshot::SnapshotMode>, InvalidOption> {
+    let Some(text) = value(annotations, annotations::ETCD_SNAPSHOT) else {
+        return Ok(None);
+    };
+    crate::etcd_snapshot::SnapshotMode::parse(text)
+        .map(Some)
+        .map_err(|reason| invalid(annotations, annotations::ETCD_SNAPSHOT, &reason))
 }
 
 fn read_alert_silences(
@@ -930,6 +947,33 @@ mod tests {
             "Annotation upgrade.vitistack.io/alert-silences has the invalid value \"nodes\": use \
              off, node (one silence per node being upgraded) or run (one silence for all the run's \
              nodes while the run goes on)"
+        );
+    }
+
+    /// `etcd-snapshot`: absent or blank is the default; a bad value names the key and the modes.
+    #[test]
+    fn etcd_snapshot() {
+        use crate::etcd_snapshot::SnapshotMode;
+        assert_eq!(intent(&[]).etcd_snapshot, Ok(None));
+        assert_eq!(intent(&[(ETCD_SNAPSHOT, " ")]).etcd_snapshot, Ok(None));
+        for (text, mode) in [
+            ("off", SnapshotMode::Off),
+            ("talos", SnapshotMode::Talos),
+            ("talos-and-kubernetes", SnapshotMode::TalosAndKubernetes),
+        ] {
+            assert_eq!(
+                intent(&[(ETCD_SNAPSHOT, text)]).etcd_snapshot,
+                Ok(Some(mode))
+            );
+        }
+        let bad = intent(&[(ETCD_SNAPSHOT, "always"), (TALOS_TARGET, "1.12.0")]);
+        let error = bad.etcd_snapshot.clone().expect_err("invalid");
+        assert_eq!(bad.invalid_options(), vec![&error]);
+        assert_eq!(
+            error.to_string(),
+            "Annotation upgrade.vitistack.io/etcd-snapshot has the invalid value \"always\": use \
+             off, talos (a snapshot before the first control plane of a Talos run; the default when \
+             the controller has a snapshot destination) or talos-and-kubernetes"
         );
     }
 

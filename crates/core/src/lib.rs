@@ -22,6 +22,7 @@ pub mod annotations;
 pub mod catalog;
 pub mod coexistence;
 pub mod crd;
+pub mod etcd_snapshot;
 pub mod gates;
 pub mod health_checks;
 pub mod holds;

@@ -150,6 +150,18 @@ pub trait Kind {
         observation: &Self::Observation,
         now: Timestamp,
     ) -> Answered<Self::Further>;
+    /// Records in `run` what an answered call that stored something means (the etcd snapshot: where
+    /// it went, verified). A kind that makes no such call treats it as answered.
+    fn stored(
+        run: &mut Self::Run,
+        action: &Self::Action,
+        stored: &crate::etcd_snapshot::Stored,
+        observation: &Self::Observation,
+        now: Timestamp,
+    ) -> Answered<Self::Further> {
+        let _ = stored;
+        Self::answered(run, action, observation, now)
+    }
     /// Records that `action` never reached the node (it had no effect).
     fn not_reached(run: &mut Self::Run, action: &Self::Action);
     /// Records that `action` was refused for a reason that may pass, to be made again later; false
@@ -220,6 +232,8 @@ pub enum Answered<F> {
 pub enum Called {
     /// Answered: it did what it should.
     Done,
+    /// Answered, and what it returned was stored and verified there (the etcd snapshot).
+    Stored(crate::etcd_snapshot::Stored),
     /// Not reached: the call never got to the node, so it had no effect ([`Kind::not_reached`]
     /// records that it may be made again).
     NotReached(String),
@@ -276,6 +290,9 @@ pub struct Limits {
     pub retry_after: Duration,
     /// How long one step of a Kubernetes upgrade may take.
     pub step_deadline: Duration,
+    /// The controller has somewhere to store etcd snapshots (`--etcd-snapshot-dir` or an S3 bucket):
+    /// a cluster's runs take one unless its `etcd-snapshot` says off ([`crate::etcd_snapshot`]).
+    pub etcd_snapshot: bool,
 }
 
 impl Default for Limits {
@@ -286,6 +303,7 @@ impl Default for Limits {
             unanswered_grace: Duration::from_secs(60),
             retry_after: Duration::from_secs(30),
             step_deadline: Duration::from_secs(10 * 60),
+            etcd_snapshot: false,
         }
     }
 }
@@ -1110,6 +1128,13 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                     Answered::DecideAgain => decide_again = true,
                     Answered::LookFurther(look) => further.push(look),
                 },
+                Called::Stored(stored) => {
+                    match K::stored(&mut run, action, &stored, &pass.observation, now) {
+                        Answered::Nothing => {}
+                        Answered::DecideAgain => decide_again = true,
+                        Answered::LookFurther(look) => further.push(look),
+                    }
+                }
                 Called::NotReached(_) => K::not_reached(&mut run, action),
                 Called::Unanswered(_) => {}
                 Called::Retry(reason) if K::retry(&mut run, action, &reason, now) => {}

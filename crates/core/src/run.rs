@@ -178,10 +178,12 @@ pub enum Reason {
     PlanRefused,
     /// `plan-preview`: the plan the controller would run, nothing touched.
     PlanPreview,
+    /// The etcd snapshot before the first control plane was stored and verified (where, size, sha256).
+    EtcdSnapshotTaken,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 30] = [
+    pub const ALL: [Reason; 31] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -212,6 +214,7 @@ impl Reason {
         Reason::PlanFinished,
         Reason::PlanRefused,
         Reason::PlanPreview,
+        Reason::EtcdSnapshotTaken,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -246,6 +249,7 @@ impl Reason {
             Reason::PlanFinished => "PlanFinished",
             Reason::PlanRefused => "PlanRefused",
             Reason::PlanPreview => "PlanPreview",
+            Reason::EtcdSnapshotTaken => "EtcdSnapshotTaken",
         }
     }
 
@@ -281,7 +285,8 @@ impl Reason {
             | Reason::PlanHopFinished
             | Reason::PlanFinished
             | Reason::PlanRefused
-            | Reason::PlanPreview => None,
+            | Reason::PlanPreview
+            | Reason::EtcdSnapshotTaken => None,
         }
     }
 }

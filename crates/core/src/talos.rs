@@ -61,6 +61,8 @@ pub struct Settings {
     pub installer: Option<InstallerOverride>,
     /// The operator's gates before each node (see [`crate::holds`]).
     pub gates: GateSettings,
+    /// Take an etcd snapshot before the first control plane ([`crate::etcd_snapshot`]).
+    pub etcd_snapshot: bool,
 }
 
 /// What the controller sees of one node right now.
@@ -180,6 +182,10 @@ pub enum Action {
     Reboot { node: String },
     /// Make a node the run cordoned schedulable again.
     Uncordon { node: String },
+    /// Take an etcd snapshot from a control plane and store it ([`crate::etcd_snapshot`]), before the
+    /// first control plane is upgraded; the run records it as being taken first. Changes nothing on
+    /// the node.
+    EtcdSnapshot { node: String },
 }
 
 impl Action {
@@ -190,7 +196,8 @@ impl Action {
             | Action::Pull { node, .. }
             | Action::Upgrade { node, .. }
             | Action::Reboot { node }
-            | Action::Uncordon { node } => node,
+            | Action::Uncordon { node }
+            | Action::EtcdSnapshot { node } => node,
         }
     }
 }
@@ -457,6 +464,20 @@ fn advance_run(
     if run.outcome.is_some() {
         // Decided before: report it again, but announce nothing twice.
         return finish(run, Vec::new(), notes, None, false);
+    }
+    // The snapshot stored by the call just answered: announced once, with where it went.
+    if let Some(crate::etcd_snapshot::Snapshot::Taken {
+        node,
+        stored,
+        announced: announced @ false,
+        ..
+    }) = &mut run.gates.etcd_snapshot
+    {
+        notes.push(Note::normal(
+            Reason::EtcdSnapshotTaken,
+            crate::etcd_snapshot::taken_message(node, stored),
+        ));
+        *announced = true;
     }
 
     // 0. Nodes not started that left the cluster (gone from its node list): the run goes on without
@@ -1180,6 +1201,8 @@ enum Held {
     Gate(Hold),
     /// The status message of the pre-pull.
     PrePull(String),
+    /// The etcd snapshot before the first control plane is being taken (the status message).
+    Snapshot(String),
 }
 
 impl Held {
@@ -1187,7 +1210,7 @@ impl Held {
         match self {
             Held::Preflight(_, why) => why,
             Held::Gate(hold) => &hold.message,
-            Held::PrePull(message) => message,
+            Held::PrePull(message) | Held::Snapshot(message) => message,
         }
     }
 }
@@ -1430,6 +1453,12 @@ impl Pass<'_> {
                     return None;
                 }
             };
+            if node.role == NodeRole::ControlPlane
+                && settings.etcd_snapshot
+                && let Some(held) = snapshot_first(run, observation, &name, now, actions)
+            {
+                return Some(held);
+            }
             let api = UpgradeApi::for_running(version);
             // Pulled by the pre-pull a moment ago: the install follows at once (see
             // `prepull::FRESH` for why a node whose pull is older pulls again).
@@ -1475,6 +1504,79 @@ impl Pass<'_> {
         }
         None
     }
+}
+
+/// The etcd snapshot before the first control plane `first` starts ([`crate::etcd_snapshot`]):
+/// nothing once it is taken; otherwise the call to make (recorded in the run first) and the hold
+/// while it is made. Asked only when etcd is healthy. A call found recorded but unanswered is made
+/// again: a snapshot changes nothing.
+fn snapshot_first(
+    run: &mut Run,
+    observation: &Observation,
+    first: &str,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+) -> Option<Held> {
+    use crate::etcd_snapshot::{self as snapshot, Snapshot};
+    if run
+        .gates
+        .etcd_snapshot
+        .as_ref()
+        .is_some_and(Snapshot::is_taken)
+    {
+        return None;
+    }
+    let sources: Vec<snapshot::Source> = observation
+        .nodes
+        .iter()
+        .filter(|n| n.role == NodeRole::ControlPlane && is_healthy(n))
+        .map(|n| snapshot::Source {
+            name: n.name.clone(),
+            leader: observation.etcd.leader.as_deref() == Some(n.name.as_str()),
+        })
+        .collect();
+    let Some(node) = snapshot::choose(&sources) else {
+        return Some(Held::Preflight(
+            PreflightCheck::EtcdHealth,
+            snapshot::no_source_message(first),
+        ));
+    };
+    run.gates.etcd_snapshot = Some(Snapshot::Taking {
+        node: node.clone(),
+        at: now,
+    });
+    actions.push(Action::EtcdSnapshot { node: node.clone() });
+    Some(Held::Snapshot(snapshot::taking_message(&node, first)))
+}
+
+/// Records the snapshot stored and verified.
+pub(crate) fn snapshot_stored(
+    run: &mut Run,
+    node: &str,
+    stored: &crate::etcd_snapshot::Stored,
+    now: Timestamp,
+) {
+    run.gates.etcd_snapshot = Some(crate::etcd_snapshot::Snapshot::Taken {
+        node: node.to_string(),
+        at: now,
+        stored: stored.clone(),
+        announced: false,
+    });
+}
+
+/// Records the snapshot failed: the run fails before any control plane, naming the node it was taken
+/// from. No node of the run is marked failed (none was touched by it).
+pub(crate) fn snapshot_failed(run: &mut Run, node: &str, reason: &str, now: Timestamp) {
+    run.gates.etcd_snapshot = Some(crate::etcd_snapshot::Snapshot::Failed {
+        node: node.to_string(),
+        at: now,
+        reason: reason.to_string(),
+    });
+    run.outcome = Some(Outcome::Failed {
+        at: now,
+        node: Some(node.to_string()),
+        reason: crate::etcd_snapshot::failure(node, reason),
+    });
 }
 
 /// Nodes this run upgraded (not those found on the target).
@@ -1608,7 +1710,7 @@ fn finish(
                 ([], Some(Held::Gate(hold))) if hold.gate == Gate::Canary => {
                     format!("Paused by {} ({done}/{total} done)", hold.message)
                 }
-                ([], Some(Held::PrePull(message))) => message.clone(),
+                ([], Some(Held::PrePull(message) | Held::Snapshot(message))) => message.clone(),
                 ([], Some(held)) => format!("Waiting: {} ({done}/{total} done)", held.message()),
                 ([], None) => format!("Upgrading ({done}/{total} done)"),
                 (many, _) => format!("Upgrading nodes {} ({done}/{total} done)", many.join(", ")),

@@ -225,6 +225,16 @@ impl Kind for Talos {
         intent.health_checks.as_ref().map_err(Clone::clone)?;
         // So is a silence mode it cannot read: the user meant some silences, or none.
         intent.alert_silences.clone()?;
+        // A snapshot asked for by name needs somewhere to go: without one the run does not start.
+        let snapshot_mode = intent.etcd_snapshot.clone()?;
+        let etcd_snapshot =
+            crate::etcd_snapshot::wanted_for_talos(snapshot_mode, limits.etcd_snapshot).map_err(
+                |reason| InvalidOption {
+                    key: crate::annotations::ETCD_SNAPSHOT,
+                    value: snapshot_mode.map_or("", |m| m.as_str()).to_string(),
+                    reason,
+                },
+            )?;
         Ok(Settings {
             order,
             max_parallel_workers: parallel.get() as usize,
@@ -238,6 +248,7 @@ impl Kind for Talos {
                 pause_after_nodes: intent.pause_after_nodes.clone()?,
                 resume: intent.resume,
             },
+            etcd_snapshot,
             ..Talos::stopping(limits)
         })
     }
@@ -255,6 +266,7 @@ impl Kind for Talos {
             installer: None,
             // Stopping starts no node: no gate is asked.
             gates: GateSettings::default(),
+            etcd_snapshot: false,
         }
     }
 
@@ -385,6 +397,14 @@ impl Kind for Talos {
         }
         // A pull that failed gets its attempts afresh; pulls done stay done.
         run.gates.prepull.resume();
+        // A snapshot that failed is taken again; one taken stays (it is the state before the first
+        // control plane, which is what it is for).
+        if matches!(
+            run.gates.etcd_snapshot,
+            Some(crate::etcd_snapshot::Snapshot::Failed { .. })
+        ) {
+            run.gates.etcd_snapshot = None;
+        }
         run.outcome = None;
     }
 
@@ -756,6 +776,26 @@ impl Kind for Talos {
                 Answered::Nothing
             }
             Action::Uncordon { .. } => Answered::Nothing,
+            // The shell answers a snapshot with where it is stored (`stored`); an answer without it
+            // stored nothing, and the next pass takes it again.
+            Action::EtcdSnapshot { .. } => Answered::Nothing,
+        }
+    }
+
+    fn stored(
+        run: &mut Run,
+        action: &Action,
+        stored: &crate::etcd_snapshot::Stored,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Answered<Further> {
+        match action {
+            // Stored and verified: the first control plane may start in the same pass.
+            Action::EtcdSnapshot { node } => {
+                super::snapshot_stored(run, node, stored, now);
+                Answered::DecideAgain
+            }
+            _ => Talos::answered(run, action, observation, now),
         }
     }
 
@@ -828,6 +868,11 @@ impl Kind for Talos {
     }
 
     fn refused(run: &mut Run, action: &Action, reason: &str, now: Timestamp) -> Vec<Action> {
+        // No node of the run was touched by a snapshot: the run fails before the control planes.
+        if let Action::EtcdSnapshot { node } = action {
+            super::snapshot_failed(run, node, reason, now);
+            return Vec::new();
+        }
         if let Action::PrePull {
             node,
             installer_image,

@@ -28,6 +28,7 @@ fn settings() -> Settings {
         retry_after: Duration::from_secs(30),
         installer: None,
         gates: Default::default(),
+        etcd_snapshot: false,
     }
 }
 
@@ -647,6 +648,7 @@ fn whole_run(from: &str, to: &str, order: UpgradeOrder, parallel: usize) {
                     let other = if node == "cp-1" { "cp-2" } else { "cp-1" };
                     obs.etcd.leader = Some(other.into());
                 }
+                Action::EtcdSnapshot { .. } => panic!("{case}: no snapshot was asked for"),
             }
         }
         for name in &going_down {
@@ -2392,4 +2394,250 @@ fn a_node_that_cannot_pull_fails_the_run_before_any_node_starts_and_resume_pulls
         [("worker-2", UpgradeApi::Lifecycle)]
     );
     assert_eq!(again.report.state, RunState::InProgress);
+}
+
+// ----- the etcd snapshot before the first control plane (issue 24 item 3) -----
+
+fn snapshotting() -> Settings {
+    Settings {
+        etcd_snapshot: true,
+        ..settings()
+    }
+}
+
+fn stored() -> crate::etcd_snapshot::Stored {
+    crate::etcd_snapshot::Stored {
+        location: "file:///snapshots/default/c1/20261129T020000Z-talos-1.12.0.snapshot".into(),
+        size: 262_176,
+        sha256: "5e".repeat(32),
+    }
+}
+
+/// Where the first control plane would start, the snapshot comes first: from a healthy follower, the
+/// call recorded before it is made; nothing when it is not asked for, or not yet the control planes'
+/// turn, or before the checks that hold a control plane anyway.
+#[test]
+fn the_snapshot_is_taken_where_the_first_control_plane_would_start() {
+    use crate::etcd_snapshot::Snapshot;
+    struct Case {
+        name: &'static str,
+        order: UpgradeOrder,
+        workers_done: bool,
+        snapshot: bool,
+        change: fn(&mut Observation),
+        actions: Vec<Action>,
+        message: &'static str,
+    }
+    let snap = |node: &str| Action::EtcdSnapshot { node: node.into() };
+    let cases = [
+        Case {
+            name: "workers done: from the first follower by name",
+            order: UpgradeOrder::WorkersFirst,
+            workers_done: true,
+            snapshot: true,
+            change: |_| {},
+            actions: vec![snap("cp-1")],
+            message: "Taking an etcd snapshot from cp-1 before upgrading control plane cp-1",
+        },
+        Case {
+            name: "control planes first: before the very first node",
+            order: UpgradeOrder::ControlPlanesFirst,
+            workers_done: false,
+            snapshot: true,
+            change: |_| {},
+            actions: vec![snap("cp-1")],
+            message: "Taking an etcd snapshot from cp-1 before upgrading control plane cp-1",
+        },
+        Case {
+            name: "workers first: the workers start without one",
+            order: UpgradeOrder::WorkersFirst,
+            workers_done: false,
+            snapshot: true,
+            change: |_| {},
+            actions: vec![Action::Upgrade {
+                node: "worker-1".into(),
+                installer_image: "factory.talos.dev/installer/abc123:v1.12.0".into(),
+                api: UpgradeApi::Legacy,
+            }],
+            message: "Upgrading node worker-1 (1/5)",
+        },
+        Case {
+            name: "not asked for: the control plane starts",
+            order: UpgradeOrder::WorkersFirst,
+            workers_done: true,
+            snapshot: false,
+            change: |_| {},
+            actions: vec![Action::Upgrade {
+                node: "cp-1".into(),
+                installer_image: "factory.talos.dev/installer/abc123:v1.12.0".into(),
+                api: UpgradeApi::Legacy,
+            }],
+            message: "Upgrading node cp-1 (3/5)",
+        },
+        Case {
+            name: "etcd unhealthy: the control planes' own hold comes first",
+            order: UpgradeOrder::WorkersFirst,
+            workers_done: true,
+            snapshot: true,
+            change: |obs| obs.etcd.problem = Some("member cp-2 is unhealthy".into()),
+            actions: vec![],
+            message: "Waiting: etcd is not healthy (member cp-2 is unhealthy); holding before \
+                      control plane cp-1 (2/5 done)",
+        },
+        Case {
+            name: "the first control plane is the leader: leadership moves first",
+            order: UpgradeOrder::WorkersFirst,
+            workers_done: true,
+            snapshot: true,
+            change: |obs| obs.etcd.leader = Some("cp-1".into()),
+            actions: vec![Action::ForfeitEtcdLeadership {
+                node: "cp-1".into(),
+            }],
+            message: "Waiting: moving etcd leadership off cp-1 before upgrading it (2/5 done)",
+        },
+    ];
+    for case in cases {
+        let mut obs = cluster("1.11.6");
+        (case.change)(&mut obs);
+        let mut run = start_run("1.12.0", &v("1.12.0"), case.order, &obs, t0());
+        if case.workers_done {
+            run = workers_done("1.12.0", &obs);
+        }
+        let settings = if case.snapshot {
+            snapshotting()
+        } else {
+            settings()
+        };
+        let decision = decide(&run, &settings, &obs, t0());
+        assert_eq!(decision.actions, case.actions, "{}", case.name);
+        assert_eq!(decision.report.message, case.message, "{}", case.name);
+        let taking = matches!(
+            &decision.run.gates.etcd_snapshot,
+            Some(Snapshot::Taking { node, at }) if node == "cp-1" && *at == t0()
+        );
+        let wants_snapshot = case
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::EtcdSnapshot { .. }));
+        assert_eq!(
+            taking, wants_snapshot,
+            "{}: recorded before the call",
+            case.name
+        );
+        // No control plane was touched by any of these decisions.
+        assert!(
+            decision
+                .run
+                .nodes
+                .iter()
+                .filter(|n| n.role == NodeRole::ControlPlane)
+                .all(|n| case.name.starts_with("not asked") || matches!(n.step, NodeStep::Pending)),
+            "{}",
+            case.name
+        );
+    }
+}
+
+/// Stored and verified: the first control plane starts in the same pass, and where the snapshot went
+/// is announced once. A call found recorded but unanswered is made again.
+#[test]
+fn a_stored_snapshot_lets_the_first_control_plane_start_and_is_announced_once() {
+    use crate::etcd_snapshot::Snapshot;
+    use crate::lifecycle::{Answered, Kind as _};
+    let obs = cluster("1.11.6");
+    let run = workers_done("1.12.0", &obs);
+    let first = decide(&run, &snapshotting(), &obs, t0());
+    let action = first.actions[0].clone();
+
+    // Unanswered (the controller stopped during it): taken again, from the same node.
+    let again = decide(&first.run, &snapshotting(), &obs, t0() + 10.seconds());
+    assert_eq!(again.actions, vec![action.clone()]);
+
+    let mut answered = first.run.clone();
+    let next = Talos::stored(&mut answered, &action, &stored(), &obs, t0() + 5.seconds());
+    assert_eq!(next, Answered::DecideAgain);
+    let started = decide(&answered, &snapshotting(), &obs, t0() + 5.seconds());
+    assert_eq!(upgraded_nodes(&started.actions), vec!["cp-1"]);
+    let taken: Vec<&str> = started
+        .report
+        .notes
+        .iter()
+        .filter(|n| n.reason == Reason::EtcdSnapshotTaken)
+        .map(|n| n.message.as_str())
+        .collect();
+    assert_eq!(
+        taken,
+        vec![format!(
+            "etcd snapshot from cp-1 stored at \
+             file:///snapshots/default/c1/20261129T020000Z-talos-1.12.0.snapshot (262176 bytes, \
+             sha256 {}); upgrading the control planes",
+            "5e".repeat(32)
+        )]
+    );
+    assert!(matches!(
+        &started.run.gates.etcd_snapshot,
+        Some(Snapshot::Taken { node, announced: true, stored: s, .. }) if node == "cp-1" && *s == stored()
+    ));
+    // The next control plane needs none, and nothing is announced twice.
+    let mut later = started.run.clone();
+    for n in later.nodes.iter_mut().filter(|n| n.name == "cp-1") {
+        n.step = NodeStep::Done {
+            at: t0(),
+            started_at: Some(t0()),
+        };
+    }
+    let second = decide(&later, &snapshotting(), &obs, t0() + 10.minutes());
+    assert_eq!(upgraded_nodes(&second.actions), vec!["cp-2"]);
+    assert!(
+        second
+            .report
+            .notes
+            .iter()
+            .all(|n| n.reason != Reason::EtcdSnapshotTaken)
+    );
+}
+
+/// A snapshot that failed or could not be verified fails the run before any control plane, naming
+/// the node it was taken from; no node is marked failed; `resume` takes it again.
+#[test]
+fn a_failed_snapshot_fails_the_run_before_any_control_plane_and_resume_takes_it_again() {
+    use crate::lifecycle::Kind as _;
+    let obs = cluster("1.11.6");
+    let run = workers_done("1.12.0", &obs);
+    let first = decide(&run, &snapshotting(), &obs, t0());
+    let mut failed = first.run.clone();
+    let cleanup = Talos::refused(
+        &mut failed,
+        &first.actions[0],
+        "the stored snapshot is 131088 bytes and lacks the SHA-256 etcd appends (cut short?)",
+        t0(),
+    );
+    assert!(cleanup.is_empty());
+    let decision = decide(&failed, &snapshotting(), &obs, t0());
+    assert_eq!(decision.report.state, RunState::Failed);
+    assert_eq!(
+        decision.report.message,
+        "Talos upgrade failed: the etcd snapshot from control plane cp-1 failed: the stored \
+         snapshot is 131088 bytes and lacks the SHA-256 etcd appends (cut short?); the run stopped \
+         before upgrading any control plane (none was touched): fix the node or the snapshot \
+         destination, then set resume to take it again"
+    );
+    assert!(decision.report.failed_nodes.is_empty());
+    assert!(decision.actions.is_empty());
+    assert!(
+        failed
+            .nodes
+            .iter()
+            .filter(|n| n.role == NodeRole::ControlPlane)
+            .all(|n| matches!(n.step, NodeStep::Pending))
+    );
+
+    Talos::resume(&mut failed, t0() + 1.minutes());
+    let resumed = decide(&failed, &snapshotting(), &obs, t0() + 1.minutes());
+    assert_eq!(
+        resumed.actions,
+        vec![Action::EtcdSnapshot {
+            node: "cp-1".into()
+        }]
+    );
 }

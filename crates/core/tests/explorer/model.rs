@@ -628,7 +628,8 @@ impl World {
             talos::Action::PrePull { .. }
             | talos::Action::Pull { .. }
             | talos::Action::ForfeitEtcdLeadership { .. }
-            | talos::Action::Uncordon { .. } => {}
+            | talos::Action::Uncordon { .. }
+            | talos::Action::EtcdSnapshot { .. } => {}
         }
         self.move_leader_off_down_nodes();
     }
