@@ -26,6 +26,9 @@ const KUBERNETES_KEY: &str = "kubernetes.json";
 /// replaced it, given back when the run ends (see [`talos_upgrade_core::report::PhaseChange`]).
 const PHASE_BEFORE_UPGRADE_KEY: &str = "phase-before-upgrade";
 const MANAGED_BY: &str = "talos-upgrade-controller";
+/// The multi-hop upgrade plan (`core::plan::Plan`) with the targets it was computed for; kept among
+/// the other keys, so a controller that does not know plans keeps it too.
+const PLAN_KEY: &str = "plan.json";
 /// Label naming the cluster a progress ConfigMap belongs to.
 pub const CLUSTER_LABEL: &str = "upgrade.vitistack.io/cluster";
 
@@ -74,6 +77,14 @@ impl Progress {
     /// it, to give back when the controller's own phase goes.
     pub fn phase_before_upgrade(&self) -> Option<&str> {
         self.phase_before_upgrade.as_deref()
+    }
+
+    /// The multi-hop plan being followed. One that cannot be read is no plan: it is computed again
+    /// from the versions shown, and every hop's run checks its own start anyway.
+    pub fn plan(&self) -> Option<talos_upgrade_core::plan::Plan> {
+        self.other
+            .get(PLAN_KEY)
+            .and_then(|json| serde_json::from_str(json).ok())
     }
 
     /// The record as the cluster whose uid is `owner` may use it. A record written for another object
@@ -177,6 +188,26 @@ impl<'a> Records<'a> {
             return Ok(());
         }
         self.progress.phase_before_upgrade = phase;
+        self.store
+            .save(&self.cluster, self.owner.clone(), &mut self.progress)
+            .await
+    }
+
+    /// Keeps `plan` as the multi-hop plan, saving the record when that changes it.
+    pub async fn keep_plan(
+        &mut self,
+        plan: Option<&talos_upgrade_core::plan::Plan>,
+    ) -> Result<(), StoreError> {
+        if self.progress.plan().as_ref() == plan {
+            return Ok(());
+        }
+        match plan {
+            Some(plan) => self.progress.other.insert(
+                PLAN_KEY.to_string(),
+                serde_json::to_string_pretty(plan).expect("a plan always serializes"),
+            ),
+            None => self.progress.other.remove(PLAN_KEY),
+        };
         self.store
             .save(&self.cluster, self.owner.clone(), &mut self.progress)
             .await

@@ -43,7 +43,7 @@ use crate::progress_store::{ProgressStore, Records, Stored};
 use crate::talos_upgrade::{SnapshotContext, TalosIo};
 use talos_api::ConnectOptions;
 use talos_upgrade_core::acknowledgement;
-use talos_upgrade_core::annotations::UpgradeKind;
+use talos_upgrade_core::annotations::{self, UpgradeKind};
 use talos_upgrade_core::catalog::Catalog;
 use talos_upgrade_core::coexistence::{self, Standing};
 use talos_upgrade_core::crd::KubernetesCluster;
@@ -52,7 +52,9 @@ use talos_upgrade_core::holds::MaintenanceWindows;
 use talos_upgrade_core::intent::UpgradeIntent;
 use talos_upgrade_core::kubernetes::Kubernetes;
 use talos_upgrade_core::lifecycle::{self, Inputs, Lifecycle, Limits, Revisit};
+use talos_upgrade_core::plan;
 use talos_upgrade_core::report::phase_change;
+use talos_upgrade_core::run::Outcome;
 use talos_upgrade_core::talos::Talos;
 
 /// How often a run whose nodes in flight are all rebooting, and all followed, is looked at anyway. The
@@ -531,9 +533,21 @@ async fn reconcile_cluster(
     let seen: &KubernetesCluster = acknowledged.as_ref().unwrap_or(&cluster);
     let mut records = Records::new(&store, &name, cluster.controller_owner_ref(&()), progress);
     let catalog = ctx.settings.catalog.snapshot();
+    // The multi-hop plan (opt-in): the runs are given the hop's version as their target, and
+    // everything below reads the targets from these annotations (see `core::plan::Layer`).
+    let plan_layer = plan::Layer::new(
+        &intent,
+        seen.annotations(),
+        records.progress().plan(),
+        &catalog,
+    );
+    if plan_layer.forgets() {
+        records.keep_plan(None).await?;
+    }
+    let (run_intent, run_annotations) = plan_layer.effective(&intent, seen.annotations());
     let pass = PassInputs {
-        intent: &intent,
-        annotations: seen.annotations(),
+        intent: &run_intent,
+        annotations: &run_annotations,
         limits: ctx.settings.limits,
         catalog: &catalog,
         now,
@@ -546,7 +560,7 @@ async fn reconcile_cluster(
     let talos_run = records.progress().run::<Talos>().cloned();
     let gates = GateContext {
         cluster: &cluster,
-        intent: &intent,
+        intent: &run_intent,
         config: &ctx.settings.gates,
         now,
         talos_run: talos_run.as_ref(),
@@ -557,7 +571,7 @@ async fn reconcile_cluster(
             alertmanager,
             &cluster,
             *mode,
-            seen.annotations()
+            run_annotations
                 .get(UpgradeKind::Talos.target_key())
                 .map(|target| target.trim())
                 .filter(|target| !target.is_empty()),
@@ -583,11 +597,11 @@ async fn reconcile_cluster(
         .with_snapshots(snapshots);
     let talos_gates = Gates::for_talos(
         records.progress().run::<Kubernetes>(),
-        seen.annotations()
+        run_annotations
             .get(UpgradeKind::Kubernetes.target_key())
             .map(|target| target.trim()),
     );
-    let talos = flow::drive(
+    let mut talos = flow::drive(
         Lifecycle::new(pass.inputs::<Talos>(&records, talos_gates)),
         &mut talos_io,
         &mut records,
@@ -601,7 +615,7 @@ async fn reconcile_cluster(
         talos.conclusion.report.status,
     );
     let mut kubernetes_io = KubernetesIo::new(&access);
-    let kubernetes = flow::drive(
+    let mut kubernetes = flow::drive(
         Lifecycle::new(pass.inputs::<Kubernetes>(&records, kubernetes_gates)),
         &mut kubernetes_io,
         &mut records,
@@ -610,6 +624,22 @@ async fn reconcile_cluster(
     )
     .instrument(kind_span(UpgradeKind::Kubernetes, seen))
     .await?;
+
+    // The plan moves past a hop its run completed, and shows in both kinds' reports.
+    let plan_concluded = plan_layer.conclude(
+        [
+            run_end(records.progress().run::<Talos>()),
+            run_end(records.progress().run::<Kubernetes>()),
+        ],
+        [
+            &mut talos.conclusion.report,
+            &mut kubernetes.conclusion.report,
+        ],
+        seen.annotations()
+            .get(annotations::PLAN_MESSAGE)
+            .map(String::as_str),
+    );
+    records.keep_plan(plan_concluded.keep.as_ref()).await?;
 
     // What the object says now: as a report made before the calls left it, if one was written.
     let baseline: &KubernetesCluster = kubernetes
@@ -650,6 +680,13 @@ async fn reconcile_cluster(
             &kubernetes.conclusion.notes,
         )
         .await;
+    reporter
+        .write_plan_message(baseline, plan_concluded.message.as_deref())
+        .await
+        .map_err(Error::Report)?;
+    reporter
+        .publish(baseline, UpgradeKind::Talos, &plan_concluded.notes)
+        .await;
     // The Alertmanager silences of the Talos run as this reconcile left it (never fatal).
     if let Some(silences) = &silences {
         silences.sync(records.progress().run::<Talos>()).await;
@@ -675,6 +712,8 @@ async fn reconcile_cluster(
     ]
     .into_iter()
     .flatten()
+    // The next hop of a plan starts at once; a plan waiting for the versions looks again soon.
+    .chain(plan_concluded.again.then_some(PLAN_AGAIN))
     .min()
     .unwrap_or(ctx.settings.idle_interval);
     Ok(Action::requeue(requeue))
@@ -706,6 +745,18 @@ async fn stand_aside(
         Standing::Contested(_) => CONTESTED_POLL_INTERVAL.max(ctx.settings.poll_interval),
         Standing::Act | Standing::Excluded => ctx.settings.idle_interval,
     }))
+}
+
+/// How soon a cluster whose plan moved to its next hop (or waits for its versions) is looked at again.
+const PLAN_AGAIN: Duration = Duration::from_secs(1);
+
+/// What a kind's saved run says to the plan.
+fn run_end<R: talos_upgrade_core::run::Record>(run: Option<&R>) -> Option<plan::RunEnd<'_>> {
+    run.map(|run| plan::RunEnd {
+        requested: run.requested(),
+        completed: matches!(run.outcome(), Some(Outcome::Completed { .. })),
+        failed: matches!(run.outcome(), Some(Outcome::Failed { .. })),
+    })
 }
 
 /// What both kinds' lifecycles start from in one reconcile.

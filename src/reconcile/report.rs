@@ -88,6 +88,24 @@ impl Reporter<'_> {
             .map(Some)
     }
 
+    /// Writes the controller's `plan-message` annotation (`None` removes it) when it differs from what
+    /// `cluster` shows; the multi-hop plan's own key, beside the kinds' reports.
+    pub async fn write_plan_message(
+        &self,
+        cluster: &KubernetesCluster,
+        message: Option<&str>,
+    ) -> Result<(), kube::Error> {
+        let key = talos_upgrade_core::annotations::PLAN_MESSAGE;
+        if cluster.annotations().get(key).map(String::as_str) == message {
+            return Ok(());
+        }
+        let patch = serde_json::json!({ "metadata": { "annotations": { key: message } } });
+        self.api
+            .patch(&cluster.name_any(), &patch_params(), &Patch::Merge(patch))
+            .await
+            .map(drop)
+    }
+
     /// Publishes Events on the cluster. An Event that cannot be published is logged, not fatal: the
     /// annotations already say it all.
     pub async fn publish(&self, cluster: &KubernetesCluster, kind: UpgradeKind, notes: &[Note]) {
