@@ -1,5 +1,6 @@
-//! The talos-upgrade-controller binary: `run` (the controller) and `crd` (print the KubernetesCluster
-//! CRD). The Talos node simulator is a binary of its own (`talos-sim`, crates/sim) and is not in this one.
+//! The talos-upgrade-controller binary: `run` (the controller), `crd` (print the KubernetesCluster
+//! CRD) and `plan` (print the upgrade plan the controller would run for a cluster). The Talos node
+//! simulator is a binary of its own (`talos-sim`, crates/sim) and is not in this one.
 
 use std::net::SocketAddr;
 
@@ -19,6 +20,28 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the KubernetesCluster CustomResourceDefinition (YAML)
     Crd,
+    /// Print the upgrade plan the controller would run for a cluster (hops, node order, gates, what
+    /// would hold it now), for a pull request or a change ticket. Reads only.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct PlanArgs {
+    /// The kubeconfig of the management cluster (default: the usual one: KUBECONFIG, ~/.kube/config,
+    /// in-cluster).
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// The cluster's namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    namespace: String,
+    /// The release catalog file the controller runs with (--release-catalog of `run`).
+    #[arg(long, env = "TUC_RELEASE_CATALOG")]
+    release_catalog: Option<std::path::PathBuf>,
+    /// As `run --allow-unknown-releases`.
+    #[arg(long, env = "TUC_ALLOW_UNKNOWN_RELEASES", default_value_t = false)]
+    allow_unknown_releases: bool,
+    /// The KubernetesCluster's name.
+    cluster: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -272,7 +295,36 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run_controller(*args).await,
+        Command::Plan(args) => print_plan(args).await,
     }
+}
+
+/// `plan`: the same preview the `plan-preview` annotation shows, printed one line each.
+async fn print_plan(args: PlanArgs) -> anyhow::Result<()> {
+    use talos_upgrade_controller::{api_client, catalog_sources, plan_preview};
+    let config = match &args.kubeconfig {
+        Some(path) => api_client::config_from_file(path)
+            .await
+            .with_context(|| format!("reading the kubeconfig {}", path.display()))?,
+        None => kube::Config::infer()
+            .await
+            .context("connecting to the Kubernetes API")?,
+    };
+    let client = kube::Client::try_from(config).context("connecting to the Kubernetes API")?;
+    // The live release sources are not asked: the preview shows what the built-in and the file say.
+    let catalog = catalog_sources::builtin_with_file(args.release_catalog.as_deref())
+        .context("reading the release catalog")?
+        .allowing_unknown(args.allow_unknown_releases);
+    let preview = plan_preview::preview_cluster(
+        client,
+        &args.namespace,
+        &args.cluster,
+        &catalog,
+        jiff::Timestamp::now(),
+    )
+    .await?;
+    print!("{}", preview.text());
+    Ok(())
 }
 
 /// The release catalog: built in, extended by the operator's file, refreshed from live sources if asked.

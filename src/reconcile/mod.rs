@@ -473,6 +473,12 @@ async fn reconcile_cluster(
         now,
     };
 
+    // A dry run (`plan-preview`): the plan the controller would run is shown, and nothing else is
+    // decided, called or written.
+    if intent.plan_preview {
+        return preview_plan(&cluster, &ctx, &intent, &store, &reporter, uid).await;
+    }
+
     // One progress record and one access per reconcile, shared by both kinds: the Kubernetes part
     // works on the record as the Talos part left it (saved or not).
     let access = SharedAccess::new(&cluster, &ctx.connections);
@@ -745,6 +751,52 @@ async fn stand_aside(
         Standing::Contested(_) => CONTESTED_POLL_INTERVAL.max(ctx.settings.poll_interval),
         Standing::Act | Standing::Excluded => ctx.settings.idle_interval,
     }))
+}
+
+/// The plan preview of a cluster (`plan-preview: "true"`): the Event and `plan-message`, once per
+/// change of what it says. Its nodes come from the cluster's inventory; no node is called.
+async fn preview_plan(
+    cluster: &KubernetesCluster,
+    ctx: &Context,
+    intent: &UpgradeIntent,
+    store: &ProgressStore,
+    reporter: &report::Reporter<'_>,
+    uid: Option<&str>,
+) -> Result<Action, Error> {
+    let progress = store.load(&cluster.name_any()).await?.of_owner(uid);
+    let access = SharedAccess::new(cluster, &ctx.connections);
+    let nodes = access
+        .get()
+        .await
+        .map(|access| crate::plan_preview::preview_nodes(&access.inventory))
+        .map_err(|error| error.to_string());
+    let catalog = ctx.settings.catalog.snapshot();
+    let preview = plan::preview::preview(&plan::preview::PreviewInputs {
+        annotations: cluster.annotations(),
+        intent,
+        stored: progress.plan(),
+        catalog: &catalog,
+        nodes: nodes.as_deref().map_err(Clone::clone),
+        now: reporter.now,
+    });
+    let message = preview.message();
+    if cluster.annotations().get(annotations::PLAN_MESSAGE) != Some(&message) {
+        reporter
+            .write_plan_message(cluster, Some(&message))
+            .await
+            .map_err(Error::Report)?;
+        reporter
+            .publish(
+                cluster,
+                UpgradeKind::Talos,
+                &[talos_upgrade_core::run::Note::normal(
+                    talos_upgrade_core::run::Reason::PlanPreview,
+                    message,
+                )],
+            )
+            .await;
+    }
+    Ok(Action::requeue(ctx.settings.idle_interval))
 }
 
 /// How soon a cluster whose plan moved to its next hop (or waits for its versions) is looked at again.
