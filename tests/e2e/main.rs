@@ -24,6 +24,7 @@ mod helm;
 mod image;
 mod kubernetes_upgrade;
 mod leader_election;
+mod plans;
 mod prepull;
 mod prometheus;
 mod shards;
