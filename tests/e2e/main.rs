@@ -18,6 +18,7 @@ mod cluster_lifecycle;
 mod cluster_shapes;
 mod coexistence;
 mod deploy;
+mod etcd_snapshot;
 mod gates;
 mod health_checks;
 mod helm;

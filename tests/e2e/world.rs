@@ -432,6 +432,15 @@ impl World {
         self.silences = Some(config);
     }
 
+    /// Gives the controller instances started from now on an etcd snapshot destination
+    /// (tests/e2e/etcd_snapshot.rs).
+    pub fn set_etcd_snapshots(
+        &mut self,
+        config: talos_upgrade_controller::etcd_snapshot::SnapshotConfig,
+    ) {
+        self.settings.etcd_snapshots = Some(config);
+    }
+
     /// [`World::stop_controller`], then [`World::start_controller`].
     pub async fn restart_controller(&self) {
         self.stop_controller().await;

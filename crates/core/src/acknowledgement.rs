@@ -86,7 +86,13 @@ pub fn acknowledgement(
         || intent.maintenance_window.is_err()
         || intent.soak_after_node.is_err()
         || intent.soak_after_control_planes.is_err()
-        || intent.pause_after_nodes.is_err();
+        || intent.pause_after_nodes.is_err()
+        // An etcd-snapshot mode other than the default or off depends on the controller having a
+        // snapshot destination, which only the reconcile knows: it reports those itself.
+        || !matches!(
+            intent.etcd_snapshot,
+            Ok(None | Some(crate::etcd_snapshot::SnapshotMode::Off))
+        );
     let in_progress = |key: &str| {
         annotations.get(key).map(String::as_str) == Some(UpgradeStatus::InProgress.as_str())
     };

@@ -1,0 +1,376 @@
+//! The etcd snapshot before the control planes (issue 24 item 3), against the real API server, the
+//! simulator (which streams a snapshot from a control plane and records the call) and, for the bucket,
+//! a real S3-compatible server (SeaweedFS, scripts/build-seaweedfs.sh): the snapshot is stored,
+//! verified and announced before the first control plane is upgraded; the newest N of a cluster are
+//! kept; a snapshot that fails stops the run before any control plane; a bad `etcd-snapshot` value
+//! starts nothing.
+
+use std::path::{Path, PathBuf};
+
+use talos_sim::{CallRecord, Fault};
+use talos_upgrade_controller::etcd_snapshot::{Destination, SnapshotConfig};
+
+use crate::world::{World, WorldSpec};
+
+const ETCD_SNAPSHOT: &str = "/machine.MachineService/EtcdSnapshot";
+const LEGACY_UPGRADE: &str = "/machine.MachineService/Upgrade";
+
+/// A fresh directory for one test's snapshots (removed by [`Scratch`]'s drop).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("tuc-etcd-snapshot-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A world whose controller stores snapshots in `destination`, keeping `keep`.
+async fn world_with(prefix: &str, destination: Destination, keep: usize) -> World {
+    let mut world = World::start(
+        prefix,
+        WorldSpec {
+            start_controller: false,
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    world.set_etcd_snapshots(SnapshotConfig::new(destination, keep).expect("a snapshot config"));
+    world.start_controller();
+    world
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn is_control_plane(world: &World, node: &str) -> bool {
+    node.starts_with(&world.node("cp-"))
+}
+
+/// What the `EtcdSnapshotTaken` Event says: (node, location, size, sha256).
+fn parse_taken(message: &str) -> (String, String, u64, String) {
+    let rest = message
+        .strip_prefix("etcd snapshot from ")
+        .unwrap_or_else(|| panic!("{message}"));
+    let (node, rest) = rest.split_once(" stored at ").expect("stored at");
+    let (location, rest) = rest.split_once(" (").expect("(");
+    let (size, rest) = rest.split_once(" bytes, sha256 ").expect("bytes");
+    let (sha, rest) = rest.split_once(')').expect(")");
+    assert_eq!(rest, "; upgrading the control planes", "{message}");
+    (
+        node.to_string(),
+        location.to_string(),
+        size.parse().expect("size"),
+        sha.to_string(),
+    )
+}
+
+/// The snapshot the persisted Talos run records (`gates.etcdSnapshot` of `talos.json`).
+async fn recorded_snapshot(world: &World) -> serde_json::Value {
+    let text = world
+        .ns
+        .kubectl_ok(&[
+            "get",
+            "configmap",
+            &format!("talos-upgrade-{}", world.cluster),
+            "-o",
+            "jsonpath={.data.talos\\.json}",
+        ])
+        .await;
+    let run: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("talos.json {text:?}: {e}"));
+    run["gates"]["etcdSnapshot"].clone()
+}
+
+/// The EtcdSnapshot calls, and the index of the first upgrade call to a control plane.
+fn snapshot_calls_and_first_control_plane(
+    world: &World,
+    record: &[CallRecord],
+) -> (Vec<(usize, CallRecord)>, Option<usize>) {
+    let snapshots = record
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.method == ETCD_SNAPSHOT)
+        .map(|(i, c)| (i, c.clone()))
+        .collect();
+    let first_control_plane = record
+        .iter()
+        .position(|c| c.method == LEGACY_UPGRADE && is_control_plane(world, &c.node));
+    (snapshots, first_control_plane)
+}
+
+fn metric(world: &World, destination: &str, result: &str) -> Option<String> {
+    world
+        .metrics
+        .encode()
+        .lines()
+        .find(|l| {
+            l.starts_with("talos_upgrade_etcd_snapshots_total{")
+                && l.contains(&format!("destination=\"{destination}\""))
+                && l.contains(&format!("result=\"{result}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next().map(str::to_string))
+}
+
+fn snapshots_in(folder: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(folder)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Talos 1.11.6 -> 1.12.0, workers first, to a directory keeping 2: the workers go, then one
+/// EtcdSnapshot from a control plane, then the control planes; the file's size and SHA-256 are what
+/// the Event and the progress record say and what the node sent; the older snapshots of this cluster
+/// beyond the newest 2 are deleted, another cluster's are not.
+#[tokio::test]
+async fn a_snapshot_to_a_directory_comes_before_the_first_control_plane_and_is_verified() {
+    let scratch = Scratch::new("dir");
+    let world = world_with("es-dir", Destination::Dir(scratch.0.clone()), 2).await;
+    // Older snapshots of this cluster, and one of another cluster in the same namespace.
+    let folder = scratch.0.join(&world.ns.name).join(&world.cluster);
+    let other = scratch.0.join(&world.ns.name).join("other-cluster");
+    std::fs::create_dir_all(&folder).expect("folder");
+    std::fs::create_dir_all(&other).expect("folder");
+    for old in [
+        "20250101T000000Z-talos-1.11.5.snapshot",
+        "20250601T000000Z-talos-1.11.6.snapshot",
+    ] {
+        std::fs::write(folder.join(old), b"old").expect("an old snapshot");
+    }
+    std::fs::write(
+        other.join("20250101T000000Z-talos-1.11.5.snapshot"),
+        b"other",
+    )
+    .expect("another cluster's snapshot");
+
+    world.upgrade_talos("1.11.6", "1.12.0").await;
+    world.assert_each_node_upgraded_once(5);
+
+    // The call: once, to a control plane, after the workers and before the first control plane.
+    let record = world.sim.record();
+    let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
+    assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
+    let (at, call) = &snapshots[0];
+    assert!(is_control_plane(&world, &call.node), "{call:?}");
+    assert_eq!(call.result, "ok");
+    let first_control_plane = first_control_plane.expect("a control plane was upgraded");
+    assert!(*at < first_control_plane, "{}", world.sim.record_json());
+    let workers_before = record[..*at]
+        .iter()
+        .filter(|c| c.method == LEGACY_UPGRADE && !is_control_plane(&world, &c.node))
+        .count();
+    assert_eq!(workers_before, 2, "both workers went first");
+
+    // The Event, the file, the record and the node agree.
+    let events = world.event_messages("EtcdSnapshotTaken").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (node, location, size, sha) = parse_taken(&events[0]);
+    assert_eq!(node, call.node);
+    let path = PathBuf::from(location.strip_prefix("file://").expect("a file location"));
+    assert!(path.starts_with(&folder), "{location}");
+    let file_name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(file_name.ends_with("-talos-1.12.0.snapshot"), "{file_name}");
+    let bytes = std::fs::read(&path).expect("the stored snapshot");
+    assert_eq!(bytes.len() as u64, size);
+    assert_eq!(sha256_hex(&bytes), sha);
+    assert_eq!(call.params["size"], size);
+    assert_eq!(call.params["sha256"], sha);
+    let recorded = recorded_snapshot(&world).await;
+    assert_eq!(recorded["state"], "taken", "{recorded}");
+    assert_eq!(recorded["node"], node);
+    assert_eq!(recorded["location"], location);
+    assert_eq!(recorded["size"], size);
+    assert_eq!(recorded["sha256"], sha);
+
+    // Kept: the newest 2 of this cluster; the other cluster's untouched; no partial file left.
+    assert_eq!(
+        snapshots_in(&folder),
+        vec![
+            "20250601T000000Z-talos-1.11.6.snapshot".to_string(),
+            file_name
+        ]
+    );
+    assert_eq!(
+        snapshots_in(&other),
+        vec!["20250101T000000Z-talos-1.11.5.snapshot".to_string()]
+    );
+    assert_eq!(metric(&world, "dir", "ok").as_deref(), Some("1"));
+    world.stop_controller().await;
+}
+
+/// A snapshot cut short (the stream ends early without an error) cannot be verified: the run stops
+/// after the workers, before any control plane, naming the node and why; nothing is left in the
+/// directory; `resume` takes it again and the run completes.
+#[tokio::test]
+async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_plane() {
+    let scratch = Scratch::new("cut");
+    let world = world_with("es-cut", Destination::Dir(scratch.0.clone()), 3).await;
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        world
+            .sim
+            .inject_fault(&world.node(cp), Fault::EtcdSnapshotTruncated)
+            .expect("fault");
+    }
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world.annotate("talos-target", "1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "180s")
+        .await;
+
+    let record = world.sim.record();
+    let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
+    assert_eq!(first_control_plane, None, "{}", world.sim.record_json());
+    assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
+    let node = snapshots[0].1.node.clone();
+    let sent = snapshots[0].1.params["size"].as_u64().expect("size");
+    assert_eq!(world.upgrade_calls().len(), 2, "only the workers");
+    let message = world.annotation("talos-message").await;
+    assert_eq!(
+        message,
+        format!(
+            "Talos upgrade failed: the etcd snapshot from control plane {node} failed: the node \
+             sent {sent} bytes that do not end with the SHA-256 etcd appends to a whole snapshot \
+             (the stream was cut short or the data is corrupt); the run stopped before upgrading \
+             any control plane (none was touched): fix the node or the snapshot destination, then \
+             set resume to take it again"
+        )
+    );
+    assert_eq!(world.annotation("failed-nodes").await, "");
+    let events = world.event_messages("UpgradeFailed").await;
+    assert_eq!(events, vec![message.clone()]);
+    let folder = scratch.0.join(&world.ns.name).join(&world.cluster);
+    assert_eq!(snapshots_in(&folder), Vec::<String>::new());
+    assert_eq!(metric(&world, "dir", "failed").as_deref(), Some("1"));
+    assert_eq!(
+        recorded_snapshot(&world).await["state"],
+        "failed",
+        "the run records it"
+    );
+
+    // Fixed, and resumed: taken again, then the control planes.
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        world.sim.clear_faults(&world.node(cp)).expect("clear");
+    }
+    world.annotate("resume", "true").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    world.assert_each_node_upgraded_once(5);
+    let (snapshots, first_control_plane) =
+        snapshot_calls_and_first_control_plane(&world, &world.sim.record());
+    assert_eq!(snapshots.len(), 2);
+    assert!(snapshots[1].0 < first_control_plane.expect("control planes upgraded"));
+    assert_eq!(snapshots_in(&folder).len(), 1);
+    assert_eq!(metric(&world, "dir", "ok").as_deref(), Some("1"));
+    world.stop_controller().await;
+}
+
+/// The node refuses the snapshot (etcd could not read it): the run fails naming the node and the
+/// node's answer, before any control plane.
+#[tokio::test]
+async fn a_snapshot_the_node_refuses_stops_the_run_naming_the_node() {
+    let scratch = Scratch::new("refused");
+    let world = world_with("es-refused", Destination::Dir(scratch.0.clone()), 3).await;
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        world
+            .sim
+            .inject_fault(&world.node(cp), Fault::EtcdSnapshotFails)
+            .expect("fault");
+    }
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world.annotate("talos-target", "1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "180s")
+        .await;
+    let record = world.sim.record();
+    let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
+    assert_eq!(first_control_plane, None, "{}", world.sim.record_json());
+    assert_eq!(snapshots.len(), 1);
+    let node = &snapshots[0].1.node;
+    assert!(
+        snapshots[0].1.result.starts_with("Unknown"),
+        "{:?}",
+        snapshots[0].1
+    );
+    let message = world.annotation("talos-message").await;
+    let prefix = format!(
+        "Talos upgrade failed: the etcd snapshot from control plane {node} failed: the node \
+         refused it: Talos endpoint "
+    );
+    assert!(message.starts_with(&prefix), "{message}");
+    assert!(
+        message.contains("failed reading etcd snapshot")
+            && message.ends_with("(none was touched): fix the node or the snapshot destination, then set resume to take it again"),
+        "{message}"
+    );
+    world.stop_controller().await;
+}
+
+/// `etcd-snapshot` with a value it does not know: the run does not start, the message and an
+/// `InvalidOption` Event say why, no node gets any call; `off` lets the run go without a snapshot.
+#[tokio::test]
+async fn an_invalid_etcd_snapshot_value_starts_nothing() {
+    let scratch = Scratch::new("invalid");
+    let world = world_with("es-invalid", Destination::Dir(scratch.0.clone()), 3).await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+    world.annotate("etcd-snapshot", "sometimes").await;
+    world.annotate("talos-target", "1.12.0").await;
+    world
+        .wait_for_annotation("talos-status", "failed", "60s")
+        .await;
+    let message = "Talos upgrade not started: Annotation upgrade.vitistack.io/etcd-snapshot has the \
+                   invalid value \"sometimes\": use off, talos (a snapshot before the first \
+                   control plane of a Talos run; the default when the controller has a snapshot \
+                   destination) or talos-and-kubernetes";
+    assert_eq!(world.annotation("talos-message").await, message);
+    let event = world.wait_for_event("InvalidOption", Some(message)).await;
+    assert_eq!(event.type_, "Warning");
+    world.poke_and_wait(1).await;
+    assert!(world.sim.record().is_empty(), "{}", world.sim.record_json());
+    assert_eq!(
+        world.event_count("InvalidOption").await,
+        1,
+        "{:#?}",
+        world.cluster_events().await
+    );
+
+    // `off`: the run goes, without a snapshot.
+    world.annotate("etcd-snapshot", "off").await;
+    world
+        .wait_for_annotation("talos-status", "completed", "180s")
+        .await;
+    world.assert_each_node_upgraded_once(5);
+    assert!(
+        world.sim.record().iter().all(|c| c.method != ETCD_SNAPSHOT),
+        "{}",
+        world.sim.record_json()
+    );
+    world.stop_controller().await;
+}
