@@ -371,3 +371,78 @@ async fn the_preview_touches_no_node_and_the_subcommand_prints_the_same_plan() {
         .await;
     assert_eq!(world.annotation("talos-current").await, "1.14.1");
 }
+
+#[tokio::test]
+async fn talos_and_kubernetes_hops_alternate_where_the_matrix_demands_it() {
+    // Talos 1.13 needs Kubernetes 1.31, Talos 1.14 needs 1.32, and Talos 1.11 runs up to 1.34: Kubernetes
+    // goes up to 1.31 on Talos 1.11, Talos to 1.13, Kubernetes to 1.32, then Talos to 1.14.
+    let world = World::start("plan-alternate", spec("1.11.0", "1.29.0")).await;
+    world
+        .wait_for_annotation("kubernetes-current", "1.29.0", "60s")
+        .await;
+    let log = world.record_annotations().await;
+    world.annotate("upgrade-plan", "multi-hop").await;
+    world
+        .annotate_raw_pair(
+            "upgrade.vitistack.io/talos-target=1.14.1",
+            "upgrade.vitistack.io/kubernetes-target=1.32.0",
+        )
+        .await;
+    world
+        .wait_for_annotation("talos-status", "completed", "400s")
+        .await;
+    assert_eq!(world.annotation("kubernetes-status").await, "completed");
+    assert_eq!(world.annotation("talos-current").await, "1.14.1");
+    assert_eq!(world.annotation("kubernetes-current").await, "1.32.0");
+    assert_eq!(
+        world.annotation("plan-message").await,
+        "finished: 1. Kubernetes 1.29.0 → 1.30.5, 2. Kubernetes 1.30.5 → 1.31.4, 3. Talos 1.11.0 → 1.13.9, 4. Kubernetes 1.31.4 → 1.32.0, 5. Talos 1.13.9 → 1.14.1"
+    );
+    // The calls in the plan's order: each node's Talos upgrades come after Kubernetes 1.31 and the last
+    // after Kubernetes 1.32's changes; Kubernetes 1.32's changes come between the two Talos hops.
+    let record = world.sim.record();
+    let upgrade_to = |tag: &str| {
+        record
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                c.method.ends_with("/Upgrade")
+                    && c.params["image"]
+                        .as_str()
+                        .is_some_and(|image| image.ends_with(tag))
+            })
+            .map(|(at, _)| at)
+            .collect::<Vec<_>>()
+    };
+    let (first_hop, second_hop) = (upgrade_to(":v1.13.9"), upgrade_to(":v1.14.1"));
+    assert_eq!((first_hop.len(), second_hop.len()), (3, 3), "{record:?}");
+    let applies: Vec<usize> = record
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.method == "/machine.MachineService/ApplyConfiguration")
+        .map(|(at, _)| at)
+        .collect();
+    let between = applies
+        .iter()
+        .filter(|at| **at > *first_hop.last().unwrap() && **at < second_hop[0])
+        .count();
+    assert!(
+        between > 0,
+        "Kubernetes 1.32 changes between the Talos hops"
+    );
+    assert!(applies[0] < first_hop[0], "Kubernetes went first");
+    assert!(*applies.last().unwrap() < second_hop[0]);
+    let kubernetes = log.values("kubernetes-current");
+    for version in ["1.30.5", "1.31.4", "1.32.0"] {
+        assert!(kubernetes.iter().any(|v| v == version), "{kubernetes:?}");
+    }
+    for kind in ["talos-status", "kubernetes-status"] {
+        let statuses = log.values(kind);
+        assert_eq!(
+            statuses.iter().filter(|s| *s == "completed").count(),
+            1,
+            "{kind}: {statuses:?}"
+        );
+    }
+    assert_eq!(world.event_count("PlanHopFinished").await, 5);
+}
