@@ -479,6 +479,8 @@ mod tests {
                 started_at: jiff::Timestamp::UNIX_EPOCH,
                 outcome: None,
                 gates: Default::default(),
+                previous: Default::default(),
+                rollback: None,
                 nodes: Vec::new(),
             }),
             phase_before_upgrade: Some("Provisioning".to_string()),

@@ -549,6 +549,8 @@ async fn call(access: &Access, action: &Action) -> Called {
             client.reboot(RebootMode::Default).await.map(|_| ()),
             "the reboot",
         ),
+        // Answers before the node goes down, as the reboot does: the same rules for a lost answer.
+        Action::Rollback { .. } => (client.rollback().await, "the rollback"),
     };
     match result {
         Ok(()) => Called::Done,

@@ -15,6 +15,8 @@ fn run(step: NodeStep) -> Run {
         started_at: "2026-11-25T10:00:00Z".parse().expect("time"),
         outcome: None,
         gates: Default::default(),
+        previous: Default::default(),
+        rollback: None,
         nodes: vec![NodeProgress {
             name: "worker-1".into(),
             role: NodeRole::Worker,

@@ -845,6 +845,8 @@ mod tests {
             started_at: ago(60),
             outcome: None,
             gates: Default::default(),
+            previous: Default::default(),
+            rollback: None,
             nodes: vec![
                 node(
                     "already",

@@ -64,6 +64,10 @@ pub const MAINTENANCE_WINDOW: &str = "upgrade.vitistack.io/maintenance-window";
 /// `"true"`: the Talos run starts now and goes on outside the maintenance windows; the controller
 /// records it in the run and removes it.
 pub const FORCE_START: &str = "upgrade.vitistack.io/force-start";
+/// Roll nodes back to the Talos they ran before the last run: `failed` (its failed nodes), `run` (its
+/// failed and upgraded nodes) or a comma-separated list of node names; the controller removes it when
+/// it accepts the rollback (see [`crate::talos::rollback`]).
+pub const TALOS_ROLLBACK: &str = "upgrade.vitistack.io/talos-rollback";
 /// A duration (`10m`): after each node is done, the next one waits this long.
 pub const SOAK_AFTER_NODE: &str = "upgrade.vitistack.io/soak-after-node";
 /// A duration (`30m`): after the last control plane is done, the next phase's first node waits this
@@ -115,7 +119,7 @@ pub const FAILED_NODES: &str = "upgrade.vitistack.io/failed-nodes";
 pub const PLAN_MESSAGE: &str = "upgrade.vitistack.io/plan-message";
 
 /// Every key the user writes.
-pub const USER_KEYS: [&str; 23] = [
+pub const USER_KEYS: [&str; 24] = [
     TALOS_TARGET,
     KUBERNETES_TARGET,
     RESUME,
@@ -133,6 +137,7 @@ pub const USER_KEYS: [&str; 23] = [
     HEALTH_CHECKS,
     MAINTENANCE_WINDOW,
     FORCE_START,
+    TALOS_ROLLBACK,
     SOAK_AFTER_NODE,
     SOAK_AFTER_CONTROL_PLANES,
     PAUSE_AFTER_NODES,
@@ -409,7 +414,7 @@ mod tests {
             assert!(!name.is_empty() && !name.contains('/'), "{key}");
             assert!(seen.insert(*key), "duplicate key {key}");
         }
-        assert_eq!(seen.len(), 35);
+        assert_eq!(seen.len(), 36);
     }
 
     #[test]

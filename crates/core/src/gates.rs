@@ -126,6 +126,8 @@ mod tests {
             started_at: at(),
             outcome,
             gates: Default::default(),
+            previous: Default::default(),
+            rollback: None,
             nodes: vec![crate::talos::NodeProgress {
                 name: "w-1".into(),
                 role: crate::run::NodeRole::Worker,

@@ -120,6 +120,9 @@ pub struct UpgradeIntent {
     pub maintenance_window: Result<Option<MaintenanceWindows>, InvalidOption>,
     /// `force-start: "true"`: the Talos run starts now and goes on outside the windows (one-shot).
     pub force_start: bool,
+    /// `talos-rollback`: roll the last Talos run's nodes back (one-shot, consumed when accepted).
+    /// `None` when absent or blank; an `Err` refuses the rollback (no run is held by it).
+    pub talos_rollback: Option<Result<crate::talos::rollback::RollbackRequest, InvalidOption>>,
     /// `soak-after-node`, `soak-after-control-planes`: `Ok(None)` is no soak.
     pub soak_after_node: Result<Option<Duration>, InvalidOption>,
     pub soak_after_control_planes: Result<Option<Duration>, InvalidOption>,
@@ -180,6 +183,10 @@ impl UpgradeIntent {
             alert_silences: read_alert_silences(annotations),
             maintenance_window: read_maintenance_window(annotations),
             force_start,
+            talos_rollback: value(annotations, annotations::TALOS_ROLLBACK).map(|text| {
+                crate::talos::rollback::RollbackRequest::parse(text)
+                    .map_err(|reason| invalid(annotations, annotations::TALOS_ROLLBACK, &reason))
+            }),
             soak_after_node: read_duration(annotations, annotations::SOAK_AFTER_NODE),
             soak_after_control_planes: read_duration(
                 annotations,

@@ -184,6 +184,32 @@ pub trait Kind {
     fn looks_further(action: &Self::Action) -> bool;
     /// Nodes in flight in `before` and done in `after`, with how long each took (for the metrics).
     fn finished_nodes(before: &Self::Run, after: &Self::Run) -> Vec<(NodeRole, f64)>;
+
+    /// The one-shot annotation asking to roll the last run back (Talos: `talos-rollback`); `None`:
+    /// the kind has no rollback.
+    fn rollback_key() -> Option<&'static str> {
+        None
+    }
+    /// Whether the user asks for a rollback: `Err` is a value that cannot be read, as a sentence.
+    fn rollback_asked(_intent: &UpgradeIntent) -> Option<Result<(), String>> {
+        None
+    }
+    /// Starts the rollback the user asks for of `last`, a finished run, as a run of its own, with
+    /// the sentence that announces it; `Err` is why it is refused (no node is touched).
+    fn start_rollback(
+        _last: &Self::Run,
+        _intent: &UpgradeIntent,
+        _settings: &Self::Settings,
+        _observation: &Self::Observation,
+        _now: Timestamp,
+    ) -> Result<(Self::Run, String), String> {
+        Err(format!("{} upgrades have no rollback", Self::KIND.name()))
+    }
+    /// Whether `resume` on this finished run starts the target afresh (Talos: a completed rollback,
+    /// whose target stays decided until the user asks to upgrade again).
+    fn resume_starts_afresh(_run: &Self::Run) -> bool {
+        false
+    }
 }
 
 /// The decision of one pass: the run to persist, then the calls to make, then what to tell the user.
@@ -433,6 +459,9 @@ struct Going<K: Kind> {
     /// `existing` completed, and the versions show a node below its target: take in the nodes that
     /// joined since, if any, rather than resuming.
     reopen: bool,
+    /// `existing` is finished and the user asks to roll it back: the look decides whether the
+    /// rollback starts or is refused.
+    rollback: bool,
 }
 
 /// One pass over a run, after the look.
@@ -548,6 +577,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                         settings,
                         existing: Some(run),
                         reopen: true,
+                        rollback: false,
                     });
                     return Step::Look(Look::Cluster(request));
                 }
@@ -576,6 +606,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             settings,
             existing,
             reopen,
+            rollback,
         } = going;
         let Some((raw, target)) = target else {
             // Finishing the work in flight of a run whose target was removed.
@@ -591,6 +622,10 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 previous: None,
             });
         };
+        if rollback {
+            let last = existing.expect("a finished run to roll back");
+            return self.roll_back(&last, &target, settings, observation, versions);
+        }
         let run = match existing {
             Some(mut run) if reopen => {
                 let again = self.inputs.intent.resume;
@@ -770,6 +805,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 settings,
                 existing: Some(run.clone()),
                 reopen: false,
+                rollback: false,
             });
             return Some(Step::Look(Look::Cluster(request)));
         }
@@ -879,6 +915,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                         settings,
                         existing: Some(run),
                         reopen: false,
+                        rollback: false,
                     });
                     return Step::Look(Look::Cluster(request));
                 }
@@ -905,6 +942,40 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             existing = None;
             self.inputs.record = None;
         }
+        // `resume` on a completed rollback: the user asks to upgrade again, so the target is decided
+        // afresh.
+        if intent.resume && existing.as_ref().is_some_and(K::resume_starts_afresh) {
+            existing = None;
+            self.inputs.record = None;
+        }
+        // A rollback of the finished run for this value: looked at in full, then started or refused.
+        // While a run is under way it waits for its end; there is nothing to roll back without one.
+        match K::rollback_asked(intent) {
+            None => {}
+            Some(Err(invalid)) => return self.refuse_rollback(&invalid, None),
+            Some(Ok(())) => match &existing {
+                Some(run) if run.is_finished() => {
+                    let request = K::request(Some(run), &settings);
+                    self.state = State::Cluster(Going {
+                        target: Some((raw, target)),
+                        settings,
+                        existing,
+                        reopen: false,
+                        rollback: true,
+                    });
+                    return Step::Look(Look::Cluster(request));
+                }
+                Some(_) => {}
+                None => {
+                    let why = format!(
+                        "there is no finished {} run for {} {raw} to roll back",
+                        K::KIND.name(),
+                        short_key(K::KIND.target_key())
+                    );
+                    return self.refuse_rollback(&why, None);
+                }
+            },
+        }
         // A decision already made for this value stands, unless the user asks to resume a failed run.
         if let Some(run) = &existing
             && run.is_finished()
@@ -925,6 +996,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             settings,
             existing,
             reopen: false,
+            rollback: false,
         });
         Step::Look(Look::Cluster(request))
     }
@@ -1008,7 +1080,68 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         self.done(self.inputs.record.clone(), report, Revisit::Idle)
     }
 
+    /// A rollback asked for (and not under way) that cannot start: the reason in the status and one
+    /// Event per reason; the annotation stays until the user changes or removes it, and no node is
+    /// touched. The record is kept as it was.
+    fn refuse_rollback(&mut self, why: &str, versions: Option<&K::Versions>) -> Step<K> {
+        let message = format!(
+            "{} rollback refused: {}. No node was touched.",
+            K::KIND.name(),
+            why.trim_end_matches('.')
+        );
+        self.note_once(NoteType::Warning, Reason::RollbackRefused, &message);
+        let mut report = KindReport::new(K::KIND, UpgradeStatus::Failed, message);
+        report.condition_reason = Some(ConditionReason::Failed);
+        report.current = versions.and_then(K::current).map(|v| v.to_string());
+        report.available = versions
+            .and_then(|v| K::available(v, self.inputs.catalog))
+            .map(|v| v.map(|v| v.to_string()));
+        self.done(self.inputs.record.clone(), report, Revisit::Idle)
+    }
+
     // ----- after the look -----
+
+    /// The rollback of `last` the user asks for, on the full look: it starts as a run of its own
+    /// (the annotation consumed, as `force-start` is once taken in), waits for the other kind's run
+    /// like any start, or is refused.
+    fn roll_back(
+        &mut self,
+        last: &K::Run,
+        target: &K::Version,
+        settings: K::Settings,
+        observation: K::Observation,
+        versions: K::Versions,
+    ) -> Step<K> {
+        if let Some(hold) = K::hold_start(&observation, target, &self.inputs.gates) {
+            return self.hold(hold, &versions);
+        }
+        let started = K::start_rollback(
+            last,
+            self.inputs.intent,
+            &settings,
+            &observation,
+            self.inputs.now,
+        );
+        match started {
+            Ok((run, sentence)) => {
+                self.consumed.extend(K::rollback_key());
+                self.consume_resume();
+                self.notes
+                    .push(Note::normal(Reason::RollbackStarted, sentence));
+                self.prepare(Pass {
+                    before: run.clone(),
+                    run,
+                    settings,
+                    observation,
+                    versions,
+                    stopping: false,
+                    looked_further: false,
+                    previous: None,
+                })
+            }
+            Err(why) => self.refuse_rollback(&why, Some(&versions)),
+        }
+    }
 
     fn cannot_proceed(&mut self, going: &Going<K>, problem: &str) -> Step<K> {
         let running = going.existing.as_ref().filter(|run| !run.is_finished());

@@ -180,10 +180,21 @@ pub enum Reason {
     PlanPreview,
     /// The etcd snapshot before the first control plane was stored and verified (where, size, sha256).
     EtcdSnapshotTaken,
+    /// `talos-rollback` was accepted: which nodes go back to which version.
+    RollbackStarted,
+    /// A node's `MachineService.Rollback` is about to be made.
+    NodeRollbackStarted,
+    /// A node rebooted into its previous version, ready and Ready.
+    NodeRolledBack,
+    RollbackCompleted,
+    RollbackFailed,
+    /// `talos-rollback` was refused (a bad value, an unknown node, a node with no previous system):
+    /// no node was touched.
+    RollbackRefused,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 31] = [
+    pub const ALL: [Reason; 37] = [
         Reason::UpgradeStarted,
         Reason::UpgradeResumed,
         Reason::UpgradeReset,
@@ -215,6 +226,12 @@ impl Reason {
         Reason::PlanRefused,
         Reason::PlanPreview,
         Reason::EtcdSnapshotTaken,
+        Reason::RollbackStarted,
+        Reason::NodeRollbackStarted,
+        Reason::NodeRolledBack,
+        Reason::RollbackCompleted,
+        Reason::RollbackFailed,
+        Reason::RollbackRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -250,6 +267,12 @@ impl Reason {
             Reason::PlanRefused => "PlanRefused",
             Reason::PlanPreview => "PlanPreview",
             Reason::EtcdSnapshotTaken => "EtcdSnapshotTaken",
+            Reason::RollbackStarted => "RollbackStarted",
+            Reason::NodeRollbackStarted => "NodeRollbackStarted",
+            Reason::NodeRolledBack => "NodeRolledBack",
+            Reason::RollbackCompleted => "RollbackCompleted",
+            Reason::RollbackFailed => "RollbackFailed",
+            Reason::RollbackRefused => "RollbackRefused",
         }
     }
 
@@ -286,7 +309,48 @@ impl Reason {
             | Reason::PlanFinished
             | Reason::PlanRefused
             | Reason::PlanPreview
-            | Reason::EtcdSnapshotTaken => None,
+            | Reason::EtcdSnapshotTaken
+            | Reason::RollbackStarted
+            | Reason::NodeRollbackStarted
+            | Reason::NodeRolledBack
+            | Reason::RollbackCompleted
+            | Reason::RollbackFailed
+            | Reason::RollbackRefused => None,
+        }
+    }
+
+    /// How a rollback ended or was refused, for the rollbacks-by-result metric: an Event with this
+    /// reason is published once per rollback end (a refusal once per refused value).
+    pub fn rollback_result(self) -> Option<RollbackResult> {
+        match self {
+            Reason::RollbackCompleted => Some(RollbackResult::Completed),
+            Reason::RollbackFailed => Some(RollbackResult::Failed),
+            Reason::RollbackRefused => Some(RollbackResult::Refused),
+            _ => None,
+        }
+    }
+}
+
+/// How a rollback ended, as the rollbacks-by-result metric counts it (label `result`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RollbackResult {
+    Completed,
+    Failed,
+    Refused,
+}
+
+impl RollbackResult {
+    pub const ALL: [RollbackResult; 3] = [
+        RollbackResult::Completed,
+        RollbackResult::Failed,
+        RollbackResult::Refused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RollbackResult::Completed => "completed",
+            RollbackResult::Failed => "failed",
+            RollbackResult::Refused => "refused",
         }
     }
 }

@@ -18,6 +18,7 @@
 pub mod installer;
 mod kind;
 mod record;
+pub mod rollback;
 
 use std::time::Duration;
 
@@ -182,6 +183,9 @@ pub enum Action {
     Reboot { node: String },
     /// Make a node the run cordoned schedulable again.
     Uncordon { node: String },
+    /// Roll a node back to its previous system (`MachineService.Rollback`: the other A/B slot becomes
+    /// the boot default and the node reboots); the rollback run already records it as issued.
+    Rollback { node: String },
     /// Take an etcd snapshot from a control plane and store it ([`crate::etcd_snapshot`]), before the
     /// first control plane is upgraded; the run records it as being taken first. Changes nothing on
     /// the node.
@@ -197,6 +201,7 @@ impl Action {
             | Action::Upgrade { node, .. }
             | Action::Reboot { node }
             | Action::Uncordon { node }
+            | Action::Rollback { node }
             | Action::EtcdSnapshot { node } => node,
         }
     }
@@ -236,6 +241,8 @@ pub fn start_run(
         started_at: now,
         outcome: None,
         gates: Default::default(),
+        previous: Default::default(),
+        rollback: None,
         nodes,
     }
 }
@@ -449,6 +456,9 @@ fn advance_run(
     installer_image_for: &dyn Fn(&InstallSource, &Version) -> Result<String, String>,
     now: Timestamp,
 ) -> Decision {
+    if let Some(rollback) = &run.rollback {
+        return rollback::advance(run, rollback, settings, observation, now);
+    }
     let mut run = run.clone();
     let mut notes = Vec::new();
     let Ok(target) = Version::parse(&run.target) else {
@@ -1159,7 +1169,8 @@ fn check_in_flight(
 /// in flight may finish in this very pass and free it), and a legacy call without an answer (it may be
 /// taken back and made again). None while paused or once the run has an outcome.
 pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
-    if settings.paused || run.outcome.is_some() {
+    // A rollback installs nothing: no machine config to read.
+    if settings.paused || run.outcome.is_some() || run.rollback.is_some() {
         return Vec::new();
     }
     let next_role = run
@@ -1463,6 +1474,8 @@ impl Pass<'_> {
             // Pulled by the pre-pull a moment ago: the install follows at once (see
             // `prepull::FRESH` for why a node whose pull is older pulls again).
             let pulled = run.gates.prepull.fresh(&name, &image, now);
+            // What a rollback of this run takes the node back to.
+            run.previous.insert(name.clone(), version.to_string());
             run.nodes[index].step = NodeStep::Issued {
                 at: now,
                 boot_id: boot_id.clone(),

@@ -44,6 +44,8 @@ fn talos_run(requested: &str, finished: bool) -> Run {
         started_at: now(),
         outcome: finished.then(|| Outcome::Completed { at: now() }),
         gates: Default::default(),
+        previous: Default::default(),
+        rollback: None,
         nodes: Vec::new(),
     }
 }

@@ -93,6 +93,8 @@ fn talos_run_in_flight() -> Run {
             },
             ..Default::default()
         },
+        previous: Default::default(),
+        rollback: None,
         nodes: vec![
             NodeProgress {
                 name: "worker-1".into(),

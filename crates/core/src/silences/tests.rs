@@ -36,6 +36,8 @@ fn run(steps: [NodeStep; 3]) -> Run {
         target: "1.12.0".into(),
         started_at: at("2026-11-28T11:00:00Z"),
         outcome: None,
+        previous: Default::default(),
+        rollback: None,
         nodes: names
             .iter()
             .zip(steps)

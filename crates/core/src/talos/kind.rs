@@ -194,6 +194,8 @@ impl Record for Run {
                 reason: reason.to_string(),
             }),
             gates: Default::default(),
+            previous: Default::default(),
+            rollback: None,
             nodes: Vec::new(),
         }
     }
@@ -461,6 +463,8 @@ impl Kind for Talos {
                 reason: "kept after the run was dropped: nodes with an install pending".into(),
             }),
             gates: Default::default(),
+            previous: Default::default(),
+            rollback: None,
             nodes,
         })
     }
@@ -569,6 +573,10 @@ impl Kind for Talos {
     }
 
     fn behind(run: &Run, versions: &TalosVersions) -> bool {
+        // A rollback's nodes run below its target on purpose, and it takes in no node.
+        if run.rollback.is_some() {
+            return false;
+        }
         let Ok(target) = Version::parse(&run.target) else {
             return false;
         };
@@ -761,7 +769,8 @@ impl Kind for Talos {
                 api: UpgradeApi::Legacy,
                 ..
             }
-            | Action::Reboot { node } => {
+            | Action::Reboot { node }
+            | Action::Rollback { node } => {
                 super::answered(run, node);
                 Answered::Nothing
             }
@@ -906,7 +915,46 @@ impl Kind for Talos {
         matches!(action, Action::ForfeitEtcdLeadership { .. })
     }
 
+    fn rollback_key() -> Option<&'static str> {
+        Some(crate::annotations::TALOS_ROLLBACK)
+    }
+
+    fn rollback_asked(intent: &UpgradeIntent) -> Option<Result<(), String>> {
+        intent
+            .talos_rollback
+            .as_ref()
+            .map(|asked| asked.as_ref().map(|_| ()).map_err(ToString::to_string))
+    }
+
+    fn start_rollback(
+        last: &Run,
+        intent: &UpgradeIntent,
+        settings: &Settings,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Result<(Run, String), String> {
+        let request = match &intent.talos_rollback {
+            Some(Ok(request)) => request,
+            Some(Err(invalid)) => return Err(invalid.to_string()),
+            None => return Err("no rollback was asked for".to_string()),
+        };
+        let asked = match request {
+            super::rollback::RollbackRequest::Failed => "failed".to_string(),
+            super::rollback::RollbackRequest::Run => "run".to_string(),
+            super::rollback::RollbackRequest::Nodes(names) => names.join(","),
+        };
+        super::rollback::start(last, request, &asked, settings.order, observation, now)
+    }
+
+    fn resume_starts_afresh(run: &Run) -> bool {
+        run.rollback.is_some() && matches!(run.outcome, Some(Outcome::Completed { .. }))
+    }
+
     fn finished_nodes(before: &Run, after: &Run) -> Vec<(NodeRole, f64)> {
+        // Nodes rolled back are counted by their own metric, not as upgrades.
+        if after.rollback.is_some() {
+            return Vec::new();
+        }
         after
             .nodes
             .iter()

@@ -5,6 +5,8 @@
 //! (and must not get another), and which are still to do. It lives in an object the controller owns (a
 //! ConfigMap next to the cluster), never in `KubernetesCluster` fields that vitistack's schema would prune.
 
+use std::collections::BTreeMap;
+
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +30,14 @@ pub struct Run {
     /// What the operator's gates keep of this run (force-start, the canary, held nodes).
     #[serde(default, skip_serializing_if = "RunGates::is_empty")]
     pub gates: RunGates,
+    /// The Talos version each node ran when this run made its first call to it: what a rollback
+    /// (`talos-rollback`) takes it back to.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub previous: BTreeMap<String, String>,
+    /// Set when this run rolls nodes back to their previous version rather than upgrading them
+    /// ([`crate::talos::rollback`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<crate::talos::rollback::Rollback>,
 }
 
 /// One node's place in a run.
@@ -233,6 +243,8 @@ mod tests {
             started_at: at,
             outcome: None,
             gates: Default::default(),
+            previous: Default::default(),
+            rollback: None,
             nodes: vec![
                 NodeProgress {
                     name: "worker-1".into(),

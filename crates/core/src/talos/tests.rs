@@ -616,6 +616,7 @@ fn whole_run(from: &str, to: &str, order: UpgradeOrder, parallel: usize) {
                 );
             }
             match action {
+                Action::Rollback { .. } => panic!("{case}: an upgrade makes no rollback"),
                 Action::Upgrade {
                     node,
                     api: UpgradeApi::Legacy,

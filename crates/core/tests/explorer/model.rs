@@ -603,6 +603,8 @@ impl World {
             return;
         };
         match action {
+            // The model's runs upgrade only.
+            talos::Action::Rollback { .. } => node.go_down(now),
             talos::Action::Upgrade {
                 installer_image,
                 api: UpgradeApi::Legacy,
