@@ -32,6 +32,8 @@
 //! | `talos_upgrade_talos_api_calls_total` | counter | `method`, `code` | Talos API calls by gRPC method short name (e.g. `Version`, `Upgrade`, `EtcdMemberList`) and gRPC status code name (`OK`, `Unavailable`, `DeadlineExceeded`, ...). |
 //! | `talos_upgrade_silence_requests_total` | counter | `operation`, `result` | Requests to Alertmanager for the silences during Talos runs (`--alertmanager-url`): `operation` = `list`, `create`, `extend` or `expire`, `result` = `ok` or `error`. An error never stops a run; it is also said by a `SilenceFailed` Event. |
 //! | `talos_upgrade_etcd_snapshots_total` | counter | `destination`, `result` | etcd snapshots taken before the first control plane of a Talos run (`--etcd-snapshot-dir` or `--etcd-snapshot-s3-bucket`): `destination` = `dir` or `s3`, `result` = `ok` (stored and verified) or `failed` (the run stopped before any control plane; its message says why). |
+//! | `talos_upgrade_rollbacks_total` | counter | `namespace`, `cluster`, `result` | Talos rollbacks (`talos-rollback`): `result` = `completed`, `failed` (a node did not come back on its previous version; the message says which) or `refused` (counted once per refusal message: a bad value, an unknown node, a node with no previous system; no node touched). |
+//! | `talos_upgrade_nodes_rolled_back_total` | counter | `namespace`, `cluster`, `kind` | Nodes verified back on their previous version by a rollback (`kind` = `talos`). Rolled-back nodes are not counted by `talos_upgrade_node_upgrade_duration_seconds`. |
 //! | `talos_upgrade_build_info` | info | `version` | Always 1; the controller's version. |
 //!
 //! Cardinality: per cluster and kind a bounded number of series (two roles, two results, the fixed set
@@ -100,6 +102,9 @@ pub use talos_upgrade_core::annotations::{UpgradeKind, UpgradeStatus};
 
 /// How an upgrade run ended (label `result`): the core's own type.
 pub use talos_upgrade_core::run::RunResult;
+
+/// How a rollback ended (label `result`): the core's own type.
+pub use talos_upgrade_core::run::RollbackResult;
 
 /// A node's role (label `role`): the rollout's own type, so the two never drift apart.
 pub use talos_upgrade_core::run::NodeRole;
@@ -177,6 +182,13 @@ struct ResultLabels {
     namespace: String,
     cluster: String,
     kind: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RollbackLabels {
+    namespace: String,
+    cluster: String,
     result: &'static str,
 }
 
@@ -262,6 +274,8 @@ struct Families {
     last_success: Family<KindLabels, TimestampGauge>,
     node_upgrade_duration: Family<RoleLabels, Histogram, fn() -> Histogram>,
     runs: Family<ResultLabels, Counter>,
+    rollbacks: Family<RollbackLabels, Counter>,
+    nodes_rolled_back: Family<KindLabels, Counter>,
     preflight_failures: Family<CheckLabels, Counter>,
     holds: Family<HoldLabels, Counter>,
     hold: Family<GateLabels, Gauge>,
@@ -320,6 +334,8 @@ impl Metrics {
             last_success: Family::default(),
             node_upgrade_duration: Family::new_with_constructor(node_histogram),
             runs: Family::default(),
+            rollbacks: Family::default(),
+            nodes_rolled_back: Family::default(),
             preflight_failures: Family::default(),
             holds: Family::default(),
             hold: Family::default(),
@@ -390,6 +406,16 @@ impl Metrics {
             f.node_upgrade_duration.clone(),
         );
         r.register("runs", "Finished upgrade runs by result", f.runs.clone());
+        r.register(
+            "rollbacks",
+            "Talos rollbacks by result (completed, failed, refused)",
+            f.rollbacks.clone(),
+        );
+        r.register(
+            "nodes_rolled_back",
+            "Nodes verified back on their previous version by a rollback",
+            f.nodes_rolled_back.clone(),
+        );
         r.register(
             "preflight_failures",
             "Failed pre-node checks by check",
@@ -628,6 +654,26 @@ impl Metrics {
         self.families().runs.get_or_create(&labels).inc();
     }
 
+    /// Count a rollback that ended or was refused.
+    pub fn record_rollback(&self, key: &ClusterKey, result: RollbackResult) {
+        let _clusters = self.lock_clusters();
+        let labels = RollbackLabels {
+            namespace: key.namespace.clone(),
+            cluster: key.cluster.clone(),
+            result: result.as_str(),
+        };
+        self.families().rollbacks.get_or_create(&labels).inc();
+    }
+
+    /// Count a node verified back on its previous version by a rollback of `kind`.
+    pub fn record_node_rolled_back(&self, key: &ClusterKey, kind: UpgradeKind) {
+        let _clusters = self.lock_clusters();
+        self.families()
+            .nodes_rolled_back
+            .get_or_create(&kind_labels(key, kind))
+            .inc();
+    }
+
     /// Count a failed pre-node check. `check` is a fixed name from the code (`etcd-health`, ...),
     /// never built from input, to keep the label set bounded.
     pub fn record_preflight_failure(
@@ -706,6 +752,13 @@ impl Metrics {
                 f.preflight_failures.remove(&labels);
             }
         }
+        for result in RollbackResult::ALL {
+            f.rollbacks.remove(&RollbackLabels {
+                namespace: key.namespace.clone(),
+                cluster: key.cluster.clone(),
+                result: result.as_str(),
+            });
+        }
         for kind in UpgradeKind::ALL {
             let base = kind_labels(key, kind);
             for family in [
@@ -718,6 +771,7 @@ impl Metrics {
             }
             f.run_started.remove(&base);
             f.last_success.remove(&base);
+            f.nodes_rolled_back.remove(&base);
             for status in UpgradeStatus::ALL {
                 f.status.remove(&StatusLabels {
                     namespace: key.namespace.clone(),
@@ -851,7 +905,7 @@ mod tests {
     use super::*;
 
     /// Every metric name in the module documentation table, as encoded.
-    const DOCUMENTED: [&str; 21] = [
+    const DOCUMENTED: [&str; 23] = [
         "talos_upgrade_cluster_phase",
         "talos_upgrade_cluster_status",
         "talos_upgrade_cluster_nodes",
@@ -872,6 +926,8 @@ mod tests {
         "talos_upgrade_talos_api_calls_total",
         "talos_upgrade_silence_requests_total",
         "talos_upgrade_etcd_snapshots_total",
+        "talos_upgrade_rollbacks_total",
+        "talos_upgrade_nodes_rolled_back_total",
         "talos_upgrade_build_info",
     ];
 
@@ -928,6 +984,8 @@ mod tests {
         m.record_talos_call("Upgrade", talos_api::grpc_code_name(tonic::Code::Ok));
         m.record_silence_request("create", true);
         m.record_etcd_snapshot("dir", true);
+        m.record_rollback(key, RollbackResult::Completed);
+        m.record_node_rolled_back(key, UpgradeKind::Talos);
     }
 
     #[test]

@@ -934,6 +934,17 @@ fn export_metrics<K: Stored>(
             metrics.record_last_success(key, kind, now.as_millisecond() as f64 / 1000.0);
         }
     }
+    // A rollback ends (or is refused) in the reconcile that announces it; each node rolled back is
+    // announced once.
+    let reasons = conclusion.notes.iter().map(|note| note.reason);
+    for reason in reasons.chain(conclusion.announced.iter().copied()) {
+        if let Some(result) = reason.rollback_result() {
+            metrics.record_rollback(key, result);
+        }
+        if reason == talos_upgrade_core::run::Reason::NodeRolledBack {
+            metrics.record_node_rolled_back(key, kind);
+        }
+    }
 }
 
 /// A digest of what users and other controllers change on a cluster: its spec (the generation), its
