@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 # (tests/e2e/image.rs builds and runs the controller's image).
 bash scripts/install-prometheus.sh >/dev/null
 bash scripts/install-podman.sh >/dev/null
+# SeaweedFS, the S3-compatible server of tests/e2e/etcd_snapshot.rs, built from the Go module proxy into
+# the cache when missing (one line when present).
+bash scripts/build-seaweedfs.sh >/dev/null
 
 bin_dir=$(bash scripts/build-k8s-bins.sh | tail -n 1)
 export TUC_K8S_BIN_DIR="$bin_dir"

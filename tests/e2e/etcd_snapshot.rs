@@ -7,8 +7,11 @@
 
 use std::path::{Path, PathBuf};
 
+use object_store::ObjectStoreExt as _;
 use talos_sim::{CallRecord, Fault};
-use talos_upgrade_controller::etcd_snapshot::{Destination, SnapshotConfig};
+use talos_upgrade_controller::etcd_snapshot::{
+    self as snapshot, Destination, S3Destination, S3Options, SnapshotConfig,
+};
 
 use crate::world::{World, WorldSpec};
 
@@ -372,5 +375,168 @@ async fn an_invalid_etcd_snapshot_value_starts_nothing() {
         "{}",
         world.sim.record_json()
     );
+    world.stop_controller().await;
+}
+
+/// The test's own client of the bucket, to look at what the controller stored.
+fn bucket_client(
+    server: &testenv::seaweedfs::S3Server,
+    bucket: &str,
+) -> object_store::aws::AmazonS3 {
+    // reqwest's rustls has no provider of its own here (as in the controller): ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(&server.endpoint)
+        .with_bucket_name(bucket)
+        .with_region("us-east-1")
+        .with_access_key_id(&server.access_key_id)
+        .with_secret_access_key(&server.secret_access_key)
+        .with_allow_http(true)
+        .build()
+        .expect("a client of the bucket")
+}
+
+async fn keys(store: &object_store::aws::AmazonS3, prefix: &str) -> Vec<String> {
+    use futures::StreamExt as _;
+    use object_store::ObjectStore as _;
+    let prefix = object_store::path::Path::from(prefix);
+    let mut keys: Vec<String> = store
+        .list(Some(&prefix))
+        .map(|meta| meta.expect("listing").location.to_string())
+        .collect()
+        .await;
+    keys.sort();
+    keys
+}
+
+/// The same run to a bucket of a real S3-compatible server (SeaweedFS over loopback http), its
+/// credentials read from a Secret as the binary reads `--etcd-snapshot-s3-credentials-secret`: the
+/// object is there with the size and SHA-256 the Event and the record say, under the prefix; the newest
+/// 2 of the cluster are kept, another cluster's object is not touched.
+#[tokio::test]
+async fn a_snapshot_to_an_s3_bucket_is_stored_read_back_and_pruned() {
+    let server = testenv::seaweedfs::S3Server::start()
+        .await
+        .unwrap_or_else(|e| panic!("SeaweedFS did not start: {e}"));
+    let bucket = "tuc-snapshots";
+    let store = bucket_client(&server, bucket);
+    let mut world = World::start(
+        "es-s3",
+        WorldSpec {
+            start_controller: false,
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    // The server's filer comes up after its port: the first upload (which also creates the bucket)
+    // is retried until it is taken.
+    let folder = format!("etcd/{}/{}", world.ns.name, world.cluster);
+    let old = format!("{folder}/20250101T000000Z-talos-1.11.5.snapshot");
+    let older_kept = format!("{folder}/20250601T000000Z-talos-1.11.6.snapshot");
+    let other = format!(
+        "etcd/{}/other-cluster/20250101T000000Z-talos-1.11.5.snapshot",
+        world.ns.name
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match store
+            .put(
+                &object_store::path::Path::from(old.as_str()),
+                b"old".to_vec().into(),
+            )
+            .await
+        {
+            Ok(_) => break,
+            Err(error) if std::time::Instant::now() < deadline => {
+                tracing::debug!(%error, "SeaweedFS not ready yet");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(error) => panic!(
+                "SeaweedFS never took an upload: {error}\n{}",
+                server.log_tail()
+            ),
+        }
+    }
+    for key in [&older_kept, &other] {
+        store
+            .put(
+                &object_store::path::Path::from(key.as_str()),
+                b"old".to_vec().into(),
+            )
+            .await
+            .expect("an old snapshot");
+    }
+
+    world
+        .ns
+        .kubectl_ok(&[
+            "create",
+            "secret",
+            "generic",
+            "snapshot-bucket",
+            &format!("--from-literal=access-key-id={}", server.access_key_id),
+            &format!(
+                "--from-literal=secret-access-key={}",
+                server.secret_access_key
+            ),
+        ])
+        .await;
+    let (access_key_id, secret_access_key) =
+        snapshot::s3_credentials(&world.ns.client, &world.ns.name, "snapshot-bucket")
+            .await
+            .expect("the credentials Secret");
+    let destination = Destination::S3(
+        S3Destination::new(S3Options {
+            endpoint: server.endpoint.clone(),
+            bucket: bucket.to_string(),
+            region: "us-east-1".to_string(),
+            prefix: "/etcd/".to_string(),
+            access_key_id,
+            secret_access_key,
+        })
+        .expect("the bucket"),
+    );
+    world.set_etcd_snapshots(SnapshotConfig::new(destination, 2).expect("config"));
+    world.start_controller();
+    world.upgrade_talos("1.11.6", "1.12.0").await;
+    world.assert_each_node_upgraded_once(5);
+
+    let record = world.sim.record();
+    let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
+    assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
+    assert!(snapshots[0].0 < first_control_plane.expect("control planes upgraded"));
+    let events = world.event_messages("EtcdSnapshotTaken").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (node, location, size, sha) = parse_taken(&events[0]);
+    assert_eq!(node, snapshots[0].1.node);
+    let key = location
+        .strip_prefix(&format!("s3://{bucket}/"))
+        .unwrap_or_else(|| panic!("{location}"))
+        .to_string();
+    assert!(
+        key.starts_with(&format!("{folder}/")) && key.ends_with("-talos-1.12.0.snapshot"),
+        "{key}"
+    );
+    let stored = store
+        .get(&object_store::path::Path::from(key.as_str()))
+        .await
+        .expect("the stored object")
+        .bytes()
+        .await
+        .expect("its bytes");
+    assert_eq!(stored.len() as u64, size);
+    assert_eq!(sha256_hex(&stored), sha);
+    assert_eq!(snapshots[0].1.params["sha256"], sha);
+    let recorded = recorded_snapshot(&world).await;
+    assert_eq!(recorded["location"], location);
+    assert_eq!(recorded["size"], size);
+    assert_eq!(recorded["sha256"], sha);
+
+    assert_eq!(keys(&store, &folder).await, vec![older_kept, key]);
+    assert_eq!(
+        keys(&store, &format!("etcd/{}/other-cluster", world.ns.name)).await,
+        vec![other]
+    );
+    assert_eq!(metric(&world, "s3", "ok").as_deref(), Some("1"));
     world.stop_controller().await;
 }

@@ -653,7 +653,7 @@ fn write_kubeconfig(
     fs::write(path, yaml).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| Error::io("binding a free loopback port", e))?;
     listener
@@ -662,7 +662,11 @@ fn free_port() -> Result<u16> {
         .map_err(|e| Error::io("reading a bound port", e))
 }
 
-async fn wait_for_port(process: &ManagedProcess, port: u16, timeout: Duration) -> Result<()> {
+pub(crate) async fn wait_for_port(
+    process: &ManagedProcess,
+    port: u16,
+    timeout: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     loop {
@@ -687,7 +691,7 @@ async fn wait_for_port(process: &ManagedProcess, port: u16, timeout: Duration) -
     }
 }
 
-fn random_token() -> Result<String> {
+pub(crate) fn random_token() -> Result<String> {
     let mut bytes = [0u8; 24];
     use std::io::Read;
     fs::File::open("/dev/urandom")

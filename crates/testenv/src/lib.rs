@@ -15,6 +15,7 @@ pub mod loopback_tls;
 mod pki;
 mod process;
 pub mod script;
+pub mod seaweedfs;
 mod workload;
 
 pub use binaries::Binaries;
