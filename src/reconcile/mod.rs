@@ -661,7 +661,13 @@ async fn reconcile_cluster(
         .progress()
         .phase_before_upgrade()
         .map(str::to_string);
-    let phase = phase_change(&reports, baseline.phase(), kept.as_deref());
+    // A plan's kind that only waits for its next hop does not show in the phase.
+    let [talos_phase, kubernetes_phase] = plan_concluded.phase_reports(reports);
+    let phase = phase_change(
+        &[&talos_phase, &kubernetes_phase],
+        baseline.phase(),
+        kept.as_deref(),
+    );
     if phase.keeps_first(kept.as_deref()) {
         records
             .keep_phase_before_upgrade(phase.give_back.clone())

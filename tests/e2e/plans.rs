@@ -10,7 +10,7 @@ use talos_sim::Fault;
 use talos_upgrade_controller::catalog_sources::CatalogHandle;
 use talos_upgrade_core::catalog::Catalog;
 
-use crate::world::{World, WorldSpec};
+use crate::world::{PHASE_KEY, World, WorldSpec};
 
 /// A small cluster on the built-in release catalog (Talos 1.13.9 and 1.14.1, Kubernetes 1.30.5, 1.31.4
 /// …), which is what the plan's intermediate hops are taken from.
@@ -445,4 +445,14 @@ async fn talos_and_kubernetes_hops_alternate_where_the_matrix_demands_it() {
         );
     }
     assert_eq!(world.event_count("PlanHopFinished").await, 5);
+    // The phase shows the kind of the hop in progress: Kubernetes waiting for its next hop during a
+    // Talos hop does not make the cluster `UpgradingKubernetes`.
+    let phases = log.values(PHASE_KEY);
+    let talos_phases = phases.iter().filter(|p| *p == "UpgradingTalos").count();
+    let kubernetes_phases = phases
+        .iter()
+        .filter(|p| *p == "UpgradingKubernetes")
+        .count();
+    assert_eq!((talos_phases, kubernetes_phases), (2, 2), "{phases:?}");
+    assert_eq!(phases.last().map(String::as_str), Some("Ready"));
 }

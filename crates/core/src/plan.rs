@@ -736,6 +736,27 @@ pub struct Concluded {
     pub message: Option<String>,
     /// Look again at once: a hop finished and the next starts, or the plan waits for versions.
     pub again: bool,
+    /// The kind of the hop in progress, while a plan runs: the only kind `status.phase` shows (see
+    /// [`Concluded::phase_reports`]).
+    pub phase_kind: Option<UpgradeKind>,
+}
+
+impl Concluded {
+    /// The reports as `status.phase` reads them: while a plan runs, a kind that only waits for its next
+    /// hop is not upgrading, so the phase shows the kind of the hop in progress (`UpgradingTalos` during
+    /// a Talos hop, though Kubernetes hops are left and `kubernetes-status` is `in-progress`).
+    pub fn phase_reports(&self, reports: [&KindReport; 2]) -> [KindReport; 2] {
+        reports.map(|report| {
+            let mut report = report.clone();
+            if let Some(kind) = self.phase_kind
+                && report.kind != kind
+                && report.status == UpgradeStatus::InProgress
+            {
+                report.status = UpgradeStatus::Idle;
+            }
+            report
+        })
+    }
 }
 
 fn trimmed<'a>(annotations: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
@@ -884,6 +905,7 @@ impl Layer {
                 notes,
                 message: Some(waiting_message(waiting)),
                 again: true,
+                phase_kind: None,
             };
         }
         let Some(mut plan) = self.plan else {
@@ -898,6 +920,7 @@ impl Layer {
                 notes,
                 message,
                 again: false,
+                phase_kind: None,
             };
         };
         if let Some(refused) = plan.refused.clone() {
@@ -917,6 +940,7 @@ impl Layer {
                 keep: Some(plan),
                 notes,
                 again: false,
+                phase_kind: None,
             };
         }
         let mut failed = false;
@@ -936,6 +960,7 @@ impl Layer {
         }
         Concluded {
             message: Some(plan.progress_line(failed)),
+            phase_kind: plan.current().map(|hop| hop.kind.upgrade_kind()),
             keep: Some(plan),
             notes,
             again,

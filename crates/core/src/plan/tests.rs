@@ -670,3 +670,49 @@ fn without_the_opt_in_the_runs_get_the_annotations_as_written() {
         }
     }
 }
+
+#[test]
+fn the_phase_shows_the_kind_of_the_hop_in_progress() {
+    use crate::crd::Phase;
+    use crate::report::combined_phase;
+    let mut plan = interleaved();
+    plan.done = 2; // hop 3/5: Talos 1.11.0 → 1.13.9; Kubernetes waits for hop 4.
+    let layer = Layer {
+        plan: Some(plan),
+        forget: false,
+        waiting: None,
+        targets: [Some("1.14.1".into()), Some("1.32.0".into())],
+        invalid: None,
+        resume: false,
+        notes: Vec::new(),
+    };
+    let mut talos_report = KindReport::new(
+        UpgradeKind::Talos,
+        UpgradeStatus::InProgress,
+        "Upgrading".into(),
+    );
+    let mut kubernetes_report = KindReport::new(
+        UpgradeKind::Kubernetes,
+        UpgradeStatus::Completed,
+        "c".into(),
+    );
+    let concluded = layer.conclude(
+        [None, None],
+        [&mut talos_report, &mut kubernetes_report],
+        None,
+    );
+    assert_eq!(kubernetes_report.status, UpgradeStatus::InProgress);
+    assert_eq!(concluded.phase_kind, Some(UpgradeKind::Talos));
+    let [talos_phase, kubernetes_phase] =
+        concluded.phase_reports([&talos_report, &kubernetes_report]);
+    assert_eq!(kubernetes_phase.status, UpgradeStatus::Idle);
+    assert_eq!(
+        combined_phase(&[&talos_phase, &kubernetes_phase], None),
+        Some(Phase::UpgradingTalos)
+    );
+    // Without the view, the waiting Kubernetes would claim the phase.
+    assert_eq!(
+        combined_phase(&[&talos_report, &kubernetes_report], None),
+        Some(Phase::UpgradingKubernetes)
+    );
+}
