@@ -446,7 +446,7 @@ impl Plan {
         let Some(hop) = self.current() else {
             return Vec::new();
         };
-        if hop.kind != HopKind::of(kind) || hop.to != requested.trim() || !completed {
+        if hop.kind != HopKind::of(kind) || !same_version(kind, &hop.to, requested) || !completed {
             return Vec::new();
         }
         let mut notes = vec![Note::normal(
@@ -834,7 +834,12 @@ impl Layer {
         match (&self.plan, self.waiting) {
             (_, Some(_)) => None,
             (Some(plan), None) if plan.refused.is_some() => None,
-            (Some(plan), None) => plan.effective_target(kind, user),
+            // The last hop is the target as the user wrote it (`v1.14.1`), so the run for it is the
+            // run the user asked for, and stands as such should the plan be dropped.
+            (Some(plan), None) => match (plan.effective_target(kind, user), user) {
+                (Some(value), Some(user)) if same_version(kind, value, user) => Some(user),
+                (value, _) => value,
+            },
             (None, None) => user,
         }
     }
@@ -947,7 +952,7 @@ impl Layer {
         if let Some(hop) = plan.current() {
             let kind = hop.kind.upgrade_kind();
             if let Some(end) = ends[kind_index(kind)]
-                && end.requested.trim() == hop.to
+                && same_version(kind, &hop.to, end.requested)
             {
                 failed = end.failed;
                 let moved = plan.advance(kind, end.requested, end.completed);
@@ -971,6 +976,22 @@ impl Layer {
     pub fn forgets(&self) -> bool {
         self.forget
     }
+}
+
+/// Whether two target values name the same version of `kind` (`1.14.1` and `v1.14.1` do).
+fn same_version(kind: UpgradeKind, a: &str, b: &str) -> bool {
+    let (a, b) = (a.trim(), b.trim());
+    a == b
+        || match kind {
+            UpgradeKind::Talos => TalosVersion::parse(a)
+                .ok()
+                .zip(TalosVersion::parse(b).ok())
+                .is_some_and(|(a, b)| a == b),
+            UpgradeKind::Kubernetes => KubernetesVersion::parse(a)
+                .ok()
+                .zip(KubernetesVersion::parse(b).ok())
+                .is_some_and(|(a, b)| a == b),
+        }
 }
 
 fn kind_index(kind: UpgradeKind) -> usize {

@@ -716,3 +716,52 @@ fn the_phase_shows_the_kind_of_the_hop_in_progress() {
         Some(Phase::UpgradingKubernetes)
     );
 }
+
+#[test]
+fn the_last_hop_is_the_target_as_written() {
+    use crate::annotations::*;
+    let catalog = Catalog::builtin();
+    let shown = annotations(&[
+        (UPGRADE_PLAN, "multi-hop"),
+        (TALOS_TARGET, " v1.14.1 "),
+        (TALOS_CURRENT, "1.11.6"),
+    ]);
+    let intent = UpgradeIntent::from_annotations(&shown);
+    let mut plan = match course(&Inputs {
+        mode: PlanMode::MultiHop,
+        talos_target: Some("v1.14.1"),
+        kubernetes_target: None,
+        talos_current: Some("1.11.6"),
+        kubernetes_current: None,
+        stored: None,
+        resume: false,
+        reset: false,
+        catalog: &catalog,
+    }) {
+        Course::Follow { plan, .. } => plan,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(plan.hops[1].to, "1.14.1");
+    plan.done = 1;
+    let layer = Layer::new(&intent, &shown, Some(plan), &catalog);
+    let (_, run_annotations) = layer.effective(&intent, &shown);
+    assert_eq!(run_annotations[TALOS_TARGET], "v1.14.1");
+    let mut talos_report =
+        KindReport::new(UpgradeKind::Talos, UpgradeStatus::Completed, "c".into());
+    let mut kubernetes_report =
+        KindReport::new(UpgradeKind::Kubernetes, UpgradeStatus::Idle, "".into());
+    let concluded = layer.conclude(
+        [
+            Some(RunEnd {
+                requested: "v1.14.1",
+                completed: true,
+                failed: false,
+            }),
+            None,
+        ],
+        [&mut talos_report, &mut kubernetes_report],
+        None,
+    );
+    assert!(concluded.keep.unwrap().is_finished());
+    assert_eq!(talos_report.status, UpgradeStatus::Completed);
+}
