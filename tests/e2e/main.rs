@@ -28,6 +28,7 @@ mod leader_election;
 mod plans;
 mod prepull;
 mod prometheus;
+mod rollback;
 mod shards;
 mod silences;
 mod talos_1_14;
