@@ -349,9 +349,9 @@ async fn an_invalid_etcd_snapshot_value_starts_nothing() {
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
     let message = "Talos upgrade not started: Annotation upgrade.vitistack.io/etcd-snapshot has the \
-                   invalid value \"sometimes\": use off, talos (a snapshot before the first \
+                   invalid value \"sometimes\": use off or talos (a snapshot before the first \
                    control plane of a Talos run; the default when the controller has a snapshot \
-                   destination) or talos-and-kubernetes";
+                   destination)";
     assert_eq!(world.annotation("talos-message").await, message);
     let event = world.wait_for_event("InvalidOption", Some(message)).await;
     assert_eq!(event.type_, "Warning");

@@ -81,9 +81,8 @@ pub const UPGRADE_PLAN: &str = "upgrade.vitistack.io/upgrade-plan";
 /// `"true"`: a dry run: the controller shows the plan it would run (Event and `plan-message`) and
 /// touches no node.
 pub const PLAN_PREVIEW: &str = "upgrade.vitistack.io/plan-preview";
-/// Which runs take an etcd snapshot before their first control plane: `off`, `talos` (the default
-/// when the controller has a snapshot destination) or `talos-and-kubernetes`; see
-/// [`crate::etcd_snapshot`].
+/// Whether Talos runs take an etcd snapshot before their first control plane: `off` or `talos` (the
+/// default when the controller has a snapshot destination); see [`crate::etcd_snapshot`].
 pub const ETCD_SNAPSHOT: &str = "upgrade.vitistack.io/etcd-snapshot";
 
 /// `"true"` on a node's vitistack Machine (management cluster) or its workload Node: Talos runs skip

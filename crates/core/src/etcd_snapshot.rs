@@ -20,23 +20,19 @@ pub enum SnapshotMode {
     /// No snapshot.
     Off,
     /// Before the first control plane of a Talos run (the default when the controller has a
-    /// destination).
+    /// destination). Kubernetes runs take none yet.
     Talos,
-    /// Before the first control plane of a Talos run, and before the first control-plane step of a
-    /// Kubernetes run.
-    TalosAndKubernetes,
 }
 
 /// What [`SnapshotMode::parse`] accepts, for the invalid-option message.
-pub const MODE_REASON: &str = "use off, talos (a snapshot before the first control plane of a Talos \
-     run; the default when the controller has a snapshot destination) or talos-and-kubernetes";
+pub const MODE_REASON: &str = "use off or talos (a snapshot before the first control plane of a \
+     Talos run; the default when the controller has a snapshot destination)";
 
 impl SnapshotMode {
     pub fn parse(text: &str) -> Result<SnapshotMode, String> {
         match text.trim() {
             "off" => Ok(SnapshotMode::Off),
             "talos" => Ok(SnapshotMode::Talos),
-            "talos-and-kubernetes" => Ok(SnapshotMode::TalosAndKubernetes),
             _ => Err(MODE_REASON.to_string()),
         }
     }
@@ -45,7 +41,6 @@ impl SnapshotMode {
         match self {
             SnapshotMode::Off => "off",
             SnapshotMode::Talos => "talos",
-            SnapshotMode::TalosAndKubernetes => "talos-and-kubernetes",
         }
     }
 
@@ -53,7 +48,7 @@ impl SnapshotMode {
     pub fn for_talos(self) -> bool {
         match self {
             SnapshotMode::Off => false,
-            SnapshotMode::Talos | SnapshotMode::TalosAndKubernetes => true,
+            SnapshotMode::Talos => true,
         }
     }
 }
@@ -187,13 +182,8 @@ mod tests {
             (Some("off"), true, Ok(false)),
             (Some("off"), false, Ok(false)),
             (Some("talos"), true, Ok(true)),
-            (Some(" talos-and-kubernetes "), true, Ok(true)),
+            (Some(" talos "), true, Ok(true)),
             (Some("talos"), false, Err("no etcd snapshot destination")),
-            (
-                Some("talos-and-kubernetes"),
-                false,
-                Err("no etcd snapshot destination"),
-            ),
         ];
         for (text, configured, want) in cases {
             let mode = text.map(|t| SnapshotMode::parse(t).expect("mode"));
@@ -204,7 +194,7 @@ mod tests {
                 (got, want) => panic!("{text:?} {configured}: {got:?}, wanted {want:?}"),
             }
         }
-        for bad in ["on", "true", "kubernetes", ""] {
+        for bad in ["on", "true", "kubernetes", "talos-and-kubernetes", ""] {
             assert_eq!(
                 SnapshotMode::parse(bad),
                 Err(MODE_REASON.to_string()),

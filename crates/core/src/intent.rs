@@ -963,11 +963,7 @@ mod tests {
         use crate::etcd_snapshot::SnapshotMode;
         assert_eq!(intent(&[]).etcd_snapshot, Ok(None));
         assert_eq!(intent(&[(ETCD_SNAPSHOT, " ")]).etcd_snapshot, Ok(None));
-        for (text, mode) in [
-            ("off", SnapshotMode::Off),
-            ("talos", SnapshotMode::Talos),
-            ("talos-and-kubernetes", SnapshotMode::TalosAndKubernetes),
-        ] {
+        for (text, mode) in [("off", SnapshotMode::Off), ("talos", SnapshotMode::Talos)] {
             assert_eq!(
                 intent(&[(ETCD_SNAPSHOT, text)]).etcd_snapshot,
                 Ok(Some(mode))
@@ -979,8 +975,8 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "Annotation upgrade.vitistack.io/etcd-snapshot has the invalid value \"always\": use \
-             off, talos (a snapshot before the first control plane of a Talos run; the default when \
-             the controller has a snapshot destination) or talos-and-kubernetes"
+             off or talos (a snapshot before the first control plane of a Talos run; the default \
+             when the controller has a snapshot destination)"
         );
     }
 
