@@ -205,6 +205,10 @@ pub trait Kind {
     ) -> Result<(Self::Run, String), String> {
         Err(format!("{} upgrades have no rollback", Self::KIND.name()))
     }
+    /// The reason of the Event that announces `run`'s failure (Talos: a rollback's is its own).
+    fn failed_reason(_run: &Self::Run) -> Reason {
+        Reason::UpgradeFailed
+    }
     /// Whether `resume` on this finished run starts the target afresh (Talos: a completed rollback,
     /// whose target stays decided until the user asks to upgrade again).
     fn resume_starts_afresh(_run: &Self::Run) -> bool {
@@ -1288,7 +1292,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                     let mut failed = K::advance(&run, &pass.settings, &pass.observation, now);
                     failed.actions.clear();
                     failed.report.notes.push(Note::warning(
-                        Reason::UpgradeFailed,
+                        K::failed_reason(&run),
                         failed.report.message.clone(),
                     ));
                     pass.run = run.clone();

@@ -946,6 +946,14 @@ impl Kind for Talos {
         super::rollback::start(last, request, &asked, settings.order, observation, now)
     }
 
+    fn failed_reason(run: &Run) -> Reason {
+        if run.rollback.is_some() {
+            Reason::RollbackFailed
+        } else {
+            Reason::UpgradeFailed
+        }
+    }
+
     fn resume_starts_afresh(run: &Run) -> bool {
         run.rollback.is_some() && matches!(run.outcome, Some(Outcome::Completed { .. }))
     }

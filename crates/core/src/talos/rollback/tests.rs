@@ -762,6 +762,16 @@ fn catalog() -> Catalog {
 
 /// Drives a Talos lifecycle with the cluster looking like `obs`, every call answered.
 fn drive(pairs: &[(&str, &str)], record: Option<Run>, obs: &Observation) -> Drove {
+    drive_answering(pairs, record, obs, Called::Done)
+}
+
+/// [`drive`] with every Rollback call answered `rollback`.
+fn drive_answering(
+    pairs: &[(&str, &str)],
+    record: Option<Run>,
+    obs: &Observation,
+    rollback: Called,
+) -> Drove {
     let annotations: BTreeMap<String, String> = pairs
         .iter()
         .map(|(k, v)| (format!("upgrade.vitistack.io/{k}"), v.to_string()))
@@ -807,7 +817,15 @@ fn drive(pairs: &[(&str, &str)], record: Option<Run>, obs: &Observation) -> Drov
                     }
                 }
                 asked_actions.extend(act.actions.iter().cloned());
-                lifecycle.called(act.actions.iter().map(|_| Called::Done).collect())
+                lifecycle.called(
+                    act.actions
+                        .iter()
+                        .map(|action| match action {
+                            Action::Rollback { .. } => rollback.clone(),
+                            _ => Called::Done,
+                        })
+                        .collect(),
+                )
             }
             Step::Done(conclusion) => {
                 return Drove {
@@ -941,4 +959,32 @@ fn the_lifecycle_starts_refuses_or_leaves_a_rollback_and_a_rolled_back_target_st
             .record
             .is_some_and(|run| run.rollback.is_none())
     );
+}
+
+/// A node that refuses the call (it has no other slot): the rollback fails at once, naming it, with
+/// its own Event, and no further node is called.
+#[test]
+fn a_refused_rollback_call_fails_the_rollback_with_its_own_event() {
+    let refused = drive_answering(
+        &[("talos-target", "1.12.0"), ("talos-rollback", "run")],
+        Some(completed_run()),
+        &upgraded_cluster(),
+        Called::Refused(
+            "refused the rollback: cannot rollback to previous version, label does not exist"
+                .into(),
+        ),
+    );
+    assert_eq!(
+        refused.asked_actions,
+        vec![Action::Rollback { node: "w-1".into() }]
+    );
+    let report = &refused.conclusion.report;
+    assert_eq!(report.status, UpgradeStatus::Failed);
+    assert_eq!(
+        report.message,
+        "Talos rollback failed: node w-1 refused the rollback: cannot rollback to previous version, \
+         label does not exist"
+    );
+    let reasons: Vec<Reason> = refused.conclusion.notes.iter().map(|n| n.reason).collect();
+    assert_eq!(reasons, vec![Reason::RollbackFailed]);
 }
