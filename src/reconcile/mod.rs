@@ -724,8 +724,9 @@ async fn reconcile_cluster(
     ]
     .into_iter()
     .flatten()
-    // The next hop of a plan starts at once; a plan waiting for the versions looks again soon.
+    // The next hop of a plan starts at once; a plan waiting for the versions looks again at the poll.
     .chain(plan_concluded.again.then_some(PLAN_AGAIN))
+    .chain(plan_concluded.waiting.then_some(ctx.settings.poll_interval))
     .min()
     .unwrap_or(ctx.settings.idle_interval);
     Ok(Action::requeue(requeue))
@@ -805,16 +806,13 @@ async fn preview_plan(
     Ok(Action::requeue(ctx.settings.idle_interval))
 }
 
-/// How soon a cluster whose plan moved to its next hop (or waits for its versions) is looked at again.
+/// How soon a cluster whose plan moved to its next hop is looked at again.
 const PLAN_AGAIN: Duration = Duration::from_secs(1);
 
 /// What a kind's saved run says to the plan.
 fn run_end<R: talos_upgrade_core::run::Record>(run: Option<&R>) -> Option<plan::RunEnd<'_>> {
-    run.map(|run| plan::RunEnd {
-        requested: run.requested(),
-        completed: matches!(run.outcome(), Some(Outcome::Completed { .. })),
-        failed: matches!(run.outcome(), Some(Outcome::Failed { .. })),
-    })
+    // A finished rollback reads as its hop stopped (`RunEnd::of`).
+    run.map(plan::RunEnd::of)
 }
 
 /// What both kinds' lifecycles start from in one reconcile.

@@ -37,7 +37,7 @@ use crate::catalog::Catalog;
 use crate::crd::condition::Reason as ConditionReason;
 use crate::intent::{Target, UpgradeIntent};
 use crate::report::KindReport;
-use crate::run::{Note, Reason};
+use crate::run::{Note, Outcome, Reason};
 use crate::versions::{
     self, KubernetesPathError, KubernetesVersion, MinorVersion, TalosPathError, TalosSupportError,
     TalosVersion,
@@ -706,6 +706,19 @@ pub struct RunEnd<'a> {
     pub failed: bool,
 }
 
+impl<'a> RunEnd<'a> {
+    /// How `run` ended, as the plan reads it. A rollback (Talos `talos-rollback`) took the nodes back
+    /// off the hop's version: the plan stops at that hop as after a failure, and never moves on.
+    pub fn of<R: crate::run::Record>(run: &'a R) -> RunEnd<'a> {
+        let rolled_back = run.is_rollback() && run.is_finished();
+        RunEnd {
+            requested: run.requested(),
+            completed: matches!(run.outcome(), Some(Outcome::Completed { .. })) && !rolled_back,
+            failed: matches!(run.outcome(), Some(Outcome::Failed { .. })) || rolled_back,
+        }
+    }
+}
+
 /// The plan layer of one reconcile: what the two runs are given as targets (the hop's version in place
 /// of the user's), and what the reconcile shows and keeps of the plan afterwards. Without the opt-in
 /// it gives the runs the user's annotations unchanged.
@@ -734,8 +747,11 @@ pub struct Concluded {
     pub notes: Vec<Note>,
     /// `plan-message`: `None` removes it.
     pub message: Option<String>,
-    /// Look again at once: a hop finished and the next starts, or the plan waits for versions.
+    /// Look again at once: a hop finished and the next starts.
     pub again: bool,
+    /// The plan waits for the cluster's versions: look again at the poll (not at once: nodes that do
+    /// not answer would be asked every second).
+    pub waiting: bool,
     /// The kind of the hop in progress, while a plan runs: the only kind `status.phase` shows (see
     /// [`Concluded::phase_reports`]).
     pub phase_kind: Option<UpgradeKind>,
@@ -909,7 +925,8 @@ impl Layer {
                 keep: None,
                 notes,
                 message: Some(waiting_message(waiting)),
-                again: true,
+                again: false,
+                waiting: true,
                 phase_kind: None,
             };
         }
@@ -925,6 +942,7 @@ impl Layer {
                 notes,
                 message,
                 again: false,
+                waiting: false,
                 phase_kind: None,
             };
         };
@@ -945,6 +963,7 @@ impl Layer {
                 keep: Some(plan),
                 notes,
                 again: false,
+                waiting: false,
                 phase_kind: None,
             };
         }
@@ -969,6 +988,7 @@ impl Layer {
             keep: Some(plan),
             notes,
             again,
+            waiting: false,
         }
     }
 

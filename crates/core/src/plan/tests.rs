@@ -765,3 +765,32 @@ fn the_last_hop_is_the_target_as_written() {
     assert!(concluded.keep.unwrap().is_finished());
     assert_eq!(talos_report.status, UpgradeStatus::Completed);
 }
+
+#[test]
+fn a_plan_waits_for_the_versions_with_no_target_given() {
+    use crate::annotations::*;
+    let catalog = Catalog::builtin();
+    let shown = annotations(&[(UPGRADE_PLAN, "multi-hop"), (TALOS_TARGET, "1.14.1")]);
+    let intent = UpgradeIntent::from_annotations(&shown);
+    let layer = Layer::new(&intent, &shown, None, &catalog);
+    let (run_intent, run_annotations) = layer.effective(&intent, &shown);
+    assert_eq!(run_intent.talos_target, Target::Absent);
+    assert!(!run_annotations.contains_key(TALOS_TARGET));
+    let mut talos_report = KindReport::new(UpgradeKind::Talos, UpgradeStatus::Idle, "i".into());
+    let mut kubernetes_report =
+        KindReport::new(UpgradeKind::Kubernetes, UpgradeStatus::Idle, "i".into());
+    let concluded = layer.conclude(
+        [None, None],
+        [&mut talos_report, &mut kubernetes_report],
+        None,
+    );
+    assert!(concluded.waiting && !concluded.again);
+    assert_eq!(concluded.keep, None);
+    assert_eq!(talos_report.status, UpgradeStatus::InProgress);
+    assert_eq!(
+        talos_report.message,
+        "Waiting: the upgrade plan is computed once the Talos version the cluster runs is known"
+    );
+    // Kubernetes has no target: its report is its own.
+    assert_eq!(kubernetes_report.status, UpgradeStatus::Idle);
+}
