@@ -811,8 +811,11 @@ const PLAN_AGAIN: Duration = Duration::from_secs(1);
 
 /// What a kind's saved run says to the plan.
 fn run_end<R: talos_upgrade_core::run::Record>(run: Option<&R>) -> Option<plan::RunEnd<'_>> {
-    // A finished rollback reads as its hop stopped (`RunEnd::of`).
-    run.map(plan::RunEnd::of)
+    run.map(|run| plan::RunEnd {
+        requested: run.requested(),
+        completed: matches!(run.outcome(), Some(Outcome::Completed { .. })),
+        failed: matches!(run.outcome(), Some(Outcome::Failed { .. })),
+    })
 }
 
 /// What both kinds' lifecycles start from in one reconcile.
