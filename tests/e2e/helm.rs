@@ -392,7 +392,7 @@ async fn helm_lint_passes_strictly_and_the_values_schema_refuses_bad_values() {
 }
 
 /// Values that turn on every optional part of the chart.
-const EVERY_PART: [&str; 14] = [
+const EVERY_PART: [&str; 16] = [
     // A private CA bundle over the image's roots (docs/releases.md), as a platform team mounts one.
     "--set-json",
     r#"extraVolumes=[{"name":"ca","configMap":{"name":"corp-ca"}}],extraVolumeMounts=[{"name":"ca","mountPath":"/etc/ssl/certs/ca-certificates.crt","subPath":"ca.crt","readOnly":true}]"#,
@@ -409,6 +409,9 @@ const EVERY_PART: [&str; 14] = [
     "releaseCatalog.talos={1.12.1},releaseCatalog.kubernetes={1.35.1},watchNamespace=team-a",
     "--set",
     "extraArgs={--node-deadline=30m},extraEnv[0].name=RUST_LOG,extraEnv[0].value=debug,podLabels.team=platform",
+    // The etcd snapshots on a volume (docs/upgrades.md, "etcd snapshot before the control planes").
+    "--set",
+    "etcdSnapshot.persistentVolumeClaim=etcd-snapshots,etcdSnapshot.keep=3",
 ];
 
 #[tokio::test]
@@ -460,6 +463,9 @@ async fn helm_template_renders_objects_the_api_server_accepts() {
             "--alertmanager-auth-secret=monitoring/alertmanager-writer",
             "--silence-node-label=kubernetes_node",
             "--silence-matchers=cluster=\"{clusterId}\"",
+            // And the etcd snapshots'.
+            "--etcd-snapshot-dir=/var/lib/etcd-snapshots",
+            "--etcd-snapshot-keep=3",
         ];
         for deployment in objects.iter().filter(|o| o["kind"] == "Deployment") {
             let args: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -490,7 +496,7 @@ async fn helm_template_renders_objects_the_api_server_accepts() {
             let expected: Vec<String> = if values.is_empty() {
                 vec![]
             } else {
-                vec!["release-catalog".into(), "ca".into()]
+                vec!["etcd-snapshots".into(), "release-catalog".into(), "ca".into()]
             };
             assert_eq!(names(&pod["volumes"]), expected, "{label}");
             assert_eq!(
