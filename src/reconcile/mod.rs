@@ -54,7 +54,6 @@ use talos_upgrade_core::kubernetes::Kubernetes;
 use talos_upgrade_core::lifecycle::{self, Inputs, Lifecycle, Limits, Revisit};
 use talos_upgrade_core::plan;
 use talos_upgrade_core::report::phase_change;
-use talos_upgrade_core::run::Outcome;
 use talos_upgrade_core::talos::Talos;
 
 /// How often a run whose nodes in flight are all rebooting, and all followed, is looked at anyway. The
@@ -811,11 +810,8 @@ const PLAN_AGAIN: Duration = Duration::from_secs(1);
 
 /// What a kind's saved run says to the plan.
 fn run_end<R: talos_upgrade_core::run::Record>(run: Option<&R>) -> Option<plan::RunEnd<'_>> {
-    run.map(|run| plan::RunEnd {
-        requested: run.requested(),
-        completed: matches!(run.outcome(), Some(Outcome::Completed { .. })),
-        failed: matches!(run.outcome(), Some(Outcome::Failed { .. })),
-    })
+    // A finished rollback reads as its hop stopped (`RunEnd::of`).
+    run.map(plan::RunEnd::of)
 }
 
 /// What both kinds' lifecycles start from in one reconcile.

@@ -75,6 +75,12 @@ pub trait Record: Clone + PartialEq + fmt::Debug {
             Some(Outcome::Completed { .. }) | None => None,
         }
     }
+
+    /// Whether the run rolled nodes back (Talos `talos-rollback`) rather than upgrading them: its
+    /// completion takes the nodes off its target, so a plan never moves past a hop on it.
+    fn is_rollback(&self) -> bool {
+        false
+    }
 }
 
 /// Node order of the Talos OS upgrade (`upgrade-order`).

@@ -183,6 +183,10 @@ impl Record for Run {
         Run::in_flight(self)
     }
 
+    fn is_rollback(&self) -> bool {
+        self.rollback.is_some()
+    }
+
     fn refused(requested: &str, reason: &str, now: Timestamp) -> Self {
         Run {
             requested: requested.to_string(),

@@ -988,3 +988,27 @@ fn a_refused_rollback_call_fails_the_rollback_with_its_own_event() {
     let reasons: Vec<Reason> = refused.conclusion.notes.iter().map(|n| n.reason).collect();
     assert_eq!(reasons, vec![Reason::RollbackFailed]);
 }
+
+/// A multi-hop plan never moves past a hop on a completed rollback: it reads as the hop stopped.
+#[test]
+fn a_plan_reads_a_finished_rollback_as_its_hop_stopped() {
+    use crate::plan::RunEnd;
+    let upgrade = completed_run();
+    let end = RunEnd::of(&upgrade);
+    assert!(end.completed && !end.failed);
+    let (mut rollback, _) = start(
+        &upgrade,
+        &RollbackRequest::Run,
+        "run",
+        UpgradeOrder::WorkersFirst,
+        &upgraded_cluster(),
+        t0(),
+    )
+    .expect("started");
+    let under_way = RunEnd::of(&rollback);
+    assert!(!under_way.completed && !under_way.failed);
+    rollback.outcome = Some(Outcome::Completed { at: t0() });
+    let end = RunEnd::of(&rollback);
+    assert_eq!(end.requested, "1.12.0");
+    assert!(!end.completed && end.failed);
+}
