@@ -790,7 +790,20 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
 
     /// No target: the work in flight is finished, then the run is forgotten.
     fn absent(&mut self) -> Step<K> {
-        self.finish_in_flight().unwrap_or_else(|| self.forget(None))
+        if let Some(step) = self.finish_in_flight() {
+            return step;
+        }
+        // A rollback needs the run recorded for the target: without one it is refused, not left
+        // unread (the record stays until the annotation goes).
+        if K::rollback_asked(self.inputs.intent).is_some() {
+            let why = format!(
+                "{} is not set, so there is no run to roll back (set it back to the value of the run \
+                 to roll back)",
+                short_key(K::KIND.target_key())
+            );
+            return self.refuse_rollback(&why, None);
+        }
+        self.forget(None)
     }
 
     /// The saved run's nodes in flight, finished before anything else (the target was removed or

@@ -875,7 +875,13 @@ fn the_lifecycle_starts_refuses_or_leaves_a_rollback_and_a_rolled_back_target_st
     );
     // Refused: the reason in the status and an Event, the annotation left, the record kept, no call.
     type Refusal<'a> = (&'a [(&'a str, &'a str)], Option<Run>, &'a str);
-    let refusals: [Refusal; 4] = [
+    let refusals: [Refusal; 5] = [
+        (
+            &[("talos-rollback", "run")],
+            Some(completed_run()),
+            "Talos rollback refused: talos-target is not set, so there is no run to roll back (set it \
+             back to the value of the run to roll back). No node was touched.",
+        ),
         (
             &[("talos-target", "1.12.0"), ("talos-rollback", "cp-9")],
             Some(completed_run()),
