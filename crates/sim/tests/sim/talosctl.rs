@@ -1121,3 +1121,39 @@ async fn v1_12_health_without_a_workload_kubeconfig_fails_at_the_kubernetes_chec
         run.report
     );
 }
+
+/// `talosctl etcd snapshot` (talos v1.14.1 `cmd/talosctl/cmd/talos/etcd.go`) reads the simulator's
+/// stream with Talos's own client: it saves the bytes the node recorded sending, and its own check of
+/// etcd's appended SHA-256 (the size modulo 512 is 32) passes. (It then opens the file as a bbolt
+/// database for its summary, which the simulator's stand-in is not, so the run's exit status is not
+/// asserted.) A worker answers Talos's control-plane-only error.
+#[tokio::test]
+async fn etcd_snapshot_streams_to_talosctl() {
+    let c = cluster("tctl-snapshot", LEGACY, LEGACY_KUBERNETES).await;
+    let path =
+        std::env::temp_dir().join(format!("tuc-talosctl-snapshot-{}.db", std::process::id()));
+    let _cleanup = TempFile(path.clone());
+    let shown = path.display().to_string();
+    let run = c.run("cp-2", &["etcd", "snapshot", &shown]).await;
+    let calls: Vec<_> = c
+        .sim
+        .record()
+        .into_iter()
+        .filter(|call| call.method == "/machine.MachineService/EtcdSnapshot")
+        .collect();
+    assert_eq!(calls.len(), 1, "{}", run.report);
+    let size = calls[0].params["size"].as_u64().expect("size");
+    run.assert_shows(&[format!("etcd snapshot saved to {shown:?} ({size} bytes)")]);
+    let bytes = std::fs::read(&path).expect("the saved snapshot");
+    assert_eq!(bytes.len() as u64, size);
+    let sha: String = ring::digest::digest(&ring::digest::SHA256, &bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(calls[0].params["sha256"], sha);
+
+    let worker = c.run("worker-1", &["etcd", "snapshot", &shown]).await;
+    assert!(!worker.success, "{}", worker.report);
+    worker.assert_shows(&["etcd snapshot is only available on control plane nodes"]);
+}
