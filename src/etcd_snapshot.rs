@@ -3,7 +3,8 @@
 //! plane into the operator's destination, a directory on a mounted volume (`--etcd-snapshot-dir`) or
 //! an S3-compatible bucket (`--etcd-snapshot-s3-*`), hashing while it writes; checks that what came
 //! is a whole etcd snapshot (etcd appends the SHA-256 of the database to every snapshot it streams,
-//! etcd v3.6 `server/etcdserver/api/v3rpc/maintenance.go`, and `etcdutl snapshot restore` checks it);
+//! etcd v3.6 `server/etcdserver/api/v3rpc/maintenance.go`; `etcdutl snapshot restore` checks it, and
+//! `talosctl etcd snapshot` checks its size, talos v1.14.1 `cmd/talosctl/cmd/talos/etcd.go`);
 //! reads the stored copy back and compares its size and SHA-256; and keeps the last N of the cluster,
 //! deleting older ones of that cluster only.
 //!
