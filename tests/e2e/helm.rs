@@ -496,7 +496,11 @@ async fn helm_template_renders_objects_the_api_server_accepts() {
             let expected: Vec<String> = if values.is_empty() {
                 vec![]
             } else {
-                vec!["etcd-snapshots".into(), "release-catalog".into(), "ca".into()]
+                vec![
+                    "etcd-snapshots".into(),
+                    "release-catalog".into(),
+                    "ca".into(),
+                ]
             };
             assert_eq!(names(&pod["volumes"]), expected, "{label}");
             assert_eq!(
