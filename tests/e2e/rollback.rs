@@ -282,3 +282,49 @@ async fn a_controller_killed_mid_rollback_never_rolls_a_node_back_twice() {
         1
     );
 }
+
+/// (e) On Talos ≥ 1.13, where the upgrade pulls, installs, drains and reboots each node itself, the
+/// versions before are recorded the same way: a whole run rolls back with one Rollback per node, and
+/// no node is left cordoned.
+#[tokio::test]
+async fn a_run_on_the_lifecycle_api_rolls_back_too() {
+    let world = World::start(
+        "rb-lifecycle",
+        WorldSpec {
+            talos: "1.13.5",
+            kubernetes: "1.36.2",
+            ..Default::default()
+        },
+    )
+    .await;
+    world.upgrade_talos("1.13.5", "1.13.6").await;
+    world.annotate("talos-rollback", "run").await;
+    let message = wait_for_message(&world, "Talos rollback completed").await;
+    assert_eq!(
+        message,
+        "Talos rollback completed: 5 nodes back on Talos 1.13.5 (rolled back from 1.13.6: run); \
+         talos-target 1.13.6 stays decided: change it to upgrade again"
+    );
+    let calls = rollback_calls(&world);
+    assert_eq!(calls.len(), 5, "{calls:?}");
+    assert!(per_node(&calls).values().all(|&n| n == 1), "{calls:?}");
+    for node in world.sim.snapshots() {
+        assert_eq!(node.talos_version, "1.13.5", "{}", node.name);
+    }
+    // This world's Nodes (the API server is shared with other tests' worlds).
+    let nodes = world
+        .ns
+        .kubectl_ok(&[
+            "get",
+            "nodes",
+            "-o",
+            r#"jsonpath={range .items[*]}{.metadata.name}={.spec.unschedulable}{"\n"}{end}"#,
+        ])
+        .await;
+    let ours: Vec<&str> = nodes
+        .lines()
+        .filter(|l| l.starts_with(&format!("{}-", world.ns.name)))
+        .collect();
+    assert_eq!(ours.len(), 5, "{nodes}");
+    assert!(ours.iter().all(|l| !l.ends_with("=true")), "{ours:?}");
+}
