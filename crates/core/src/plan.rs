@@ -37,7 +37,7 @@ use crate::catalog::Catalog;
 use crate::crd::condition::Reason as ConditionReason;
 use crate::intent::{Target, UpgradeIntent};
 use crate::report::KindReport;
-use crate::run::{Note, Reason};
+use crate::run::{Note, Outcome, Reason};
 use crate::versions::{
     self, KubernetesPathError, KubernetesVersion, MinorVersion, TalosPathError, TalosSupportError,
     TalosVersion,
@@ -704,6 +704,19 @@ pub struct RunEnd<'a> {
     pub requested: &'a str,
     pub completed: bool,
     pub failed: bool,
+}
+
+impl<'a> RunEnd<'a> {
+    /// How `run` ended, as the plan reads it. A rollback (Talos `talos-rollback`) took the nodes back
+    /// off the hop's version: the plan stops at that hop as after a failure, and never moves on.
+    pub fn of<R: crate::run::Record>(run: &'a R) -> RunEnd<'a> {
+        let rolled_back = run.is_rollback() && run.is_finished();
+        RunEnd {
+            requested: run.requested(),
+            completed: matches!(run.outcome(), Some(Outcome::Completed { .. })) && !rolled_back,
+            failed: matches!(run.outcome(), Some(Outcome::Failed { .. })) || rolled_back,
+        }
+    }
 }
 
 /// The plan layer of one reconcile: what the two runs are given as targets (the hop's version in place
