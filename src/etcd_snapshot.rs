@@ -614,6 +614,39 @@ mod tests {
         assert_eq!(older_than_newest(names, 1).len(), 2);
     }
 
+    /// https anywhere, http to a loopback host only; the credentials never show in Debug output.
+    #[test]
+    fn an_s3_destination_needs_https_off_loopback_and_hides_its_credentials() {
+        let options = |endpoint: &str| S3Options {
+            endpoint: endpoint.to_string(),
+            bucket: "backups".to_string(),
+            region: "eu-north-1".to_string(),
+            prefix: "/etcd/".to_string(),
+            access_key_id: "AKIDEXAMPLE".to_string(),
+            secret_access_key: "wJalrXUtnFEMI-secret".to_string(),
+        };
+        let https = S3Destination::new(options("https://s3.eu-north-1.amazonaws.com"))
+            .expect("https is accepted");
+        assert_eq!(https.prefix, "etcd");
+        let shown = format!("{https:?}");
+        assert!(
+            !shown.contains("AKIDEXAMPLE") && !shown.contains("wJalrXUtnFEMI"),
+            "{shown}"
+        );
+        S3Destination::new(options("http://127.0.0.1:8333")).expect("loopback http");
+        let refused = S3Destination::new(options("http://s3.example.com")).expect_err("refused");
+        assert_eq!(
+            refused,
+            ConfigError::InsecureEndpoint {
+                endpoint: "http://s3.example.com".to_string()
+            }
+        );
+        assert_eq!(
+            SnapshotConfig::new(Destination::Dir("/tmp".into()), 0).expect_err("keep 0"),
+            ConfigError::Keep
+        );
+    }
+
     #[test]
     fn http_is_accepted_for_loopback_hosts_only() {
         for (url, ok) in [
