@@ -644,13 +644,14 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             Some(mut run) if run.is_finished() => {
                 K::resume(&mut run, self.inputs.now);
                 self.consumed.push(annotations::RESUME);
+                let what = if run.is_rollback() {
+                    format!("rollback off {}", run.target())
+                } else {
+                    format!("upgrade to {}", run.target())
+                };
                 self.notes.push(Note::normal(
                     Reason::UpgradeResumed,
-                    format!(
-                        "Resuming the {} upgrade to {}",
-                        K::KIND.name(),
-                        run.target()
-                    ),
+                    format!("Resuming the {} {what}", K::KIND.name()),
                 ));
                 run
             }

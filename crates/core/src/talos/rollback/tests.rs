@@ -1018,3 +1018,57 @@ fn a_plan_reads_a_finished_rollback_as_its_hop_stopped() {
     assert_eq!(end.requested, "1.12.0");
     assert!(!end.completed && end.failed);
 }
+
+/// `resume` on a failed rollback continues it from the failed node, and says it is the rollback.
+#[test]
+fn resume_continues_a_failed_rollback() {
+    let obs = upgraded_cluster();
+    let (mut failed, _) = start(
+        &completed_run(),
+        &RollbackRequest::Nodes(vec!["w-1".into()]),
+        "w-1",
+        UpgradeOrder::WorkersFirst,
+        &obs,
+        t0(),
+    )
+    .expect("started");
+    failed.nodes[0].step = NodeStep::Failed {
+        at: t0(),
+        reason: "did not come back online within 15m".into(),
+        installed: None,
+    };
+    failed.outcome = Some(Outcome::Failed {
+        at: t0(),
+        node: Some("w-1".into()),
+        reason: "node w-1 did not come back online within 15m".into(),
+    });
+    let resumed = drive(
+        &[("talos-target", "1.12.0"), ("resume", "true")],
+        Some(failed),
+        &obs,
+    );
+    assert_eq!(
+        resumed.asked_actions,
+        vec![Action::Rollback { node: "w-1".into() }]
+    );
+    let notes: Vec<(Reason, String)> = resumed
+        .conclusion
+        .notes
+        .iter()
+        .map(|n| (n.reason, n.message.clone()))
+        .collect();
+    assert!(
+        resumed
+            .conclusion
+            .announced
+            .contains(&Reason::UpgradeResumed)
+            || notes.iter().any(|(r, _)| *r == Reason::UpgradeResumed),
+        "{notes:?}"
+    );
+    assert!(
+        resumed
+            .conclusion
+            .record
+            .is_some_and(|run| run.rollback.is_some())
+    );
+}
