@@ -167,8 +167,12 @@ pub fn start(
                     unknown.join(", ")
                 ));
             }
-            let mut chosen = Vec::new();
+            let mut chosen: Vec<&NodeProgress> = Vec::new();
             for name in names {
+                // A name written twice is one node, rolled back once.
+                if chosen.iter().any(|n| n.name == *name) {
+                    continue;
+                }
                 match last.node(name).filter(upgraded) {
                     Some(node) => chosen.push(node),
                     None => {

@@ -265,6 +265,13 @@ fn a_rollback_takes_the_nodes_asked_for_or_is_refused_with_the_reason() {
             Ok(&[("w-1", false), ("cp-2", false)]),
         ),
         (
+            "a name written twice is one node",
+            completed_run(),
+            "w-1, w-1",
+            &obs,
+            Ok(&[("w-1", false)]),
+        ),
+        (
             "a node back on its old version is done at once",
             failed_run(),
             "failed",
