@@ -231,22 +231,20 @@ async fn a_plan_that_fails_at_its_second_hop_stops_there_and_resume_continues_it
     world
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;
+    // The control plane, last in the second hop (workers first), falls back to its old system when
+    // it boots 1.14.1; 1.13.9 boots. Injected before the target is set, so the test never races the
+    // run to the node.
+    let cp = world.node("cp-1");
+    world
+        .sim
+        .inject_fault(&cp, Fault::BootsOldVersionOf("1.14.1".into()))
+        .expect("fault");
     world
         .annotate_raw_pair(
             "upgrade.vitistack.io/upgrade-plan=multi-hop",
             "upgrade.vitistack.io/talos-target=1.14.1",
         )
         .await;
-    // The first hop done (every node on 1.13.9): the control plane, last in the second hop
-    // (workers first), falls back to its old system.
-    world
-        .wait_for_annotation("talos-current", "1.13.9", "180s")
-        .await;
-    let cp = world.node("cp-1");
-    world
-        .sim
-        .inject_fault(&cp, Fault::BootsOldVersion)
-        .expect("fault");
     world
         .wait_for_annotation("talos-status", "failed", "180s")
         .await;

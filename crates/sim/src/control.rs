@@ -41,6 +41,7 @@ pub const FAULT_NAMES: &[&str] = &[
 ];
 
 /// Parses a fault name and its query parameters (`count` for `fail-next-calls`, `ms` for `ready-delay`,
+/// an optional `version` for `boots-old-version` (only that version's new system fails to boot),
 /// `code` and an optional `count` for `installer-exits`).
 pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault, String> {
     let number = |key: &str| -> Result<u64, String> {
@@ -53,7 +54,10 @@ pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault
     Ok(match name {
         "installer-pull-fails" => Fault::InstallerPullFails,
         "never-returns" => Fault::NeverReturns,
-        "boots-old-version" => Fault::BootsOldVersion,
+        "boots-old-version" => match params.get("version") {
+            Some(version) => Fault::BootsOldVersionOf(version.clone()),
+            None => Fault::BootsOldVersion,
+        },
         "etcd-unhealthy" => Fault::EtcdUnhealthy,
         "fail-next-calls" => Fault::FailNextCalls(
             u32::try_from(number("count")?).map_err(|_| "count is too large".to_string())?,

@@ -17,6 +17,10 @@ pub enum Fault {
     NeverReturns,
     /// The newly installed A/B slot fails to boot: the node comes back on its old version.
     BootsOldVersion,
+    /// As [`Fault::BootsOldVersion`], but only a new system of this Talos version (`1.14.1` or
+    /// `v1.14.1`) fails to boot; other versions boot. Lets a test fail one hop of a multi-hop plan
+    /// without racing the run to the node.
+    BootsOldVersionOf(String),
     /// This node's etcd member fails health checks (quorum reads), so CP upgrades are refused.
     EtcdUnhealthy,
     /// The next n API calls routed to this node answer `Unavailable`.
@@ -60,6 +64,8 @@ pub struct ActiveFaults {
     pub installer_pull_fails: bool,
     pub never_returns: bool,
     pub boots_old_version: bool,
+    /// The version whose new system fails to boot ([`Fault::BootsOldVersionOf`]), without `v`.
+    pub boots_old_version_of: Option<String>,
     pub etcd_unhealthy: bool,
     pub fail_next_calls: u32,
     pub ready_delay: Option<Duration>,
@@ -90,6 +96,9 @@ impl FaultSet {
             Fault::InstallerPullFails => f.installer_pull_fails = true,
             Fault::NeverReturns => f.never_returns = true,
             Fault::BootsOldVersion => f.boots_old_version = true,
+            Fault::BootsOldVersionOf(version) => {
+                f.boots_old_version_of = Some(version.trim_start_matches('v').to_string());
+            }
             Fault::EtcdUnhealthy => f.etcd_unhealthy = true,
             Fault::FailNextCalls(n) => f.fail_next_calls = f.fail_next_calls.saturating_add(n),
             Fault::ReadyDelay(delay) => f.ready_delay = Some(delay),

@@ -421,17 +421,22 @@ pub(crate) async fn power_on(cluster: &Arc<Cluster>, node: &Arc<Node>) {
             }
         }
     };
-    let boots_old = node.faults.current().boots_old_version;
+    let faults = node.faults.current();
     let defaults = node.default_images();
     node.events.clear();
     node.store.clear();
     let (version, boot_id) = node.update(&cluster.etcd, |s| {
+        // Under a fallback fault the bootloader falls back to the current slot and nothing changes.
+        let falls_back = |next: &Slot| {
+            faults.boots_old_version
+                || faults.boots_old_version_of.as_deref()
+                    == Some(next.version.to_string().trim_start_matches('v'))
+        };
         if let Some(next) = s.next_boot.take()
             && next != s.current
-            && !boots_old
+            && !falls_back(&next)
         {
-            // The new slot boots; the old one becomes the rollback target. Under the fallback fault
-            // the bootloader falls back to the current slot and nothing changes.
+            // The new slot boots; the old one becomes the rollback target.
             s.previous = Some(std::mem::replace(&mut s.current, next));
         }
         if let Some(staged) = s.staged_config.take()
