@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::world::{World, WorldSpec};
-use talos_sim::{Fault, Role, max_concurrently_down};
+use talos_sim::{Fault, Role, Timings, max_concurrently_down};
 
 const ROLLBACK: &str = "/machine.MachineService/Rollback";
 
@@ -247,7 +247,19 @@ async fn a_whole_run_rolls_back_one_node_at_a_time_workers_first() {
 /// and no node ever gets a second Rollback call.
 #[tokio::test]
 async fn a_controller_killed_mid_rollback_never_rolls_a_node_back_twice() {
-    let world = World::start("rb-restart", WorldSpec::default()).await;
+    // Each node stays powered off 1.5 s, so the rollback is seen past its first node and before its
+    // last (with the fast timings all five can be back between two looks of the test).
+    let world = World::start(
+        "rb-restart",
+        WorldSpec {
+            timings: Timings {
+                reboot_ms: 1500,
+                ..Timings::fast()
+            },
+            ..WorldSpec::default()
+        },
+    )
+    .await;
     world.upgrade_talos("1.11.6", "1.12.0").await;
 
     world.annotate("talos-rollback", "run").await;
