@@ -137,6 +137,35 @@ pub fn choose(sources: &[Source]) -> Option<String> {
     sorted.first().map(|s| s.name.clone())
 }
 
+/// What a run's snapshot gate asks for this pass, before its first control-plane change (`first`,
+/// the control plane about to be touched). Shared by the Talos run and, once it takes one, the
+/// Kubernetes run: each keeps its own record and hold, the decision is the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Taken and verified: the control plane may be touched.
+    Done,
+    /// No control plane can give a snapshot: hold before `first` (the message).
+    NoSource(String),
+    /// Take it from `node` (record [`Snapshot::Taking`] first), holding with `message` meanwhile.
+    Take { node: String, message: String },
+}
+
+/// The gate's decision: nothing once taken; otherwise the source to take it from (see [`choose`]).
+/// A gate found `Taking` (the controller stopped during the call) or `Failed` (then `resume`) is
+/// taken again: a snapshot changes nothing.
+pub fn next(gate: Option<&Snapshot>, sources: &[Source], first: &str) -> Next {
+    if gate.is_some_and(Snapshot::is_taken) {
+        return Next::Done;
+    }
+    match choose(sources) {
+        None => Next::NoSource(no_source_message(first)),
+        Some(node) => Next::Take {
+            message: taking_message(&node, first),
+            node,
+        },
+    }
+}
+
 /// The status message while the snapshot is taken.
 pub fn taking_message(node: &str, first_control_plane: &str) -> String {
     format!(
@@ -227,6 +256,55 @@ mod tests {
         ];
         for (sources, want) in cases {
             assert_eq!(choose(sources).as_deref(), *want, "{sources:?}");
+        }
+    }
+
+    #[test]
+    fn the_gate_takes_until_taken_and_holds_without_a_source() {
+        let at: Timestamp = "2026-11-29T02:00:00Z".parse().expect("time");
+        let taken = Snapshot::Taken {
+            node: "cp-2".into(),
+            at,
+            stored: Stored {
+                location: "file:///s".into(),
+                size: 1,
+                sha256: "ab".into(),
+            },
+            announced: false,
+        };
+        let taking = Snapshot::Taking {
+            node: "cp-2".into(),
+            at,
+        };
+        let failed = Snapshot::Failed {
+            node: "cp-2".into(),
+            at,
+            reason: "r".into(),
+        };
+        let two = vec![
+            Source {
+                name: "cp-1".into(),
+                leader: true,
+            },
+            Source {
+                name: "cp-2".into(),
+                leader: false,
+            },
+        ];
+        let take = Next::Take {
+            node: "cp-2".into(),
+            message: taking_message("cp-2", "cp-1"),
+        };
+        let cases: &[(Option<&Snapshot>, &[Source], Next)] = &[
+            (None, &two, take.clone()),
+            (Some(&taking), &two, take.clone()),
+            (Some(&failed), &two, take.clone()),
+            (Some(&taken), &two, Next::Done),
+            (Some(&taken), &[], Next::Done),
+            (None, &[], Next::NoSource(no_source_message("cp-1"))),
+        ];
+        for (gate, sources, want) in cases {
+            assert_eq!(next(*gate, sources, "cp-1"), *want, "{gate:?} {sources:?}");
         }
     }
 

@@ -1530,15 +1530,7 @@ fn snapshot_first(
     now: Timestamp,
     actions: &mut Vec<Action>,
 ) -> Option<Held> {
-    use crate::etcd_snapshot::{self as snapshot, Snapshot};
-    if run
-        .gates
-        .etcd_snapshot
-        .as_ref()
-        .is_some_and(Snapshot::is_taken)
-    {
-        return None;
-    }
+    use crate::etcd_snapshot::{self as snapshot, Next, Snapshot};
     let sources: Vec<snapshot::Source> = observation
         .nodes
         .iter()
@@ -1548,18 +1540,18 @@ fn snapshot_first(
             leader: observation.etcd.leader.as_deref() == Some(n.name.as_str()),
         })
         .collect();
-    let Some(node) = snapshot::choose(&sources) else {
-        return Some(Held::Preflight(
-            PreflightCheck::EtcdHealth,
-            snapshot::no_source_message(first),
-        ));
-    };
-    run.gates.etcd_snapshot = Some(Snapshot::Taking {
-        node: node.clone(),
-        at: now,
-    });
-    actions.push(Action::EtcdSnapshot { node: node.clone() });
-    Some(Held::Snapshot(snapshot::taking_message(&node, first)))
+    match snapshot::next(run.gates.etcd_snapshot.as_ref(), &sources, first) {
+        Next::Done => None,
+        Next::NoSource(message) => Some(Held::Preflight(PreflightCheck::EtcdHealth, message)),
+        Next::Take { node, message } => {
+            run.gates.etcd_snapshot = Some(Snapshot::Taking {
+                node: node.clone(),
+                at: now,
+            });
+            actions.push(Action::EtcdSnapshot { node });
+            Some(Held::Snapshot(message))
+        }
+    }
 }
 
 /// Records the snapshot stored and verified.
