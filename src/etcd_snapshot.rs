@@ -288,6 +288,79 @@ fn older_than_newest(mut names: Vec<String>, keep: usize) -> Vec<String> {
     names
 }
 
+/// What a run's shell says when the controller has nowhere to put a snapshot (the core only asks for
+/// one when it has; this is the guard).
+pub const NO_DESTINATION: &str = "the controller has no etcd snapshot destination \
+     (--etcd-snapshot-dir or --etcd-snapshot-s3-bucket)";
+
+/// What taking a cluster's etcd snapshot needs besides the node: the destination, the cluster's name
+/// (the snapshot's is made of it) and the metrics. Shared by the Talos run and the Kubernetes run.
+pub struct SnapshotContext<'a> {
+    pub config: &'a SnapshotConfig,
+    pub namespace: String,
+    pub cluster: String,
+    pub metrics: &'a crate::metrics::Metrics,
+}
+
+/// Why a snapshot was not stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeError {
+    /// The node could not be called: taken again on the next pass, from whichever control plane is
+    /// healthy then.
+    NotReached(String),
+    /// The node or the store failed, or the stored object did not verify: the run stops.
+    Failed(String),
+}
+
+impl SnapshotContext<'_> {
+    /// Takes the snapshot from `node` for a run of `kind` (`talos` or `kubernetes`, in the object's
+    /// name) to `target`, stores it and verifies it; counts it in the metrics and logs it.
+    pub async fn take(
+        &self,
+        access: &crate::cluster_access::Access,
+        node: &str,
+        kind: &'static str,
+        target: &str,
+        now: jiff::Timestamp,
+    ) -> Result<Stored, TakeError> {
+        let Some(inventory_node) = access.inventory.iter().find(|n| n.name == node) else {
+            return Err(TakeError::Failed(
+                "the node is no longer in the node inventory".to_string(),
+            ));
+        };
+        let client = access
+            .fleet
+            .client(inventory_node.address)
+            .map_err(|error| TakeError::NotReached(error.to_string()))?;
+        let name = SnapshotName {
+            namespace: self.namespace.clone(),
+            cluster: self.cluster.clone(),
+            kind,
+            target: target.to_string(),
+            at: now,
+        };
+        match self.config.take(&client, &name).await {
+            Ok(stored) => {
+                self.metrics.record_etcd_snapshot(self.config.label(), true);
+                tracing::info!(
+                    %node,
+                    location = %stored.location,
+                    size = stored.size,
+                    sha256 = %stored.sha256,
+                    "etcd snapshot stored"
+                );
+                Ok(stored)
+            }
+            Err(reason) => {
+                self.metrics
+                    .record_etcd_snapshot(self.config.label(), false);
+                tracing::warn!(%node, %reason, "etcd snapshot failed");
+                Err(TakeError::Failed(reason))
+            }
+        }
+    }
+}
+
 /// What a snapshot is named after.
 #[derive(Debug, Clone)]
 pub struct SnapshotName {

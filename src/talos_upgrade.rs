@@ -63,16 +63,7 @@ pub struct TalosIo<'a> {
     /// The cluster's Alertmanager silences, synced before the calls (see [`crate::silences`]).
     silences: Option<&'a crate::silences::RunSilences<'a>>,
     /// Where the etcd snapshot before the control planes goes (see [`crate::etcd_snapshot`]).
-    snapshots: Option<SnapshotContext<'a>>,
-}
-
-/// What taking a cluster's etcd snapshot needs besides the node: the destination, the cluster's name
-/// (the snapshot's is made of it) and the metrics.
-pub struct SnapshotContext<'a> {
-    pub config: &'a crate::etcd_snapshot::SnapshotConfig,
-    pub namespace: String,
-    pub cluster: String,
-    pub metrics: &'a crate::metrics::Metrics,
+    snapshots: Option<crate::etcd_snapshot::SnapshotContext<'a>>,
 }
 
 impl<'a> TalosIo<'a> {
@@ -97,7 +88,10 @@ impl<'a> TalosIo<'a> {
     }
 
     /// Takes the etcd snapshots this cluster's runs ask for into `snapshots`' destination.
-    pub fn with_snapshots(mut self, snapshots: Option<SnapshotContext<'a>>) -> Self {
+    pub fn with_snapshots(
+        mut self,
+        snapshots: Option<crate::etcd_snapshot::SnapshotContext<'a>>,
+    ) -> Self {
         self.snapshots = snapshots;
         self
     }
@@ -106,48 +100,12 @@ impl<'a> TalosIo<'a> {
     /// `Refused` with what failed (the run then stops before any control plane).
     async fn snapshot(&self, access: &Access, node: &str, target: &str) -> Called {
         let Some(context) = &self.snapshots else {
-            return Called::Refused(
-                "the controller has no etcd snapshot destination (--etcd-snapshot-dir or \
-                 --etcd-snapshot-s3-bucket)"
-                    .to_string(),
-            );
+            return Called::Refused(crate::etcd_snapshot::NO_DESTINATION.to_string());
         };
-        let Some(inventory_node) = access.inventory.iter().find(|n| n.name == node) else {
-            return Called::Refused("the node is no longer in the node inventory".to_string());
-        };
-        let client = match access.fleet.client(inventory_node.address) {
-            Ok(client) => client,
-            // Taken again on the next pass, from whichever control plane is healthy then.
-            Err(error) => return Called::NotReached(error.to_string()),
-        };
-        let name = crate::etcd_snapshot::SnapshotName {
-            namespace: context.namespace.clone(),
-            cluster: context.cluster.clone(),
-            kind: "talos",
-            target: target.to_string(),
-            at: self.now,
-        };
-        match context.config.take(&client, &name).await {
-            Ok(stored) => {
-                context
-                    .metrics
-                    .record_etcd_snapshot(context.config.label(), true);
-                tracing::info!(
-                    %node,
-                    location = %stored.location,
-                    size = stored.size,
-                    sha256 = %stored.sha256,
-                    "etcd snapshot stored"
-                );
-                Called::Stored(stored)
-            }
-            Err(reason) => {
-                context
-                    .metrics
-                    .record_etcd_snapshot(context.config.label(), false);
-                tracing::warn!(%node, %reason, "etcd snapshot failed");
-                Called::Refused(reason)
-            }
+        match context.take(access, node, "talos", target, self.now).await {
+            Ok(stored) => Called::Stored(stored),
+            Err(crate::etcd_snapshot::TakeError::NotReached(reason)) => Called::NotReached(reason),
+            Err(crate::etcd_snapshot::TakeError::Failed(reason)) => Called::Refused(reason),
         }
     }
 
