@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Action, Decision, NodeObservation, NodeProgress, NodeStep, Observation, Run, Settings,
-    TalosState, UpgradeOrder, is_healthy, role_rank,
+    TalosState, UpgradeOrder, is_healthy, plural, role_rank,
 };
 use crate::run::{
     NodeRole, Note, Outcome, PreflightCheck, Reason, Report, RunState, human_duration,
@@ -635,10 +635,6 @@ fn report(
             awaiting_reboots,
         },
     }
-}
-
-fn plural(count: usize) -> &'static str {
-    if count == 1 { "" } else { "s" }
 }
 
 #[cfg(test)]
