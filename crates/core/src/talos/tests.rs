@@ -81,7 +81,8 @@ fn cluster(version: &str) -> Observation {
     }
 }
 
-fn set(obs: &mut Observation, name: &str, change: impl FnOnce(&mut NodeObservation)) {
+/// Changes the observed node `name` (the rollback's tests use it too).
+pub(super) fn set(obs: &mut Observation, name: &str, change: impl FnOnce(&mut NodeObservation)) {
     change(
         obs.nodes
             .iter_mut()

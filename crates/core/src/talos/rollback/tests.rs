@@ -13,6 +13,7 @@ use crate::catalog::Catalog;
 use crate::gates::Gates;
 use crate::intent::UpgradeIntent;
 use crate::lifecycle::{Called, Conclusion, Inputs, Kind, Lifecycle, Limits, Look, Step};
+use crate::talos::tests::set;
 use crate::talos::{EtcdObservation, InstallSource, PendingInstall, Talos};
 use crate::versions::{KubernetesVersion, TalosVersion};
 
@@ -62,15 +63,6 @@ fn upgraded_cluster() -> Observation {
         },
         gates: Default::default(),
     }
-}
-
-fn set(obs: &mut Observation, name: &str, change: impl FnOnce(&mut NodeObservation)) {
-    change(
-        obs.nodes
-            .iter_mut()
-            .find(|n| n.name == name)
-            .expect("node in observation"),
-    );
 }
 
 fn boot(obs: &mut Observation, name: &str, version: &str, boot: u32, ready: bool) {
