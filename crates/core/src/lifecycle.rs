@@ -483,6 +483,28 @@ struct Pass<K: Kind> {
     previous: Option<Decision<K>>,
 }
 
+impl<K: Kind> Pass<K> {
+    /// A fresh pass over `run`: nothing looked at further yet, no decision before it.
+    fn new(
+        run: K::Run,
+        settings: K::Settings,
+        observation: K::Observation,
+        versions: K::Versions,
+        stopping: bool,
+    ) -> Self {
+        Pass {
+            before: run.clone(),
+            run,
+            settings,
+            observation,
+            versions,
+            stopping,
+            looked_further: false,
+            previous: None,
+        }
+    }
+}
+
 /// The lifecycle of one kind in one reconcile.
 pub struct Lifecycle<'a, K: Kind> {
     inputs: Inputs<'a, K>,
@@ -615,16 +637,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         let Some((raw, target)) = target else {
             // Finishing the work in flight of a run whose target was removed.
             let run = existing.expect("a run in flight to finish");
-            return self.prepare(Pass {
-                before: run.clone(),
-                run,
-                settings,
-                observation,
-                versions,
-                stopping: true,
-                looked_further: false,
-                previous: None,
-            });
+            return self.prepare(Pass::new(run, settings, observation, versions, true));
         };
         if rollback {
             let last = existing.expect("a finished run to roll back");
@@ -722,16 +735,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 run
             }
         };
-        self.prepare(Pass {
-            before: run.clone(),
-            run,
-            settings,
-            observation,
-            versions,
-            stopping: false,
-            looked_further: false,
-            previous: None,
-        })
+        self.prepare(Pass::new(run, settings, observation, versions, false))
     }
 
     /// What the work asked for by [`Step::Further`] brought back, in order.
@@ -1146,16 +1150,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
                 self.consume_resume();
                 self.notes
                     .push(Note::normal(Reason::RollbackStarted, sentence));
-                self.prepare(Pass {
-                    before: run.clone(),
-                    run,
-                    settings,
-                    observation,
-                    versions,
-                    stopping: false,
-                    looked_further: false,
-                    previous: None,
-                })
+                self.prepare(Pass::new(run, settings, observation, versions, false))
             }
             Err(why) => self.refuse_rollback(&why, Some(&versions)),
         }
