@@ -344,8 +344,9 @@ fn read_health_checks(
     })
 }
 
-/// The trimmed value of `key`; `None` when missing or blank.
-fn value<'a>(annotations: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
+/// The trimmed value of `key`; `None` when missing or blank. The plan and its preview read the
+/// targets through it too, so a blank one means the same everywhere.
+pub(crate) fn value<'a>(annotations: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
     annotations
         .get(key)
         .map(|raw| raw.trim())

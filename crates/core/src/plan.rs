@@ -775,13 +775,6 @@ impl Concluded {
     }
 }
 
-fn trimmed<'a>(annotations: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
-    annotations
-        .get(key)
-        .map(|value| value.trim())
-        .filter(|value| !value.is_empty())
-}
-
 impl Layer {
     pub fn new(
         intent: &UpgradeIntent,
@@ -789,8 +782,9 @@ impl Layer {
         stored: Option<Plan>,
         catalog: &Catalog,
     ) -> Layer {
-        let talos_target = trimmed(annotations, crate::annotations::TALOS_TARGET);
-        let kubernetes_target = trimmed(annotations, crate::annotations::KUBERNETES_TARGET);
+        let talos_target = crate::intent::value(annotations, crate::annotations::TALOS_TARGET);
+        let kubernetes_target =
+            crate::intent::value(annotations, crate::annotations::KUBERNETES_TARGET);
         let (mode, invalid) = match &intent.upgrade_plan {
             Ok(mode) => (*mode, None),
             // The safe reading: one step (a refusal can be taken back, hops cannot).
@@ -803,8 +797,11 @@ impl Layer {
             mode,
             talos_target,
             kubernetes_target,
-            talos_current: trimmed(annotations, crate::annotations::TALOS_CURRENT),
-            kubernetes_current: trimmed(annotations, crate::annotations::KUBERNETES_CURRENT),
+            talos_current: crate::intent::value(annotations, crate::annotations::TALOS_CURRENT),
+            kubernetes_current: crate::intent::value(
+                annotations,
+                crate::annotations::KUBERNETES_CURRENT,
+            ),
             stored,
             resume: intent.resume,
             reset: intent.talos_reset || intent.kubernetes_reset,

@@ -64,19 +64,12 @@ impl Preview {
     }
 }
 
-fn trimmed<'a>(annotations: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
-    annotations
-        .get(key)
-        .map(|value| value.trim())
-        .filter(|value| !value.is_empty())
-}
-
 /// The plan the controller would run now, how, and what would hold it.
 pub fn preview(inputs: &PreviewInputs<'_>) -> Preview {
     let annotations = inputs.annotations;
     let intent = inputs.intent;
-    let talos_raw = trimmed(annotations, annotations::TALOS_TARGET);
-    let kubernetes_raw = trimmed(annotations, annotations::KUBERNETES_TARGET);
+    let talos_raw = crate::intent::value(annotations, annotations::TALOS_TARGET);
+    let kubernetes_raw = crate::intent::value(annotations, annotations::KUBERNETES_TARGET);
     let mode = intent.upgrade_plan.clone().unwrap_or_default();
     let mut lines = Vec::new();
     let mut blocks = Vec::new();
@@ -108,9 +101,9 @@ pub fn preview(inputs: &PreviewInputs<'_>) -> Preview {
                 },
             };
             let start = Start {
-                talos: trimmed(annotations, annotations::TALOS_CURRENT)
+                talos: crate::intent::value(annotations, annotations::TALOS_CURRENT)
                     .and_then(|v| TalosVersion::parse(v).ok()),
-                kubernetes: trimmed(annotations, annotations::KUBERNETES_CURRENT)
+                kubernetes: crate::intent::value(annotations, annotations::KUBERNETES_CURRENT)
                     .and_then(|v| KubernetesVersion::parse(v).ok()),
             };
             match compute(&start, &targets, inputs.catalog) {
@@ -296,7 +289,7 @@ fn blocking_now(inputs: &PreviewInputs<'_>) -> Vec<String> {
         ));
     }
     for kind in UpgradeKind::ALL {
-        if trimmed(inputs.annotations, kind.status_key()) == Some("in-progress") {
+        if crate::intent::value(inputs.annotations, kind.status_key()) == Some("in-progress") {
             blocks.push(format!("a {} run is in progress", kind.name()));
         }
     }
