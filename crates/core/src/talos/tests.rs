@@ -107,7 +107,8 @@ fn rebooted(obs: &mut Observation, name: &str, version: &str, ready: bool) {
     });
 }
 
-fn down(obs: &mut Observation, name: &str) {
+/// The node stopped answering (the rollback's tests use it too).
+pub(super) fn down(obs: &mut Observation, name: &str) {
     set(obs, name, |n| {
         n.talos = TalosState::Unreachable {
             reason: "connection refused".into(),

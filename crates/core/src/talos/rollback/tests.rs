@@ -13,7 +13,7 @@ use crate::catalog::Catalog;
 use crate::gates::Gates;
 use crate::intent::UpgradeIntent;
 use crate::lifecycle::{Called, Conclusion, Inputs, Kind, Lifecycle, Limits, Look, Step};
-use crate::talos::tests::set;
+use crate::talos::tests::{down, set};
 use crate::talos::{EtcdObservation, InstallSource, PendingInstall, Talos};
 use crate::versions::{KubernetesVersion, TalosVersion};
 
@@ -73,15 +73,6 @@ fn boot(obs: &mut Observation, name: &str, version: &str, boot: u32, ready: bool
             *r = ready;
         }
         n.kubernetes_ready = ready;
-    });
-}
-
-fn down(obs: &mut Observation, name: &str) {
-    set(obs, name, |n| {
-        n.talos = TalosState::Unreachable {
-            reason: "connection refused".into(),
-        };
-        n.kubernetes_ready = false;
     });
 }
 
