@@ -478,6 +478,21 @@ async fn open(client: &TalosClient) -> Result<talos_api::SnapshotStream, String>
         .map_err(|e| format!("the node refused it: {e}"))
 }
 
+/// The next chunk of the stream, counted into the verifier before it is stored anywhere.
+async fn next_verified(
+    stream: &mut talos_api::SnapshotStream,
+    verifier: &mut Verifier,
+) -> Result<Option<Vec<u8>>, String> {
+    let chunk = stream
+        .next_chunk()
+        .await
+        .map_err(|e| format!("the stream broke off: {e}"))?;
+    if let Some(chunk) = &chunk {
+        verifier.update(chunk);
+    }
+    Ok(chunk)
+}
+
 async fn take_to_dir(
     client: &TalosClient,
     dir: &Path,
@@ -498,12 +513,7 @@ async fn take_to_dir(
         .map_err(|e| io("creating", e))?;
     let mut verifier = Verifier::new();
     let streamed = async {
-        while let Some(chunk) = stream
-            .next_chunk()
-            .await
-            .map_err(|e| format!("the stream broke off: {e}"))?
-        {
-            verifier.update(&chunk);
+        while let Some(chunk) = next_verified(&mut stream, &mut verifier).await? {
             file.write_all(&chunk).await.map_err(|e| io("writing", e))?;
         }
         file.sync_all().await.map_err(|e| io("writing", e))?;
@@ -566,12 +576,7 @@ async fn take_to_s3(
     let mut upload = object_store::buffered::BufWriter::new(s3.store.clone(), path.clone());
     let mut verifier = Verifier::new();
     let streamed = async {
-        while let Some(chunk) = stream
-            .next_chunk()
-            .await
-            .map_err(|e| format!("the stream broke off: {e}"))?
-        {
-            verifier.update(&chunk);
+        while let Some(chunk) = next_verified(&mut stream, &mut verifier).await? {
             upload
                 .write_all(&chunk)
                 .await
