@@ -222,17 +222,19 @@ async fn a_snapshot_to_a_directory_comes_before_the_first_control_plane_and_is_v
     world.stop_controller().await;
 }
 
-/// A snapshot cut short (the stream ends early without an error) cannot be verified: the run stops
-/// after the workers, before any control plane, naming the node and why; nothing is left in the
-/// directory; `resume` takes it again and the run completes.
-#[tokio::test]
-async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_plane() {
-    let scratch = Scratch::new("cut");
-    let world = world_with("es-cut", Destination::Dir(scratch.0.clone()), 3).await;
+/// A run to `scratch` whose control planes all answer the snapshot with `fault`: the target is set
+/// and the run fails at the snapshot, after one snapshot call and before any control plane. The
+/// world and that call.
+async fn run_failing_at_the_snapshot(
+    prefix: &str,
+    scratch: &Scratch,
+    fault: Fault,
+) -> (World, CallRecord) {
+    let world = world_with(prefix, Destination::Dir(scratch.0.clone()), 3).await;
     for cp in ["cp-1", "cp-2", "cp-3"] {
         world
             .sim
-            .inject_fault(&world.node(cp), Fault::EtcdSnapshotTruncated)
+            .inject_fault(&world.node(cp), fault.clone())
             .expect("fault");
     }
     world
@@ -242,13 +244,24 @@ async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_pla
     world
         .wait_for_annotation("talos-status", "failed", "180s")
         .await;
-
     let record = world.sim.record();
     let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
     assert_eq!(first_control_plane, None, "{}", world.sim.record_json());
     assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
-    let node = snapshots[0].1.node.clone();
-    let sent = snapshots[0].1.params["size"].as_u64().expect("size");
+    let (_, call) = snapshots.into_iter().next().expect("one snapshot call");
+    (world, call)
+}
+
+/// A snapshot cut short (the stream ends early without an error) cannot be verified: the run stops
+/// after the workers, before any control plane, naming the node and why; nothing is left in the
+/// directory; `resume` takes it again and the run completes.
+#[tokio::test]
+async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_plane() {
+    let scratch = Scratch::new("cut");
+    let (world, snapshot) =
+        run_failing_at_the_snapshot("es-cut", &scratch, Fault::EtcdSnapshotTruncated).await;
+    let node = snapshot.node.clone();
+    let sent = snapshot.params["size"].as_u64().expect("size");
     assert_eq!(world.upgrade_calls().len(), 2, "only the workers");
     let message = world.annotation("talos-message").await;
     assert_eq!(
@@ -296,30 +309,10 @@ async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_pla
 #[tokio::test]
 async fn a_snapshot_the_node_refuses_stops_the_run_naming_the_node() {
     let scratch = Scratch::new("refused");
-    let world = world_with("es-refused", Destination::Dir(scratch.0.clone()), 3).await;
-    for cp in ["cp-1", "cp-2", "cp-3"] {
-        world
-            .sim
-            .inject_fault(&world.node(cp), Fault::EtcdSnapshotFails)
-            .expect("fault");
-    }
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world.annotate("talos-target", "1.12.0").await;
-    world
-        .wait_for_annotation("talos-status", "failed", "180s")
-        .await;
-    let record = world.sim.record();
-    let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
-    assert_eq!(first_control_plane, None, "{}", world.sim.record_json());
-    assert_eq!(snapshots.len(), 1);
-    let node = &snapshots[0].1.node;
-    assert!(
-        snapshots[0].1.result.starts_with("Unknown"),
-        "{:?}",
-        snapshots[0].1
-    );
+    let (world, snapshot) =
+        run_failing_at_the_snapshot("es-refused", &scratch, Fault::EtcdSnapshotFails).await;
+    let node = &snapshot.node;
+    assert!(snapshot.result.starts_with("Unknown"), "{snapshot:?}");
     let message = world.annotation("talos-message").await;
     let prefix = format!(
         "Talos upgrade failed: the etcd snapshot from control plane {node} failed: the node \
