@@ -10,7 +10,7 @@ use talos_sim::Fault;
 use talos_upgrade_controller::catalog_sources::CatalogHandle;
 use talos_upgrade_core::catalog::Catalog;
 
-use crate::world::{PHASE_KEY, World, WorldSpec};
+use crate::world::{AnnotationLog, PHASE_KEY, World, WorldSpec};
 
 /// A small cluster on the built-in release catalog (Talos 1.13.9 and 1.14.1, Kubernetes 1.30.5, 1.31.4
 /// …), which is what the plan's intermediate hops are taken from.
@@ -62,6 +62,34 @@ fn changing_calls(world: &World) -> Vec<String> {
         .filter(|call| CHANGING.contains(&call.method.as_str()))
         .map(|call| format!("{} {}", call.method, call.node))
         .collect()
+}
+
+/// Opts in to plans and sets Talos 1.14.1 and Kubernetes 1.32.0 in one change on a world running
+/// Kubernetes `kubernetes_from`; waits for the plan's last hop, a Talos one in both plans that use
+/// this, so Kubernetes has completed by then, and both kinds are at their targets. The annotations
+/// as they moved.
+async fn plan_to_talos_1_14_and_kubernetes_1_32(
+    world: &World,
+    kubernetes_from: &str,
+) -> AnnotationLog {
+    world
+        .wait_for_annotation("kubernetes-current", kubernetes_from, "60s")
+        .await;
+    let log = world.record_annotations().await;
+    world.annotate("upgrade-plan", "multi-hop").await;
+    world
+        .annotate_raw_pair(
+            "upgrade.vitistack.io/talos-target=1.14.1",
+            "upgrade.vitistack.io/kubernetes-target=1.32.0",
+        )
+        .await;
+    world
+        .wait_for_annotation("talos-status", "completed", "400s")
+        .await;
+    assert_eq!(world.annotation("kubernetes-status").await, "completed");
+    assert_eq!(world.annotation("talos-current").await, "1.14.1");
+    assert_eq!(world.annotation("kubernetes-current").await, "1.32.0");
+    log
 }
 
 #[tokio::test]
@@ -170,27 +198,7 @@ async fn without_the_opt_in_the_one_step_refusal_stays() {
 async fn an_interleaved_plan_raises_kubernetes_before_the_talos_hop_that_needs_it() {
     // Talos 1.14 runs Kubernetes 1.32 to 1.37: from 1.30 Kubernetes goes up twice first.
     let world = World::start("plan-mixed", spec("1.12.0", "1.30.0")).await;
-    world
-        .wait_for_annotation("kubernetes-current", "1.30.0", "60s")
-        .await;
-    let log = world.record_annotations().await;
-    world
-        .annotate_raw("upgrade.vitistack.io/upgrade-plan=multi-hop")
-        .await;
-    world
-        .annotate_raw_pair(
-            "upgrade.vitistack.io/talos-target=1.14.1",
-            "upgrade.vitistack.io/kubernetes-target=1.32.0",
-        )
-        .await;
-    world
-        .wait_for_annotation("talos-status", "completed", "400s")
-        .await;
-    world
-        .wait_for_annotation("kubernetes-status", "completed", "400s")
-        .await;
-    assert_eq!(world.annotation("talos-current").await, "1.14.1");
-    assert_eq!(world.annotation("kubernetes-current").await, "1.32.0");
+    let log = plan_to_talos_1_14_and_kubernetes_1_32(&world, "1.30.0").await;
     assert_eq!(
         world.annotation("plan-message").await,
         "finished: 1. Kubernetes 1.30.0 → 1.31.4, 2. Kubernetes 1.31.4 → 1.32.0, 3. Talos 1.12.0 → 1.14.1"
@@ -375,23 +383,7 @@ async fn talos_and_kubernetes_hops_alternate_where_the_matrix_demands_it() {
     // Talos 1.13 needs Kubernetes 1.31, Talos 1.14 needs 1.32, and Talos 1.11 runs up to 1.34: Kubernetes
     // goes up to 1.31 on Talos 1.11, Talos to 1.13, Kubernetes to 1.32, then Talos to 1.14.
     let world = World::start("plan-alternate", spec("1.11.0", "1.29.0")).await;
-    world
-        .wait_for_annotation("kubernetes-current", "1.29.0", "60s")
-        .await;
-    let log = world.record_annotations().await;
-    world.annotate("upgrade-plan", "multi-hop").await;
-    world
-        .annotate_raw_pair(
-            "upgrade.vitistack.io/talos-target=1.14.1",
-            "upgrade.vitistack.io/kubernetes-target=1.32.0",
-        )
-        .await;
-    world
-        .wait_for_annotation("talos-status", "completed", "400s")
-        .await;
-    assert_eq!(world.annotation("kubernetes-status").await, "completed");
-    assert_eq!(world.annotation("talos-current").await, "1.14.1");
-    assert_eq!(world.annotation("kubernetes-current").await, "1.32.0");
+    let log = plan_to_talos_1_14_and_kubernetes_1_32(&world, "1.29.0").await;
     assert_eq!(
         world.annotation("plan-message").await,
         "finished: 1. Kubernetes 1.29.0 → 1.30.5, 2. Kubernetes 1.30.5 → 1.31.4, 3. Talos 1.11.0 → 1.13.9, 4. Kubernetes 1.31.4 → 1.32.0, 5. Talos 1.13.9 → 1.14.1"
