@@ -84,19 +84,7 @@ fn parse_taken(message: &str) -> (String, String, u64, String) {
 
 /// The snapshot the persisted Talos run records (`gates.etcdSnapshot` of `talos.json`).
 async fn recorded_snapshot(world: &World) -> serde_json::Value {
-    let text = world
-        .ns
-        .kubectl_ok(&[
-            "get",
-            "configmap",
-            &format!("talos-upgrade-{}", world.cluster),
-            "-o",
-            "jsonpath={.data.talos\\.json}",
-        ])
-        .await;
-    let run: serde_json::Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("talos.json {text:?}: {e}"));
-    run["gates"]["etcdSnapshot"].clone()
+    world.persisted_talos_run().await["gates"]["etcdSnapshot"].clone()
 }
 
 /// The EtcdSnapshot calls, and the index of the first upgrade call to a control plane.

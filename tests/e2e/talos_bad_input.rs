@@ -93,21 +93,6 @@ async fn assert_refused_status(world: &World, message: &str) {
     );
 }
 
-/// The persisted Talos run (`talos.json` of the progress ConfigMap).
-async fn persisted_run(world: &World) -> serde_json::Value {
-    let text = world
-        .ns
-        .kubectl_ok(&[
-            "get",
-            "configmap",
-            &format!("talos-upgrade-{}", world.cluster),
-            "-o",
-            "jsonpath={.data.talos\\.json}",
-        ])
-        .await;
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("talos.json {text:?}: {e}"))
-}
-
 async fn fix_target_and_complete(world: &World) {
     world
         .annotate_raw("upgrade.vitistack.io/talos-target=1.12.0")
@@ -163,7 +148,7 @@ async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_pro
     assert_refused(&world, message, "InvalidTarget").await;
 
     // Decided once: one failed run for that value, remembered in the progress ConfigMap ...
-    let run = persisted_run(&world).await;
+    let run = world.persisted_talos_run().await;
     assert_eq!(run["requested"], "1.12", "{run}");
     assert_eq!(run["outcome"]["result"], "failed", "{run}");
     assert_eq!(run["nodes"], serde_json::json!([]), "{run}");
@@ -172,7 +157,7 @@ async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_pro
     world.poke_and_wait(2).await;
     assert_eq!(world.event_count("InvalidTarget").await, 1);
     assert_eq!(world.annotation("talos-message").await, message);
-    assert_eq!(persisted_run(&world).await, run);
+    assert_eq!(world.persisted_talos_run().await, run);
     assert!(world.sim.record().is_empty());
 
     // A new value is a new decision: refused again, with its own message and one more event.
@@ -198,7 +183,7 @@ async fn an_unparsable_target_is_refused_once_per_value_and_a_valid_one_then_pro
     wait_until_consumed(&world, "resume").await;
     assert_refused_state(&world, &latest).await;
     assert_eq!(world.event_count("InvalidTarget").await, 2);
-    assert_eq!(persisted_run(&world).await["requested"], "latest");
+    assert_eq!(world.persisted_talos_run().await["requested"], "latest");
 
     // Fixing the value: the upgrade runs.
     fix_target_and_complete(&world).await;

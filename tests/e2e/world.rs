@@ -789,6 +789,21 @@ impl World {
             .await;
     }
 
+    /// The persisted Talos run (`talos.json` of the progress ConfigMap).
+    pub async fn persisted_talos_run(&self) -> serde_json::Value {
+        let text = self
+            .ns
+            .kubectl_ok(&[
+                "get",
+                "configmap",
+                &format!("talos-upgrade-{}", self.cluster),
+                "-o",
+                "jsonpath={.data.talos\\.json}",
+            ])
+            .await;
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("talos.json {text:?}: {e}"))
+    }
+
     /// `kubectl wait` for an annotation value, as the user guide does.
     pub async fn wait_for_annotation(&self, key: &str, value: &str, timeout: &str) {
         let output = self
