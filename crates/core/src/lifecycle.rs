@@ -1093,13 +1093,7 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             .as_ref()
             .and_then(|run| run.failure().map(str::to_string))
             .unwrap_or_else(|| message.to_string());
-        let mut report = KindReport::new(K::KIND, UpgradeStatus::Failed, recorded);
-        report.condition_reason = Some(ConditionReason::Failed);
-        report.current = versions.and_then(K::current).map(|v| v.to_string());
-        report.available = versions
-            .and_then(|v| K::available(v, self.inputs.catalog))
-            .map(|v| v.map(|v| v.to_string()));
-        self.done(self.inputs.record.clone(), report, Revisit::Idle)
+        self.refused(recorded, versions)
     }
 
     /// A rollback asked for (and not under way) that cannot start: the reason in the status and one
@@ -1112,6 +1106,12 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
             why.trim_end_matches('.')
         );
         self.note_once(NoteType::Warning, Reason::RollbackRefused, &message);
+        self.refused(message, versions)
+    }
+
+    /// Done, refused with `message` (status failed, no node touched): the record kept as it is,
+    /// the versions running and the next available shown as for any finished run.
+    fn refused(&mut self, message: String, versions: Option<&K::Versions>) -> Step<K> {
         let mut report = KindReport::new(K::KIND, UpgradeStatus::Failed, message);
         report.condition_reason = Some(ConditionReason::Failed);
         report.current = versions.and_then(K::current).map(|v| v.to_string());
