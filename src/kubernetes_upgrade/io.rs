@@ -1,7 +1,9 @@
 //! The Kubernetes upgrade's part of a reconcile: its looks and calls for the shared flow
 //! ([`crate::reconcile::flow`]).
 
-use talos_upgrade_core::kubernetes::{Kubernetes, KubernetesVersions, Observation};
+use talos_upgrade_core::kubernetes::{
+    Action, Kubernetes, KubernetesVersions, Observation, Request,
+};
 use talos_upgrade_core::lifecycle::{Act, Called, Looked, NoFurther};
 
 use super::{ExecuteError, ManifestMode};
@@ -15,13 +17,49 @@ pub struct KubernetesIo<'a> {
     access: &'a SharedAccess<'a>,
     /// How the bootstrap manifests are written, by the lowest Talos the last look saw.
     manifests: ManifestMode,
+    /// Where the etcd snapshot before the first control plane goes (`etcd-snapshot:
+    /// talos-and-kubernetes`, see [`crate::etcd_snapshot`]), and the reconcile's time (its name).
+    snapshots: Option<crate::etcd_snapshot::SnapshotContext<'a>>,
+    now: jiff::Timestamp,
 }
 
 impl<'a> KubernetesIo<'a> {
-    pub fn new(access: &'a SharedAccess<'a>) -> Self {
+    pub fn new(access: &'a SharedAccess<'a>, now: jiff::Timestamp) -> Self {
         KubernetesIo {
             access,
             manifests: ManifestMode::Legacy,
+            snapshots: None,
+            now,
+        }
+    }
+
+    /// Takes the etcd snapshots this cluster's Kubernetes runs ask for into `snapshots`' destination.
+    pub fn with_snapshots(
+        mut self,
+        snapshots: Option<crate::etcd_snapshot::SnapshotContext<'a>>,
+    ) -> Self {
+        self.snapshots = snapshots;
+        self
+    }
+
+    /// Takes the etcd snapshot from `node` and stores it, verified: `Stored` with where it went, or
+    /// `Refused` with what failed (the run then stops before any control plane).
+    async fn snapshot(
+        &self,
+        access: &crate::cluster_access::Access,
+        node: &str,
+        target: &str,
+    ) -> Called {
+        let Some(context) = &self.snapshots else {
+            return Called::Refused(crate::etcd_snapshot::NO_DESTINATION.to_string());
+        };
+        match context
+            .take(access, node, "kubernetes", target, self.now)
+            .await
+        {
+            Ok(stored) => Called::Stored(stored),
+            Err(crate::etcd_snapshot::TakeError::NotReached(reason)) => Called::NotReached(reason),
+            Err(crate::etcd_snapshot::TakeError::Failed(reason)) => Called::Refused(reason),
         }
     }
 }
@@ -42,9 +80,15 @@ impl KindIo<Kubernetes> for KubernetesIo<'_> {
         Ok(KubernetesVersions::of(&observation))
     }
 
-    async fn look_at_cluster(&mut self, _: &()) -> Looked<Observation> {
+    async fn look_at_cluster(&mut self, request: &Request) -> Looked<Observation> {
         let access = self.access.get().await.map_err(|e| e.to_string())?;
-        let observation = super::observe(&access.fleet, &access.inventory, &access.workload).await;
+        let observation = super::observe(
+            &access.fleet,
+            &access.inventory,
+            &access.workload,
+            request.etcd,
+        )
+        .await;
         // By the lowest Talos among the nodes that answered (none: the legacy mode).
         let lowest_talos = observation.talos_versions().map(|v| v.semver()).min();
         self.manifests = lowest_talos
@@ -67,6 +111,15 @@ impl KindIo<Kubernetes> for KubernetesIo<'_> {
         };
         let mut called = Vec::new();
         for action in &act.get().actions {
+            if let Action::EtcdSnapshot { node } = action {
+                let result = self.snapshot(access, node, &act.get().run.target).await;
+                let refused = matches!(result, Called::Refused(_));
+                called.push(result);
+                if refused {
+                    break;
+                }
+                continue;
+            }
             let result = super::execute(
                 &access.fleet,
                 &access.inventory,

@@ -11,6 +11,8 @@
 //!   has the image.
 //! - [`Action::SyncManifests`]: the bootstrap manifests the node's Talos renders, applied to the
 //!   workload cluster (see [`manifests`] for the two modes and what is left out).
+//! - [`Action::EtcdSnapshot`] (`etcd-snapshot: talos-and-kubernetes`): taken by [`KubernetesIo`]
+//!   through [`crate::etcd_snapshot::SnapshotContext::take`], as in a Talos run.
 //!
 //! Nothing is waited for here: the decision core observes the effect of a patch on the next pass.
 //!
@@ -62,7 +64,8 @@ pub enum ExecuteError {
     Transient(String),
 }
 
-/// Observes every inventory node for the Kubernetes upgrade, concurrently. Never fails as a whole: a
+/// Observes every inventory node for the Kubernetes upgrade, concurrently, and etcd when `etcd` (the
+/// run's snapshot is due, see [`talos_upgrade_core::kubernetes::Request`]). Never fails as a whole: a
 /// node whose Talos API or machine config cannot be read is [`TalosApi::Unreachable`] with the reason;
 /// when the workload cluster cannot be listed, nodes show no kubelet version, not Ready and no static
 /// pods (so the decision waits), and a warning is logged.
@@ -72,8 +75,9 @@ pub async fn observe(
     fleet: &TalosFleet,
     inventory: &[InventoryNode],
     workload: &kube::Client,
+    etcd: bool,
 ) -> Observation {
-    observe::observe(fleet, inventory, workload).await
+    observe::observe(fleet, inventory, workload, etcd).await
 }
 
 /// Observes only the versions of a cluster with no Kubernetes upgrade in flight (for
@@ -95,14 +99,10 @@ pub async fn execute(
     action: &Action,
     manifests: ManifestMode,
 ) -> Result<(), ExecuteError> {
-    let node_name = match action {
-        Action::PullImages { node, .. }
-        | Action::PatchImage { node, .. }
-        | Action::SyncManifests { node } => node,
-    };
+    let node_name = action.node();
     // The reconciler observes and executes with the same inventory, so a missing node is a passing
     // mismatch (the inventory changed in between); the step's deadline bounds it.
-    let Some(node) = inventory.iter().find(|n| &n.name == node_name) else {
+    let Some(node) = inventory.iter().find(|n| n.name == node_name) else {
         return Err(ExecuteError::Transient(format!(
             "node {node_name} is not in the cluster's inventory"
         )));
@@ -121,6 +121,10 @@ pub async fn execute(
             tracing::info!(node = %node_name, mode = ?manifests, ?summary, "synced the bootstrap manifests");
             Ok(())
         }
+        // Made by `KubernetesIo`, which has the destination.
+        Action::EtcdSnapshot { .. } => Err(ExecuteError::Refused(
+            crate::etcd_snapshot::NO_DESTINATION.to_string(),
+        )),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Filling the Kubernetes upgrade's [`Observation`]: each node's Talos API (version, readiness, the
-//! images its machine config sets, the control-plane config-resource versions) and the workload
-//! cluster (the Node's kubelet version and readiness, the control-plane mirror pods).
+//! images its machine config sets, the control-plane config-resource versions), the workload
+//! cluster (the Node's kubelet version and readiness, the control-plane mirror pods) and, while the
+//! run's etcd snapshot is due, etcd's health as the control planes report it.
 
 use std::collections::HashMap;
 
@@ -12,7 +13,7 @@ use kube::api::{Api, ListParams};
 use super::machine_config;
 use crate::inventory::InventoryNode;
 use crate::inventory::WorkloadNodeInfo;
-use crate::talos_fleet::{TalosFleet, parse_talos_tag};
+use crate::talos_fleet::{TalosFleet, control_planes, parse_talos_tag};
 use talos_api::{TalosClient, TalosError, resources};
 use talos_upgrade_core::kubernetes::{
     Component, ConfigVersions, ConfiguredImages, NodeObservation, Observation, StaticPod, TalosApi,
@@ -68,15 +69,25 @@ pub(super) async fn observe(
     fleet: &TalosFleet,
     inventory: &[InventoryNode],
     workload: &kube::Client,
+    etcd: bool,
 ) -> Observation {
     let talos = join_all(inventory.iter().map(|node| observe_talos(fleet, node)));
-    let (talos, kube) = tokio::join!(talos, observe_kube(workload));
+    // etcd beside the nodes, in the same round trip, and only when the decision reads it: a run
+    // that takes no snapshot (or has taken it) makes no etcd calls.
+    let etcd = async {
+        if etcd {
+            fleet.observe_etcd(&control_planes(inventory)).await
+        } else {
+            Default::default()
+        }
+    };
+    let (talos, kube, etcd) = tokio::join!(talos, observe_kube(workload), etcd);
     let nodes = inventory
         .iter()
         .zip(talos)
         .map(|(node, talos)| node_observation(node, talos, &kube))
         .collect();
-    Observation { nodes }
+    Observation { nodes, etcd }
 }
 
 /// Only what `kubernetes-current` and `kubernetes-available` need, for a cluster with no Kubernetes
@@ -126,7 +137,11 @@ pub(super) async fn observe_versions(
             node_observation(node, side, &kube)
         })
         .collect();
-    Observation { nodes }
+    Observation {
+        nodes,
+        // Versions only: no decision is made on this observation.
+        etcd: Default::default(),
+    }
 }
 
 fn node_observation(node: &InventoryNode, talos: TalosSide, kube: &KubeSide) -> NodeObservation {

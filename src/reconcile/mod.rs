@@ -588,19 +588,21 @@ async fn reconcile_cluster(
         // An invalid mode: no run starts; the silences are left to end on their own.
         _ => None,
     };
-    let snapshots = ctx
-        .settings
-        .etcd_snapshots
-        .as_ref()
-        .map(|config| SnapshotContext {
-            config,
-            namespace: namespace.clone(),
-            cluster: name.clone(),
-            metrics: &ctx.metrics,
-        });
+    // Where each kind's etcd snapshot goes (the Kubernetes run's only with `talos-and-kubernetes`).
+    let snapshots = || {
+        ctx.settings
+            .etcd_snapshots
+            .as_ref()
+            .map(|config| SnapshotContext {
+                config,
+                namespace: namespace.clone(),
+                cluster: name.clone(),
+                metrics: &ctx.metrics,
+            })
+    };
     let mut talos_io = TalosIo::new(&access, &note_look, now, wake, gates)
         .with_silences(silences.as_ref())
-        .with_snapshots(snapshots);
+        .with_snapshots(snapshots());
     let talos_gates = Gates::for_talos(
         records.progress().run::<Kubernetes>(),
         run_annotations
@@ -620,7 +622,7 @@ async fn reconcile_cluster(
         records.progress().run::<Talos>(),
         talos.conclusion.report.status,
     );
-    let mut kubernetes_io = KubernetesIo::new(&access);
+    let mut kubernetes_io = KubernetesIo::new(&access, now).with_snapshots(snapshots());
     let mut kubernetes = flow::drive(
         Lifecycle::new(pass.inputs::<Kubernetes>(&records, kubernetes_gates)),
         &mut kubernetes_io,

@@ -1,14 +1,15 @@
 //! The etcd snapshot before the control planes (issue 24 item 3): before a Talos run takes down its
-//! first control plane, the controller takes a snapshot of etcd through the Talos API
+//! first control plane (and, with `talos-and-kubernetes`, before a Kubernetes run restarts anything
+//! on its first control plane), the controller takes a snapshot of etcd through the Talos API
 //! (`MachineService.EtcdSnapshot`) from a healthy control plane and stores it where the operator said.
 //! A snapshot that fails, or that cannot be verified, stops the run before any control plane is
 //! touched.
 //!
 //! What this module decides, with no IO: whether a cluster wants a snapshot (its
 //! `upgrade.vitistack.io/etcd-snapshot` mode and whether the controller has a destination), which
-//! control plane it is taken from, what the run keeps of it ([`Snapshot`], in the run's
-//! [`crate::holds::RunGates`], written before the call like every other call), and the sentences that
-//! tell it. Taking a snapshot changes nothing on any node, so a call found unanswered (the controller
+//! control plane it is taken from, what the run keeps of it ([`Snapshot`], in the Talos run's
+//! [`crate::holds::RunGates`] or in the Kubernetes run's record, written before the call like every
+//! other call), and the sentences that tell it. Taking a snapshot changes nothing on any node, so a call found unanswered (the controller
 //! stopped during it) is simply made again.
 
 use jiff::Timestamp;
@@ -20,19 +21,28 @@ pub enum SnapshotMode {
     /// No snapshot.
     Off,
     /// Before the first control plane of a Talos run (the default when the controller has a
-    /// destination). Kubernetes runs take none yet.
+    /// destination). Kubernetes runs take none.
     Talos,
+    /// Before the first control plane of a Talos run, and before the first step of a Kubernetes run
+    /// that restarts something on a control plane (its kube-apiserver, usually).
+    TalosAndKubernetes,
 }
 
 /// What [`SnapshotMode::parse`] accepts, for the invalid-option message.
-pub const MODE_REASON: &str = "use off or talos (a snapshot before the first control plane of a \
-     Talos run; the default when the controller has a snapshot destination)";
+pub const MODE_REASON: &str = "use off, talos (a snapshot before the first control plane of a \
+     Talos run; the default when the controller has a snapshot destination) or talos-and-kubernetes \
+     (also one before the first control plane of a Kubernetes run)";
+
+/// Why a snapshot asked for by name cannot be taken: the controller has nowhere to put it.
+const NO_DESTINATION: &str = "the controller has no etcd snapshot destination (--etcd-snapshot-dir \
+     or --etcd-snapshot-s3-bucket); ask its operator for one, or use off";
 
 impl SnapshotMode {
     pub fn parse(text: &str) -> Result<SnapshotMode, String> {
         match text.trim() {
             "off" => Ok(SnapshotMode::Off),
             "talos" => Ok(SnapshotMode::Talos),
+            "talos-and-kubernetes" => Ok(SnapshotMode::TalosAndKubernetes),
             _ => Err(MODE_REASON.to_string()),
         }
     }
@@ -41,6 +51,7 @@ impl SnapshotMode {
         match self {
             SnapshotMode::Off => "off",
             SnapshotMode::Talos => "talos",
+            SnapshotMode::TalosAndKubernetes => "talos-and-kubernetes",
         }
     }
 
@@ -48,7 +59,15 @@ impl SnapshotMode {
     pub fn for_talos(self) -> bool {
         match self {
             SnapshotMode::Off => false,
-            SnapshotMode::Talos => true,
+            SnapshotMode::Talos | SnapshotMode::TalosAndKubernetes => true,
+        }
+    }
+
+    /// Whether a Kubernetes run takes a snapshot.
+    pub fn for_kubernetes(self) -> bool {
+        match self {
+            SnapshotMode::Off | SnapshotMode::Talos => false,
+            SnapshotMode::TalosAndKubernetes => true,
         }
     }
 }
@@ -64,11 +83,22 @@ pub fn wanted_for_talos(
         (None, configured) => Ok(configured),
         (Some(mode), true) => Ok(mode.for_talos()),
         (Some(SnapshotMode::Off), false) => Ok(false),
-        (Some(_), false) => Err(
-            "the controller has no etcd snapshot destination (--etcd-snapshot-dir or \
-             --etcd-snapshot-s3-bucket); ask its operator for one, or use off"
-                .to_string(),
-        ),
+        (Some(_), false) => Err(NO_DESTINATION.to_string()),
+    }
+}
+
+/// Whether a Kubernetes run of a cluster takes a snapshot: only when its mode says
+/// `talos-and-kubernetes` (absent: none, the snapshot of a Kubernetes run is asked for by name), or
+/// why the mode cannot be honoured (as for [`wanted_for_talos`]).
+pub fn wanted_for_kubernetes(
+    mode: Option<SnapshotMode>,
+    destination_configured: bool,
+) -> Result<bool, String> {
+    match mode {
+        None => Ok(false),
+        Some(mode) if !mode.for_kubernetes() => Ok(false),
+        Some(_) if destination_configured => Ok(true),
+        Some(_) => Err(NO_DESTINATION.to_string()),
     }
 }
 
@@ -138,8 +168,8 @@ pub fn choose(sources: &[Source]) -> Option<String> {
 }
 
 /// What a run's snapshot gate asks for this pass, before its first control-plane change (`first`,
-/// the control plane about to be touched). Shared by the Talos run and, once it takes one, the
-/// Kubernetes run: each keeps its own record and hold, the decision is the same.
+/// the control plane about to be touched). Shared by the Talos run and the Kubernetes run: each
+/// keeps its own record and hold, the decision is the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
     /// Taken and verified: the control plane may be touched.
@@ -205,7 +235,7 @@ mod tests {
 
     #[test]
     fn modes_parse_and_decide_whether_a_talos_run_wants_a_snapshot() {
-        let cases: &[(Option<&str>, bool, Result<bool, &str>)] = &[
+        let cases: &[Case] = &[
             (None, true, Ok(true)),
             (None, false, Ok(false)),
             (Some("off"), true, Ok(false)),
@@ -213,22 +243,66 @@ mod tests {
             (Some("talos"), true, Ok(true)),
             (Some(" talos "), true, Ok(true)),
             (Some("talos"), false, Err("no etcd snapshot destination")),
+            (Some("talos-and-kubernetes"), true, Ok(true)),
+            (
+                Some("talos-and-kubernetes"),
+                false,
+                Err("no etcd snapshot destination"),
+            ),
         ];
-        for (text, configured, want) in cases {
-            let mode = text.map(|t| SnapshotMode::parse(t).expect("mode"));
-            let got = wanted_for_talos(mode, *configured);
-            match (got, want) {
-                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{text:?} {configured}"),
-                (Err(got), Err(want)) => assert!(got.contains(want), "{got}"),
-                (got, want) => panic!("{text:?} {configured}: {got:?}, wanted {want:?}"),
-            }
-        }
-        for bad in ["on", "true", "kubernetes", "talos-and-kubernetes", ""] {
+        check(wanted_for_talos, cases);
+        for bad in ["on", "true", "kubernetes", "talos,kubernetes", "all", ""] {
             assert_eq!(
                 SnapshotMode::parse(bad),
                 Err(MODE_REASON.to_string()),
                 "{bad}"
             );
+        }
+    }
+
+    /// Each case: the mode as written (absent: `None`), whether the controller has a destination,
+    /// and whether the run wants a snapshot (or a word of why the mode cannot be honoured).
+    type Case = (Option<&'static str>, bool, Result<bool, &'static str>);
+
+    fn check(wanted: fn(Option<SnapshotMode>, bool) -> Result<bool, String>, cases: &[Case]) {
+        for (text, configured, want) in cases {
+            let mode = text.map(|t| SnapshotMode::parse(t).expect("mode"));
+            match (wanted(mode, *configured), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{text:?} {configured}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{got}"),
+                (got, want) => panic!("{text:?} {configured}: {got:?}, wanted {want:?}"),
+            }
+        }
+    }
+
+    /// A Kubernetes run takes one only when asked for by name: never by default, never with
+    /// `talos`; asked for without a destination it cannot start.
+    #[test]
+    fn only_talos_and_kubernetes_makes_a_kubernetes_run_want_a_snapshot() {
+        check(
+            wanted_for_kubernetes,
+            &[
+                (None, true, Ok(false)),
+                (None, false, Ok(false)),
+                (Some("off"), true, Ok(false)),
+                (Some("off"), false, Ok(false)),
+                (Some("talos"), true, Ok(false)),
+                (Some("talos"), false, Ok(false)),
+                (Some("talos-and-kubernetes"), true, Ok(true)),
+                (Some(" talos-and-kubernetes "), true, Ok(true)),
+                (
+                    Some("talos-and-kubernetes"),
+                    false,
+                    Err("no etcd snapshot destination"),
+                ),
+            ],
+        );
+        for mode in [
+            SnapshotMode::Off,
+            SnapshotMode::Talos,
+            SnapshotMode::TalosAndKubernetes,
+        ] {
+            assert_eq!(SnapshotMode::parse(mode.as_str()), Ok(mode));
         }
     }
 

@@ -90,6 +90,7 @@ mod tests {
             } else {
                 Vec::new()
             },
+            etcd_snapshot: None,
         }
     }
 

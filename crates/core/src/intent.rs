@@ -138,8 +138,9 @@ pub struct UpgradeIntent {
     /// `plan-preview: "true"`: show the plan, touch nothing.
     pub plan_preview: bool,
     /// `etcd-snapshot`: `Ok(None)` means the default (`talos` when the controller has a snapshot
-    /// destination); an `Err` names the accepted modes, and no Talos run starts until it is fixed (a
-    /// snapshot the user asked for must not silently become none).
+    /// destination; `talos-and-kubernetes` adds one before a Kubernetes run's first control plane);
+    /// an `Err` names the accepted modes, and no run starts until it is fixed (a snapshot the user
+    /// asked for must not silently become none).
     pub etcd_snapshot: Result<Option<crate::etcd_snapshot::SnapshotMode>, InvalidOption>,
     /// Unrecognised values of the flag annotations (`resume`, the resets, `paused`), whose fields above
     /// hold the safe reading.
@@ -964,7 +965,11 @@ mod tests {
         use crate::etcd_snapshot::SnapshotMode;
         assert_eq!(intent(&[]).etcd_snapshot, Ok(None));
         assert_eq!(intent(&[(ETCD_SNAPSHOT, " ")]).etcd_snapshot, Ok(None));
-        for (text, mode) in [("off", SnapshotMode::Off), ("talos", SnapshotMode::Talos)] {
+        for (text, mode) in [
+            ("off", SnapshotMode::Off),
+            ("talos", SnapshotMode::Talos),
+            ("talos-and-kubernetes", SnapshotMode::TalosAndKubernetes),
+        ] {
             assert_eq!(
                 intent(&[(ETCD_SNAPSHOT, text)]).etcd_snapshot,
                 Ok(Some(mode))
@@ -976,8 +981,9 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "Annotation upgrade.vitistack.io/etcd-snapshot has the invalid value \"always\": use \
-             off or talos (a snapshot before the first control plane of a Talos run; the default \
-             when the controller has a snapshot destination)"
+             off, talos (a snapshot before the first control plane of a Talos run; the default \
+             when the controller has a snapshot destination) or talos-and-kubernetes (also one \
+             before the first control plane of a Kubernetes run)"
         );
     }
 

@@ -11,6 +11,10 @@
 //! 4. the kubelet on every node (control planes, then workers), verified by the Node's kubeletVersion;
 //! 5. the bootstrap manifests, synced from a control plane.
 //!
+//! With `etcd-snapshot: talos-and-kubernetes` an etcd snapshot is taken (from a healthy control
+//! plane, through the Talos API) and verified before the first step that restarts something on a
+//! control plane; one that fails stops the run there ([`crate::etcd_snapshot`]).
+//!
 //! No IO and no clock here, as in [`crate::talos`]: the reconciler observes, calls [`advance`], persists
 //! the returned run *before* executing the returned actions (write-ahead), then executes them and records
 //! the result of calls that have nothing to observe with [`complete_step`] / [`fail_step`]. Unlike a Talos
@@ -53,12 +57,26 @@ pub struct Settings {
     pub paused: bool,
     /// How long one step may take from its start to being verified.
     pub step_deadline: Duration,
+    /// Take an etcd snapshot before the first step that restarts something on a control plane
+    /// ([`crate::etcd_snapshot`]).
+    pub etcd_snapshot: bool,
+}
+
+/// What a pass looks at besides the nodes ([`crate::lifecycle::Kind::request`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Request {
+    /// etcd's health and leader: only while the run's etcd snapshot is still to be taken, so a run
+    /// that takes none makes no etcd calls.
+    pub etcd: bool,
 }
 
 /// What the controller sees of the cluster right now.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Observation {
     pub nodes: Vec<NodeObservation>,
+    /// etcd as the control planes report it; looked at only when [`Request::etcd`] asks (otherwise
+    /// the default, which no decision reads).
+    pub etcd: crate::talos::EtcdObservation,
 }
 
 impl Observation {
@@ -206,6 +224,22 @@ pub enum Action {
     /// Apply the bootstrap manifests the node's Talos renders. Report the result with
     /// [`complete_step`] / [`fail_step`].
     SyncManifests { node: String },
+    /// Take an etcd snapshot from the control plane and store it ([`crate::etcd_snapshot`]), before
+    /// the first step that restarts something on a control plane. Report where it went with
+    /// [`snapshot_stored`], a failure with [`snapshot_failed`].
+    EtcdSnapshot { node: String },
+}
+
+impl Action {
+    /// The node the call goes to.
+    pub fn node(&self) -> &str {
+        match self {
+            Action::PullImages { node, .. }
+            | Action::PatchImage { node, .. }
+            | Action::SyncManifests { node }
+            | Action::EtcdSnapshot { node } => node,
+        }
+    }
 }
 
 /// The decision of one pass (see [`crate::lifecycle::Decision`]); the step in flight, whose
@@ -312,6 +346,7 @@ pub fn start_run(
         started_at: now,
         outcome: None,
         steps,
+        etcd_snapshot: None,
     }
 }
 
@@ -367,8 +402,9 @@ pub fn fail_step(run: &mut KubeRun, index: usize, reason: &str, now: Timestamp) 
 }
 
 /// Makes a failed run continue (the user set `resume`): failed steps go back to pending, everything done
-/// stays done. Safe because every step is idempotent and re-verified. Returns false for a run that did
-/// not fail.
+/// stays done. Safe because every step is idempotent and re-verified. A snapshot that failed is taken
+/// again; one taken stays (it is the state before the first control plane, which is what it is for).
+/// Returns false for a run that did not fail.
 pub fn resume(run: &mut KubeRun) -> bool {
     if !matches!(run.outcome, Some(Outcome::Failed { .. })) {
         return false;
@@ -378,7 +414,48 @@ pub fn resume(run: &mut KubeRun) -> bool {
             progress.state = StepState::Pending;
         }
     }
+    if matches!(
+        run.etcd_snapshot,
+        Some(crate::etcd_snapshot::Snapshot::Failed { .. })
+    ) {
+        run.etcd_snapshot = None;
+    }
     run.outcome = None;
+    true
+}
+
+/// Records the run's etcd snapshot stored and verified: the step it held may start.
+pub fn snapshot_stored(
+    run: &mut KubeRun,
+    node: &str,
+    stored: &crate::etcd_snapshot::Stored,
+    now: Timestamp,
+) {
+    run.etcd_snapshot = Some(crate::etcd_snapshot::Snapshot::Taken {
+        node: node.to_string(),
+        at: now,
+        stored: stored.clone(),
+        announced: false,
+    });
+}
+
+/// Records the run's etcd snapshot failed or unverifiable: the run fails before any step that
+/// restarts something on a control plane, naming the node it was taken from. No step is marked
+/// failed (none was started by it). Returns false, changing nothing, for a finished run.
+pub fn snapshot_failed(run: &mut KubeRun, node: &str, reason: &str, now: Timestamp) -> bool {
+    if run.outcome.is_some() {
+        return false;
+    }
+    run.etcd_snapshot = Some(crate::etcd_snapshot::Snapshot::Failed {
+        node: node.to_string(),
+        at: now,
+        reason: reason.to_string(),
+    });
+    run.outcome = Some(Outcome::Failed {
+        at: now,
+        node: Some(node.to_string()),
+        reason: crate::etcd_snapshot::failure(node, reason),
+    });
     true
 }
 
@@ -406,6 +483,20 @@ pub fn advance(
     };
 
     let mut notes = Vec::new();
+    // The snapshot stored by the call just answered: announced once, with where it went.
+    if let Some(crate::etcd_snapshot::Snapshot::Taken {
+        node,
+        stored,
+        announced: announced @ false,
+        ..
+    }) = &mut run.etcd_snapshot
+    {
+        notes.push(Note::normal(
+            Reason::EtcdSnapshotTaken,
+            crate::etcd_snapshot::taken_message(node, stored),
+        ));
+        *announced = true;
+    }
     // Steps not started on a node that left the cluster (gone from its node list): the run goes on
     // without them, rather than waiting for ever for a node that will not come back.
     if !observation.nodes.is_empty() {
@@ -501,7 +592,7 @@ pub fn advance(
                         announce_node_done(&run, &step, &target, &mut notes);
                     }
                     Start::Hold(why) => {
-                        waiting = Some(why);
+                        waiting = Some(Waiting::Nodes(why));
                         break;
                     }
                     Start::Refuse(reason) => {
@@ -520,6 +611,15 @@ pub fn advance(
                         image,
                         actions: calls,
                     } => {
+                        if settings.etcd_snapshot
+                            && let Some(held) = snapshot_first(&mut run, &step, observation, now)
+                        {
+                            if let Waiting::Snapshot { call, .. } = &held {
+                                actions.push(call.clone());
+                            }
+                            waiting = Some(held);
+                            break;
+                        }
                         if let Some(node) = step.node()
                             && !run
                                 .steps
@@ -916,6 +1016,70 @@ fn start(
     }
 }
 
+/// Why no step starts this pass although the run is not paused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Waiting {
+    /// A node not Ready, not reachable or missing (one sentence fragment naming it).
+    Nodes(String),
+    /// etcd not healthy, or no control plane to take the etcd snapshot from.
+    Etcd(String),
+    /// The etcd snapshot is being taken with `call` before the step (the status message).
+    Snapshot { call: Action, message: String },
+}
+
+/// The etcd snapshot before `step`, when it is the first to restart something on a control plane
+/// ([`crate::etcd_snapshot`]): nothing once it is taken (or for any other step); otherwise the call
+/// to make (recorded in the run first, as every call) or why not yet. A call found recorded but
+/// unanswered is made again: a snapshot changes nothing.
+fn snapshot_first(
+    run: &mut KubeRun,
+    step: &Step,
+    observation: &Observation,
+    now: Timestamp,
+) -> Option<Waiting> {
+    use crate::etcd_snapshot::{self as snapshot, Next, Snapshot};
+    let first = step.node()?;
+    if !step.restarts_something()
+        || !run.control_planes().contains(&first)
+        || run.etcd_snapshot.as_ref().is_some_and(Snapshot::is_taken)
+    {
+        return None;
+    }
+    if let Some(problem) = &observation.etcd.problem {
+        return Some(Waiting::Etcd(format!(
+            "etcd is not healthy ({problem}); holding the etcd snapshot before control plane {first}"
+        )));
+    }
+    let sources: Vec<snapshot::Source> = observation
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.role == NodeRole::ControlPlane
+                && matches!(n.talos, TalosApi::Up { ready: true, .. })
+                && n.kubernetes_ready
+        })
+        .map(|n| snapshot::Source {
+            name: n.name.clone(),
+            leader: observation.etcd.leader.as_deref() == Some(n.name.as_str()),
+        })
+        .collect();
+    let first = first.to_string();
+    match snapshot::next(run.etcd_snapshot.as_ref(), &sources, &first) {
+        Next::Done => None,
+        Next::NoSource(message) => Some(Waiting::Etcd(message)),
+        Next::Take { node, message } => {
+            run.etcd_snapshot = Some(Snapshot::Taking {
+                node: node.clone(),
+                at: now,
+            });
+            Some(Waiting::Snapshot {
+                call: Action::EtcdSnapshot { node },
+                message,
+            })
+        }
+    }
+}
+
 /// Why the cluster is not healthy enough to restart `field` on `node`: every node's Talos API answers
 /// and is ready, and every Node is Ready.
 fn unhealthy(observation: &Observation, field: ImageField, node: &str) -> Option<String> {
@@ -968,7 +1132,9 @@ fn step_started(
                 .iter()
                 .find_map(|a| match a {
                     Action::SyncManifests { node } => Some(format!(" from node {node}")),
-                    Action::PullImages { .. } | Action::PatchImage { .. } => None,
+                    Action::PullImages { .. }
+                    | Action::PatchImage { .. }
+                    | Action::EtcdSnapshot { .. } => None,
                 })
                 .unwrap_or_default();
             format!("Syncing the bootstrap manifests for Kubernetes {target}{from}")
@@ -1006,7 +1172,7 @@ fn finish(
     run: KubeRun,
     actions: Vec<Action>,
     mut notes: Vec<Note>,
-    waiting: Option<String>,
+    waiting: Option<Waiting>,
     announce: bool,
     paused: bool,
 ) -> Decision {
@@ -1077,16 +1243,24 @@ fn finish(
                     ),
                 ),
                 // The reconciler publishes an event when this message changes, not on every pass.
-                (None, false, Some(why)) => {
+                (None, false, Some(Waiting::Nodes(why) | Waiting::Etcd(why))) => {
                     (RunState::InProgress, format!("Waiting: {why} ({position})"))
+                }
+                (None, false, Some(Waiting::Snapshot { message, .. })) => {
+                    (RunState::InProgress, format!("{message} ({position})"))
                 }
                 (None, false, None) => (RunState::InProgress, format!("Upgrading ({position})")),
             }
         }
     };
-    // Every hold before a step is a node not Ready, not reachable or missing.
-    let hold = (state == RunState::InProgress && in_flight_step.is_none() && waiting.is_some())
-        .then_some(crate::run::PreflightCheck::NodesReady);
+    // A hold before a step is a node not Ready, not reachable or missing, or etcd not healthy
+    // enough for the snapshot; taking the snapshot is work, not a failed check.
+    let hold = match &waiting {
+        _ if state != RunState::InProgress || in_flight_step.is_some() => None,
+        Some(Waiting::Nodes(_)) => Some(crate::run::PreflightCheck::NodesReady),
+        Some(Waiting::Etcd(_)) => Some(crate::run::PreflightCheck::EtcdHealth),
+        Some(Waiting::Snapshot { .. }) | None => None,
+    };
     Decision {
         run,
         actions,

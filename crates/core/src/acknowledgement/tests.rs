@@ -61,6 +61,7 @@ fn kubernetes_run_under_way() -> KubeRun {
             step: Step::Manifests,
             state: StepState::Pending,
         }],
+        etcd_snapshot: None,
     }
 }
 

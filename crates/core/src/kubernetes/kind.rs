@@ -2,7 +2,7 @@
 
 use jiff::Timestamp;
 
-use super::{Action, Decision, KubeRun, Observation, Settings, TalosApi};
+use super::{Action, Decision, KubeRun, Observation, Request, Settings, TalosApi};
 use crate::annotations::{UpgradeKind, UpgradeStatus};
 use crate::catalog::{self, Catalog};
 use crate::crd::condition::Reason as ConditionReason;
@@ -112,6 +112,7 @@ impl Record for KubeRun {
                 reason: reason.to_string(),
             }),
             steps: Vec::new(),
+            etcd_snapshot: None,
         }
     }
 }
@@ -124,7 +125,7 @@ impl Kind for Kubernetes {
     type Observation = Observation;
     type Versions = KubernetesVersions;
     type Action = Action;
-    type Request = ();
+    type Request = Request;
     type Further = NoFurther;
     type FurtherLooked = NoFurther;
 
@@ -133,9 +134,20 @@ impl Kind for Kubernetes {
     }
 
     fn settings(intent: &UpgradeIntent, limits: &Limits) -> Result<Settings, InvalidOption> {
+        // A mode it cannot read keeps the run from starting, as for a Talos run: the user may have
+        // meant a snapshot before this run too. One asked for by name needs somewhere to go.
+        let snapshot_mode = intent.etcd_snapshot.clone()?;
+        let etcd_snapshot =
+            crate::etcd_snapshot::wanted_for_kubernetes(snapshot_mode, limits.etcd_snapshot)
+                .map_err(|reason| InvalidOption {
+                    key: crate::annotations::ETCD_SNAPSHOT,
+                    value: snapshot_mode.map_or("", |m| m.as_str()).to_string(),
+                    reason,
+                })?;
         Ok(Settings {
             paused: intent.paused,
             step_deadline: limits.step_deadline,
+            etcd_snapshot,
         })
     }
 
@@ -143,10 +155,21 @@ impl Kind for Kubernetes {
         Settings {
             paused: true,
             step_deadline: limits.step_deadline,
+            // Stopping starts no step: no snapshot is taken.
+            etcd_snapshot: false,
         }
     }
 
-    fn request(_: Option<&KubeRun>, _: &Settings) {}
+    fn request(run: Option<&KubeRun>, settings: &Settings) -> Request {
+        // etcd is looked at only while a snapshot is still due: a run about to start may need one
+        // in this very pass; a run under way until its snapshot is taken or no control plane is
+        // left to restart.
+        Request {
+            etcd: settings.etcd_snapshot
+                && !settings.paused
+                && run.is_none_or(KubeRun::snapshot_due),
+        }
+    }
 
     fn versions_of(observation: &Observation) -> KubernetesVersions {
         KubernetesVersions::of(observation)
@@ -302,6 +325,26 @@ impl Kind for Kubernetes {
             }
             // A patch is done only when its effect is observed, in a later pass.
             Action::PatchImage { .. } => Answered::Nothing,
+            // The shell answers a snapshot with where it is stored (`stored`); an answer without it
+            // stored nothing, and the next pass takes it again.
+            Action::EtcdSnapshot { .. } => Answered::Nothing,
+        }
+    }
+
+    fn stored(
+        run: &mut KubeRun,
+        action: &Action,
+        stored: &crate::etcd_snapshot::Stored,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Answered<NoFurther> {
+        match action {
+            // Stored and verified: the step it held may start in the same pass.
+            Action::EtcdSnapshot { node } => {
+                super::snapshot_stored(run, node, stored, now);
+                Answered::DecideAgain
+            }
+            _ => Kubernetes::answered(run, action, observation, now),
         }
     }
 
@@ -315,15 +358,24 @@ impl Kind for Kubernetes {
         false
     }
 
-    fn refused(run: &mut KubeRun, _: &Action, reason: &str, now: Timestamp) -> Vec<Action> {
+    fn refused(run: &mut KubeRun, action: &Action, reason: &str, now: Timestamp) -> Vec<Action> {
+        // No step was started by a snapshot: the run fails before the control planes.
+        if let Action::EtcdSnapshot { node } = action {
+            super::snapshot_failed(run, node, reason, now);
+            return Vec::new();
+        }
         if let Some(index) = run.step_in_flight() {
             super::fail_step(run, index, reason, now);
         }
         Vec::new()
     }
 
-    fn reports_before(_: &[Action]) -> bool {
-        false
+    fn reports_before(actions: &[Action]) -> bool {
+        // Streaming a large etcd snapshot can take a while: the status says so meanwhile. The
+        // other calls are short.
+        actions
+            .iter()
+            .any(|action| matches!(action, Action::EtcdSnapshot { .. }))
     }
 
     fn looks_further(_: &Action) -> bool {

@@ -29,6 +29,11 @@ pub struct KubeRun {
     /// for a target refused before any step (the outcome then says why).
     #[serde(default)]
     pub steps: Vec<StepProgress>,
+    /// The etcd snapshot before the first step that restarts something on a control plane
+    /// (`etcd-snapshot: talos-and-kubernetes`, see [`crate::etcd_snapshot`]); written before the
+    /// call, like every step. Absent in runs that take none, and in records of older controllers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshot: Option<crate::etcd_snapshot::Snapshot>,
 }
 
 /// One step and where it stands.
@@ -236,6 +241,25 @@ impl KubeRun {
         nodes
     }
 
+    /// Whether a step that restarts something on a control plane is still to come while the run's
+    /// etcd snapshot is not taken: only then does a run that wants one look at etcd.
+    pub fn snapshot_due(&self) -> bool {
+        if self.outcome.is_some()
+            || self
+                .etcd_snapshot
+                .as_ref()
+                .is_some_and(crate::etcd_snapshot::Snapshot::is_taken)
+        {
+            return false;
+        }
+        let control_planes = self.control_planes();
+        self.steps.iter().any(|s| {
+            !s.state.is_done()
+                && s.step.restarts_something()
+                && s.step.node().is_some_and(|n| control_planes.contains(&n))
+        })
+    }
+
     /// The step being worked on: the first one not done, if it is issued.
     pub fn step_in_flight(&self) -> Option<usize> {
         self.steps
@@ -294,6 +318,10 @@ mod tests {
                     state: StepState::Pending,
                 },
             ],
+            etcd_snapshot: Some(crate::etcd_snapshot::Snapshot::Taking {
+                node: "cp-2".into(),
+                at,
+            }),
         };
         let json = serde_json::to_value(&run).expect("serialize");
         assert_eq!(json["startedAt"], "2026-11-25T10:00:00Z");
@@ -311,6 +339,8 @@ mod tests {
         assert_eq!(json["steps"][2]["state"], "failed");
         assert_eq!(json["steps"][3]["step"], "manifests");
         assert_eq!(json["steps"][3]["state"], "pending");
+        assert_eq!(json["etcdSnapshot"]["state"], "taking");
+        assert_eq!(json["etcdSnapshot"]["node"], "cp-2");
         let back: KubeRun = serde_json::from_value(json).expect("deserialize");
         assert_eq!(back, run);
         assert_eq!(run.nodes(), vec!["cp-1", "w-1"]);
@@ -334,6 +364,7 @@ mod tests {
         });
         let run: KubeRun = serde_json::from_value(json).expect("deserialize");
         assert!(run.outcome.is_none());
+        assert!(run.etcd_snapshot.is_none());
         assert!(matches!(
             run.steps[0].state,
             StepState::Issued { image: None, .. }

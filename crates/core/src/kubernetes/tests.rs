@@ -20,6 +20,15 @@ fn settings() -> Settings {
     Settings {
         paused: false,
         step_deadline: DEADLINE,
+        etcd_snapshot: false,
+    }
+}
+
+/// [`settings`] of a cluster whose `etcd-snapshot` is `talos-and-kubernetes`.
+fn snapshotting() -> Settings {
+    Settings {
+        etcd_snapshot: true,
+        ..settings()
     }
 }
 
@@ -81,6 +90,11 @@ fn cluster(version: &str) -> Observation {
             node("w-1", NodeRole::Worker, version),
             node("w-2", NodeRole::Worker, version),
         ],
+        // Healthy, led by the first control plane (the snapshot is taken from a follower).
+        etcd: crate::talos::EtcdObservation {
+            problem: None,
+            leader: Some("cp-1".into()),
+        },
     }
 }
 
@@ -121,6 +135,7 @@ fn action_label(action: &Action) -> String {
         Action::PullImages { node, .. } => format!("pull {node}"),
         Action::PatchImage { node, field, .. } => format!("patch {field} {node}"),
         Action::SyncManifests { node } => format!("sync {node}"),
+        Action::EtcdSnapshot { node } => format!("snapshot {node}"),
     }
 }
 
@@ -181,6 +196,7 @@ fn the_steps_follow_talosctl_upgrade_k8s() {
             node("cp-2", NodeRole::ControlPlane, "1.34.1"),
             node("cp-1", NodeRole::ControlPlane, "1.34.1"),
         ],
+        etcd: Default::default(),
     };
     let run = start(&obs);
     let steps: Vec<String> = run.steps.iter().map(|s| label(&s.step)).collect();
@@ -1164,12 +1180,13 @@ fn drive(
     lose: impl Fn(usize) -> bool,
 ) -> (KubeRun, Vec<String>, Vec<Note>) {
     let run = start(&cluster.obs);
-    drive_from(cluster, run, lose)
+    drive_from(cluster, run, &settings(), lose)
 }
 
 fn drive_from(
     cluster: &mut FakeCluster,
     mut run: KubeRun,
+    settings: &Settings,
     lose: impl Fn(usize) -> bool,
 ) -> (KubeRun, Vec<String>, Vec<Note>) {
     let mut now = t0();
@@ -1177,7 +1194,7 @@ fn drive_from(
     let mut notes = Vec::new();
     let mut last_done = 0;
     for round in 0..200 {
-        let decision = advance(&run, &settings(), &cluster.obs, now);
+        let decision = advance(&run, settings, &cluster.obs, now);
         notes.extend(decision.report.notes.clone());
         assert!(
             decision.report.done >= last_done,
@@ -1205,6 +1222,9 @@ fn drive_from(
                         assert!(complete_step(&mut run, index, now));
                     }
                     Action::PatchImage { .. } => {}
+                    Action::EtcdSnapshot { node } => {
+                        snapshot_stored(&mut run, node, &stored(), now);
+                    }
                 }
             }
         }
@@ -1301,6 +1321,7 @@ fn a_whole_run_tells_the_user_each_step_once() {
     let mut cluster = FakeCluster::of(
         Observation {
             nodes: vec![cp, worker],
+            etcd: Default::default(),
         },
         1,
     );
@@ -1380,4 +1401,445 @@ fn a_run_restarted_from_its_record_at_any_point_makes_the_same_calls() {
     }
     assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
     assert_eq!(calls, expected_calls());
+}
+
+// ----------------------------------------------------------------------------------------------
+// The etcd snapshot before the first control plane (`etcd-snapshot: talos-and-kubernetes`)
+// ----------------------------------------------------------------------------------------------
+
+fn stored() -> crate::etcd_snapshot::Stored {
+    crate::etcd_snapshot::Stored {
+        location: "file:///snapshots/ns/c/20261125T100000Z-kubernetes-1.35.0.snapshot".into(),
+        size: 42,
+        sha256: "ab".into(),
+    }
+}
+
+fn taken() -> crate::etcd_snapshot::Snapshot {
+    crate::etcd_snapshot::Snapshot::Taken {
+        node: "cp-2".into(),
+        at: t0(),
+        stored: stored(),
+        announced: true,
+    }
+}
+
+/// What one pass decides before a step, with and without the snapshot: the calls, the message and
+/// the preflight hold, and what the run records of its snapshot.
+#[test]
+fn the_snapshot_comes_before_the_first_step_that_restarts_something_on_a_control_plane() {
+    use crate::etcd_snapshot::Snapshot;
+    use crate::run::PreflightCheck;
+    let taking = Snapshot::Taking {
+        node: "cp-2".into(),
+        at: t0(),
+    };
+    let unhealthy_etcd = |obs: &mut Observation| {
+        obs.etcd.problem = Some("member cp-3 reports NOSPACE".into());
+    };
+    let w1_not_ready = |obs: &mut Observation| set(obs, "w-1", |n| n.kubernetes_ready = false);
+    let same = |_: &mut Observation| {};
+    type Change = dyn Fn(&mut Observation);
+    struct Case<'a> {
+        what: &'a str,
+        settings: Settings,
+        at: &'a str,
+        recorded: Option<Snapshot>,
+        change: &'a Change,
+        calls: &'a [&'a str],
+        message: &'a str,
+        hold: Option<PreflightCheck>,
+        /// The state of the snapshot the run records afterwards.
+        records: Option<&'a str>,
+    }
+    let taking_message = "Taking an etcd snapshot from cp-2 before upgrading control plane cp-1 \
+                          (step 6/23)";
+    let cases = [
+        Case {
+            what: "off: the step goes at once",
+            settings: settings(),
+            at: "kube-apiserver cp-1",
+            recorded: None,
+            change: &same,
+            calls: &["patch kube-apiserver cp-1"],
+            message: "Upgrading kube-apiserver on node cp-1 (step 6/23)",
+            hold: None,
+            records: None,
+        },
+        Case {
+            what: "a pre-pull restarts nothing: no snapshot yet",
+            settings: snapshotting(),
+            at: "prepull cp-1",
+            recorded: None,
+            change: &same,
+            calls: &["pull cp-1"],
+            message: "Pre-pulling the Kubernetes 1.35.0 images on node cp-1 (step 1/23)",
+            hold: None,
+            records: None,
+        },
+        Case {
+            what: "the first kube-apiserver: taken from a follower first",
+            settings: snapshotting(),
+            at: "kube-apiserver cp-1",
+            recorded: None,
+            change: &same,
+            calls: &["snapshot cp-2"],
+            message: taking_message,
+            hold: None,
+            records: Some("taking"),
+        },
+        Case {
+            what: "a call found unanswered (the controller stopped): made again",
+            settings: snapshotting(),
+            at: "kube-apiserver cp-1",
+            recorded: Some(taking.clone()),
+            change: &same,
+            calls: &["snapshot cp-2"],
+            message: taking_message,
+            hold: None,
+            records: Some("taking"),
+        },
+        Case {
+            what: "taken: the step goes",
+            settings: snapshotting(),
+            at: "kube-apiserver cp-1",
+            recorded: Some(taken()),
+            change: &same,
+            calls: &["patch kube-apiserver cp-1"],
+            message: "Upgrading kube-apiserver on node cp-1 (step 6/23)",
+            hold: None,
+            records: Some("taken"),
+        },
+        Case {
+            what: "the first step left that restarts a control plane is a kubelet",
+            settings: snapshotting(),
+            at: "kubelet cp-1",
+            recorded: None,
+            change: &same,
+            calls: &["snapshot cp-2"],
+            message: "Taking an etcd snapshot from cp-2 before upgrading control plane cp-1 \
+                      (step 18/23)",
+            hold: None,
+            records: Some("taking"),
+        },
+        Case {
+            what: "a worker's kubelet touches no control plane",
+            settings: snapshotting(),
+            at: "kubelet w-1",
+            recorded: None,
+            change: &same,
+            calls: &["patch kubelet w-1"],
+            message: "Upgrading kubelet on node w-1 (step 21/23)",
+            hold: None,
+            records: None,
+        },
+        Case {
+            what: "etcd not healthy: held, nothing taken",
+            settings: snapshotting(),
+            at: "kube-apiserver cp-1",
+            recorded: None,
+            change: &unhealthy_etcd,
+            calls: &[],
+            message: "Waiting: etcd is not healthy (member cp-3 reports NOSPACE); holding the etcd \
+                      snapshot before control plane cp-1 (step 6/23)",
+            hold: Some(PreflightCheck::EtcdHealth),
+            records: None,
+        },
+        Case {
+            what: "a node not Ready holds the step before the snapshot is asked for",
+            settings: snapshotting(),
+            at: "kube-apiserver cp-1",
+            recorded: None,
+            change: &w1_not_ready,
+            calls: &[],
+            message: "Waiting: node w-1 is not Ready; holding before upgrading kube-apiserver on \
+                      cp-1 (step 6/23)",
+            hold: Some(PreflightCheck::NodesReady),
+            records: None,
+        },
+        Case {
+            what: "etcd's health does not matter once taken",
+            settings: snapshotting(),
+            at: "kube-apiserver cp-1",
+            recorded: Some(taken()),
+            change: &unhealthy_etcd,
+            calls: &["patch kube-apiserver cp-1"],
+            message: "Upgrading kube-apiserver on node cp-1 (step 6/23)",
+            hold: None,
+            records: Some("taken"),
+        },
+        Case {
+            what: "the first control plane left is a later one: named in the message",
+            settings: snapshotting(),
+            at: "kube-apiserver cp-3",
+            recorded: None,
+            change: &same,
+            calls: &["snapshot cp-2"],
+            message: "Taking an etcd snapshot from cp-2 before upgrading control plane cp-3 \
+                      (step 8/23)",
+            hold: None,
+            records: Some("taking"),
+        },
+    ];
+    for case in cases {
+        let mut obs = cluster("1.34.1");
+        (case.change)(&mut obs);
+        let mut run = pending_at(&obs, case.at);
+        run.etcd_snapshot = case.recorded.clone();
+        let decision = advance(&run, &case.settings, &obs, t0() + 1.minutes());
+        assert_eq!(labels(&decision.actions), case.calls, "{}", case.what);
+        assert_eq!(decision.report.message, case.message, "{}", case.what);
+        assert_eq!(decision.report.hold, case.hold, "{}", case.what);
+        let records = decision.run.etcd_snapshot.as_ref().map(|s| {
+            serde_json::to_value(s).expect("json")["state"]
+                .as_str()
+                .expect("state")
+                .to_string()
+        });
+        assert_eq!(records.as_deref(), case.records, "{}", case.what);
+        assert!(decision.run.outcome.is_none(), "{}", case.what);
+    }
+}
+
+/// A whole run: the pulls, one snapshot from a follower, then every patch as without it; the
+/// `EtcdSnapshotTaken` Event once, right after it is stored, before the first control-plane step.
+/// Calls lost between the write-ahead and the call are made again, the snapshot too, once.
+#[test]
+fn a_whole_run_takes_one_snapshot_before_the_control_planes() {
+    let mut expected = expected_calls();
+    expected.insert(5, "snapshot cp-2".into());
+    for lose_every in [0, 3] {
+        let mut cluster = FakeCluster::new(1);
+        let run = start(&cluster.obs);
+        let (run, calls, notes) = drive_from(&mut cluster, run, &snapshotting(), |round| {
+            lose_every != 0 && round % lose_every == 0
+        });
+        assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
+        assert_eq!(calls, expected, "losing every {lose_every}");
+        let told: Vec<String> = notes
+            .iter()
+            .filter(|n| n.reason != Reason::NodeUpgraded)
+            .map(|n| format!("{}: {}", n.reason, n.message))
+            .collect();
+        let taken_at = told
+            .iter()
+            .position(|n| n.starts_with("EtcdSnapshotTaken: "))
+            .expect("announced");
+        assert_eq!(
+            told[taken_at],
+            "EtcdSnapshotTaken: etcd snapshot from cp-2 stored at \
+             file:///snapshots/ns/c/20261125T100000Z-kubernetes-1.35.0.snapshot (42 bytes, sha256 \
+             ab); upgrading the control planes"
+        );
+        assert_eq!(
+            told[taken_at + 1],
+            "StepStarted: Upgrading kube-apiserver on node cp-1 to 1.35.0 \
+             (registry.k8s.io/kube-apiserver:v1.35.0)"
+        );
+        assert_eq!(
+            notes
+                .iter()
+                .filter(|n| n.reason == Reason::EtcdSnapshotTaken)
+                .count(),
+            1
+        );
+        assert!(matches!(
+            run.etcd_snapshot,
+            Some(crate::etcd_snapshot::Snapshot::Taken {
+                announced: true,
+                ..
+            })
+        ));
+    }
+}
+
+/// A snapshot that failed or could not be verified fails the run, naming the node and why, before
+/// any step that restarts a control plane (no step failed, no node failed); nothing more is called.
+/// `resume` takes it again; a resume after a snapshot taken does not take a second one.
+#[test]
+fn a_failed_snapshot_fails_the_run_before_any_control_plane_and_resume_takes_it_again() {
+    use crate::lifecycle::Kind as _;
+    let obs = cluster("1.34.1");
+    let asked = advance(
+        &pending_at(&obs, "kube-apiserver cp-1"),
+        &snapshotting(),
+        &obs,
+        t0(),
+    );
+    assert_eq!(labels(&asked.actions), ["snapshot cp-2"]);
+    let mut run = asked.run;
+    let cleanup = Kubernetes::refused(
+        &mut run,
+        &asked.actions[0],
+        "the node refused it: failed reading etcd snapshot",
+        t0() + 1.seconds(),
+    );
+    assert!(cleanup.is_empty());
+    let failed = advance(&run, &snapshotting(), &obs, t0() + 2.seconds());
+    let message = "Kubernetes upgrade failed: the etcd snapshot from control plane cp-2 failed: the \
+                   node refused it: failed reading etcd snapshot; the run stopped before upgrading \
+                   any control plane (none was touched): fix the node or the snapshot destination, \
+                   then set resume to take it again";
+    assert_eq!(failed.report.state, RunState::Failed);
+    assert_eq!(failed.report.message, message);
+    assert!(failed.actions.is_empty());
+    assert!(failed.report.failed_nodes.is_empty());
+    assert!(
+        failed
+            .run
+            .steps
+            .iter()
+            .all(|s| !matches!(s.state, StepState::Failed { .. } | StepState::Issued { .. })),
+        "no step started or failed"
+    );
+    assert_eq!(
+        failed.run.etcd_snapshot,
+        Some(crate::etcd_snapshot::Snapshot::Failed {
+            node: "cp-2".into(),
+            at: t0() + 1.seconds(),
+            reason: "the node refused it: failed reading etcd snapshot".into(),
+        })
+    );
+    // The failure is announced by the pass that recorded it (the lifecycle publishes it); a
+    // decision on the finished run calls nothing more.
+    assert!(reasons(&failed.report.notes).is_empty());
+
+    let mut resumed = failed.run.clone();
+    assert!(resume(&mut resumed));
+    assert_eq!(resumed.etcd_snapshot, None);
+    let again = advance(&resumed, &snapshotting(), &obs, t0() + 1.minutes());
+    assert_eq!(labels(&again.actions), ["snapshot cp-2"]);
+
+    // Taken, then a later step fails: resume goes on from that step, with no second snapshot.
+    let mut run = pending_at(&obs, "kube-scheduler cp-2");
+    run.etcd_snapshot = Some(taken());
+    let index = index_of(&run, "kube-scheduler cp-2");
+    assert!(fail_step(&mut run, index, "refused", t0()));
+    assert!(resume(&mut run));
+    assert_eq!(run.etcd_snapshot, Some(taken()));
+    let decision = advance(&run, &snapshotting(), &obs, t0() + 1.minutes());
+    assert_eq!(labels(&decision.actions), ["patch kube-scheduler cp-2"]);
+}
+
+/// The snapshot stored is told once, by the pass that recorded it.
+#[test]
+fn a_stored_snapshot_is_announced_once_and_the_held_step_goes_in_the_same_pass() {
+    use crate::lifecycle::{Answered, Kind as _};
+    let obs = cluster("1.34.1");
+    let asked = advance(
+        &pending_at(&obs, "kube-apiserver cp-1"),
+        &snapshotting(),
+        &obs,
+        t0(),
+    );
+    let mut run = asked.run;
+    let answered = Kubernetes::stored(&mut run, &asked.actions[0], &stored(), &obs, t0());
+    assert_eq!(answered, Answered::DecideAgain);
+    let next = advance(&run, &snapshotting(), &obs, t0());
+    assert_eq!(labels(&next.actions), ["patch kube-apiserver cp-1"]);
+    assert_eq!(
+        reasons(&next.report.notes),
+        ["EtcdSnapshotTaken", "StepStarted"]
+    );
+    let after = advance(&next.run, &snapshotting(), &obs, t0() + 1.seconds());
+    assert!(!reasons(&after.report.notes).contains(&"EtcdSnapshotTaken"));
+}
+
+/// etcd is looked at only while a snapshot is due: the mode on, not paused, and a control plane
+/// still to restart before the snapshot is taken.
+#[test]
+fn etcd_is_looked_at_only_while_the_snapshot_is_due() {
+    use crate::lifecycle::Kind as _;
+    let obs = cluster("1.34.1");
+    let at = |step: &str, snapshot: Option<crate::etcd_snapshot::Snapshot>| {
+        let mut run = pending_at(&obs, step);
+        run.etcd_snapshot = snapshot;
+        run
+    };
+    let paused = Settings {
+        paused: true,
+        ..snapshotting()
+    };
+    let cases: [(&str, Settings, Option<KubeRun>, bool); 7] = [
+        ("off, no run", settings(), None, false),
+        ("on, a run about to start", snapshotting(), None, true),
+        ("on, paused", paused, None, false),
+        (
+            "on, before the control planes",
+            snapshotting(),
+            Some(at("prepull cp-1", None)),
+            true,
+        ),
+        (
+            "on, taken",
+            snapshotting(),
+            Some(at("kube-apiserver cp-1", Some(taken()))),
+            false,
+        ),
+        (
+            "on, only workers' kubelets left",
+            snapshotting(),
+            Some(at("kubelet w-1", None)),
+            false,
+        ),
+        (
+            "off, before the control planes",
+            settings(),
+            Some(at("prepull cp-1", None)),
+            false,
+        ),
+    ];
+    for (what, settings, run, etcd) in cases {
+        assert_eq!(
+            Kubernetes::request(run.as_ref(), &settings),
+            Request { etcd },
+            "{what}"
+        );
+    }
+}
+
+/// The mode as the annotation says it, against whether the controller has a destination: only
+/// `talos-and-kubernetes` makes a Kubernetes run take one; asked for with nowhere to put it, or a
+/// value it cannot read, the run does not start.
+#[test]
+fn the_settings_take_the_snapshot_mode_of_the_annotation() {
+    use crate::intent::UpgradeIntent;
+    use crate::lifecycle::{Kind as _, Limits};
+    let cases: [(Option<&str>, bool, Result<bool, &str>); 6] = [
+        (None, true, Ok(false)),
+        (Some("talos"), true, Ok(false)),
+        (Some("talos"), false, Ok(false)),
+        (Some("talos-and-kubernetes"), true, Ok(true)),
+        (
+            Some("talos-and-kubernetes"),
+            false,
+            Err(
+                "has the invalid value \"talos-and-kubernetes\": the controller has no etcd \
+                 snapshot destination",
+            ),
+        ),
+        (
+            Some("sometimes"),
+            true,
+            Err("has the invalid value \"sometimes\": use off, talos"),
+        ),
+    ];
+    for (mode, destination, want) in cases {
+        let annotations: BTreeMap<String, String> = mode
+            .map(|m| (crate::annotations::ETCD_SNAPSHOT.to_string(), m.to_string()))
+            .into_iter()
+            .collect();
+        let intent = UpgradeIntent::from_annotations(&annotations);
+        let limits = Limits {
+            etcd_snapshot: destination,
+            ..Limits::default()
+        };
+        match (Kubernetes::settings(&intent, &limits), want) {
+            (Ok(got), Ok(want)) => assert_eq!(got.etcd_snapshot, want, "{mode:?}"),
+            (Err(got), Err(want)) => {
+                assert!(got.to_string().contains(want), "{mode:?}: {got}")
+            }
+            (got, want) => panic!("{mode:?} {destination}: {got:?}, wanted {want:?}"),
+        }
+    }
 }

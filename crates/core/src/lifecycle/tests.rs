@@ -202,6 +202,7 @@ fn kube_cluster(talos: &str, kubernetes: &str) -> kubernetes::Observation {
             kube_node("cp-1", NodeRole::ControlPlane, talos, kubernetes),
             kube_node("worker-1", NodeRole::Worker, talos, kubernetes),
         ],
+        etcd: Default::default(),
     }
 }
 
@@ -1235,6 +1236,7 @@ fn kubernetes_stands_refuses_and_waits_like_talos() {
                 started_at: None,
             },
         }],
+        etcd_snapshot: None,
     };
     let (asked, stands) = drive::<Kubernetes>(
         &annotations(&[("kubernetes-target", "1.35.0")]),

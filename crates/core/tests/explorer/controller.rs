@@ -112,7 +112,7 @@ impl Io<Kubernetes> for KubernetesIo {
     fn cluster(
         &mut self,
         w: &mut World,
-        _: &(),
+        _: &talos_upgrade_core::kubernetes::Request,
         looked: &mut Looked,
     ) -> talos_upgrade_core::kubernetes::Observation {
         let observation = w.kubernetes_observation();

@@ -674,7 +674,10 @@ impl World {
                 kubernetes_ready: n.up && n.ready,
             })
             .collect();
-        kubernetes::Observation { nodes }
+        kubernetes::Observation {
+            nodes,
+            etcd: Default::default(),
+        }
     }
 
     pub fn kubernetes_call(
@@ -685,7 +688,8 @@ impl World {
         let name = match action {
             kubernetes::Action::PullImages { node, .. }
             | kubernetes::Action::PatchImage { node, .. }
-            | kubernetes::Action::SyncManifests { node } => node.clone(),
+            | kubernetes::Action::SyncManifests { node }
+            | kubernetes::Action::EtcdSnapshot { node } => node.clone(),
         };
         let Some(node) = self.node(&name).filter(|n| n.present).cloned() else {
             return Called::Refused(format!("node {name} is no longer in the node inventory"));
