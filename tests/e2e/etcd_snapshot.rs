@@ -3,7 +3,8 @@
 //! a real S3-compatible server (SeaweedFS, scripts/build-seaweedfs.sh): the snapshot is stored,
 //! verified and announced before the first control plane is upgraded; the newest N of a cluster are
 //! kept; a snapshot that fails stops the run before any control plane; a bad `etcd-snapshot` value
-//! starts nothing.
+//! starts nothing. With `etcd-snapshot: talos-and-kubernetes` a Kubernetes run does the same before
+//! its first control-plane configuration change.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,71 @@ use crate::world::{World, WorldSpec};
 
 const ETCD_SNAPSHOT: &str = "/machine.MachineService/EtcdSnapshot";
 const LEGACY_UPGRADE: &str = "/machine.MachineService/Upgrade";
+const APPLY: &str = "/machine.MachineService/ApplyConfiguration";
+const IMAGE_PULL: &str = "/machine.MachineService/ImagePull";
+
+/// A run that takes a snapshot first, as the user starts it.
+struct RunOf {
+    /// `talos` or `kubernetes`: the run's annotations, its progress record, its snapshot's name.
+    kind: &'static str,
+    /// The nodes' Talos (a Kubernetes 1.35 run needs Talos 1.12).
+    talos: &'static str,
+    current: &'static str,
+    target: &'static str,
+    /// The `etcd-snapshot` value that asks for it (`None`: the default).
+    mode: Option<&'static str>,
+    /// The call that touches a control plane: the snapshot must come before the first.
+    touches: &'static str,
+    /// How long the whole run may take (`kubectl wait`).
+    patience: &'static str,
+}
+
+/// Talos 1.11.6 -> 1.12.0 with the default mode.
+const TALOS_RUN: RunOf = RunOf {
+    kind: "talos",
+    talos: "1.11.6",
+    current: "1.11.6",
+    target: "1.12.0",
+    mode: None,
+    touches: LEGACY_UPGRADE,
+    patience: "180s",
+};
+
+/// Kubernetes 1.34.1 -> 1.35.0 on Talos 1.12.0, with `talos-and-kubernetes`.
+const KUBERNETES_RUN: RunOf = RunOf {
+    kind: "kubernetes",
+    talos: "1.12.0",
+    current: "1.34.1",
+    target: "1.35.0",
+    mode: Some("talos-and-kubernetes"),
+    touches: APPLY,
+    patience: "240s",
+};
+
+impl RunOf {
+    fn annotation(&self, what: &str) -> String {
+        format!("{}-{what}", self.kind)
+    }
+
+    /// Once the controller reports the current version: the mode, then the target.
+    async fn start(&self, world: &World) {
+        world
+            .wait_for_annotation(&self.annotation("current"), self.current, "60s")
+            .await;
+        if let Some(mode) = self.mode {
+            world.annotate("etcd-snapshot", mode).await;
+        }
+        world
+            .annotate(&self.annotation("target"), self.target)
+            .await;
+    }
+
+    async fn wait_for(&self, world: &World, status: &str) {
+        world
+            .wait_for_annotation(&self.annotation("status"), status, self.patience)
+            .await;
+    }
+}
 
 /// A fresh directory for one test's snapshots (removed by [`Scratch`]'s drop).
 struct Scratch(PathBuf);
@@ -37,12 +103,13 @@ impl Drop for Scratch {
     }
 }
 
-/// A world whose controller stores snapshots in `destination`, keeping `keep`.
-async fn world_with(prefix: &str, destination: Destination, keep: usize) -> World {
+/// A world for `run` whose controller stores snapshots in `destination`, keeping `keep`.
+async fn world_with(prefix: &str, run: &RunOf, destination: Destination, keep: usize) -> World {
     let mut world = World::start(
         prefix,
         WorldSpec {
             start_controller: false,
+            talos: run.talos,
             ..WorldSpec::default()
         },
     )
@@ -82,14 +149,20 @@ fn parse_taken(message: &str) -> (String, String, u64, String) {
     )
 }
 
-/// The snapshot the persisted Talos run records (`gates.etcdSnapshot` of `talos.json`).
-async fn recorded_snapshot(world: &World) -> serde_json::Value {
-    world.persisted_talos_run().await["gates"]["etcdSnapshot"].clone()
+/// The snapshot the persisted run records (`gates.etcdSnapshot` of `talos.json`, `etcdSnapshot`
+/// of `kubernetes.json`).
+async fn recorded_snapshot(world: &World, run: &RunOf) -> serde_json::Value {
+    let record = world.persisted_run(run.kind).await;
+    match run.kind {
+        "talos" => record["gates"]["etcdSnapshot"].clone(),
+        _ => record["etcdSnapshot"].clone(),
+    }
 }
 
-/// The EtcdSnapshot calls, and the index of the first upgrade call to a control plane.
+/// The EtcdSnapshot calls, and the index of the first call of `run` to a control plane.
 fn snapshot_calls_and_first_control_plane(
     world: &World,
+    run: &RunOf,
     record: &[CallRecord],
 ) -> (Vec<(usize, CallRecord)>, Option<usize>) {
     let snapshots = record
@@ -100,7 +173,7 @@ fn snapshot_calls_and_first_control_plane(
         .collect();
     let first_control_plane = record
         .iter()
-        .position(|c| c.method == LEGACY_UPGRADE && is_control_plane(world, &c.node));
+        .position(|c| c.method == run.touches && is_control_plane(world, &c.node));
     (snapshots, first_control_plane)
 }
 
@@ -130,6 +203,50 @@ fn snapshots_in(folder: &Path) -> Vec<String> {
     names
 }
 
+/// After `run` completed to a directory: one EtcdSnapshot call, to a control plane, answered, before
+/// the run's first call to a control plane; the `EtcdSnapshotTaken` Event, the file in `folder`
+/// (named after the run's kind and target), the progress record and what the node sent agree on
+/// size and SHA-256. The calls, the snapshot call's index among them, and the file's name.
+async fn stored_before_the_first_control_plane(
+    world: &World,
+    run: &RunOf,
+    folder: &Path,
+) -> (Vec<CallRecord>, usize, String) {
+    let record = world.sim.record();
+    let (snapshots, first_control_plane) =
+        snapshot_calls_and_first_control_plane(world, run, &record);
+    assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
+    let (at, call) = snapshots.into_iter().next().expect("one snapshot call");
+    assert!(is_control_plane(world, &call.node), "{call:?}");
+    assert_eq!(call.result, "ok");
+    let first_control_plane = first_control_plane.expect("a control plane was touched");
+    assert!(at < first_control_plane, "{}", world.sim.record_json());
+
+    let events = world.event_messages("EtcdSnapshotTaken").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (node, location, size, sha) = parse_taken(&events[0]);
+    assert_eq!(node, call.node);
+    let path = PathBuf::from(location.strip_prefix("file://").expect("a file location"));
+    assert!(path.starts_with(folder), "{location}");
+    let file_name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        file_name.ends_with(&format!("-{}-{}.snapshot", run.kind, run.target)),
+        "{file_name}"
+    );
+    let bytes = std::fs::read(&path).expect("the stored snapshot");
+    assert_eq!(bytes.len() as u64, size);
+    assert_eq!(sha256_hex(&bytes), sha);
+    assert_eq!(call.params["size"], size);
+    assert_eq!(call.params["sha256"], sha);
+    let recorded = recorded_snapshot(world, run).await;
+    assert_eq!(recorded["state"], "taken", "{recorded}");
+    assert_eq!(recorded["node"], node);
+    assert_eq!(recorded["location"], location);
+    assert_eq!(recorded["size"], size);
+    assert_eq!(recorded["sha256"], sha);
+    (record, at, file_name)
+}
+
 /// Talos 1.11.6 -> 1.12.0, workers first, to a directory keeping 2: the workers go, then one
 /// EtcdSnapshot from a control plane, then the control planes; the file's size and SHA-256 are what
 /// the Event and the progress record say and what the node sent; the older snapshots of this cluster
@@ -137,7 +254,7 @@ fn snapshots_in(folder: &Path) -> Vec<String> {
 #[tokio::test]
 async fn a_snapshot_to_a_directory_comes_before_the_first_control_plane_and_is_verified() {
     let scratch = Scratch::new("dir");
-    let world = world_with("es-dir", Destination::Dir(scratch.0.clone()), 2).await;
+    let world = world_with("es-dir", &TALOS_RUN, Destination::Dir(scratch.0.clone()), 2).await;
     // Older snapshots of this cluster, and one of another cluster in the same namespace.
     let folder = scratch.0.join(&world.ns.name).join(&world.cluster);
     let other = scratch.0.join(&world.ns.name).join("other-cluster");
@@ -158,41 +275,13 @@ async fn a_snapshot_to_a_directory_comes_before_the_first_control_plane_and_is_v
     world.upgrade_talos("1.11.6", "1.12.0").await;
     world.assert_each_node_upgraded_once(5);
 
-    // The call: once, to a control plane, after the workers and before the first control plane.
-    let record = world.sim.record();
-    let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
-    assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
-    let (at, call) = &snapshots[0];
-    assert!(is_control_plane(&world, &call.node), "{call:?}");
-    assert_eq!(call.result, "ok");
-    let first_control_plane = first_control_plane.expect("a control plane was upgraded");
-    assert!(*at < first_control_plane, "{}", world.sim.record_json());
-    let workers_before = record[..*at]
+    let (record, at, file_name) =
+        stored_before_the_first_control_plane(&world, &TALOS_RUN, &folder).await;
+    let workers_before = record[..at]
         .iter()
         .filter(|c| c.method == LEGACY_UPGRADE && !is_control_plane(&world, &c.node))
         .count();
     assert_eq!(workers_before, 2, "both workers went first");
-
-    // The Event, the file, the record and the node agree.
-    let events = world.event_messages("EtcdSnapshotTaken").await;
-    assert_eq!(events.len(), 1, "{events:?}");
-    let (node, location, size, sha) = parse_taken(&events[0]);
-    assert_eq!(node, call.node);
-    let path = PathBuf::from(location.strip_prefix("file://").expect("a file location"));
-    assert!(path.starts_with(&folder), "{location}");
-    let file_name = path.file_name().unwrap().to_string_lossy().into_owned();
-    assert!(file_name.ends_with("-talos-1.12.0.snapshot"), "{file_name}");
-    let bytes = std::fs::read(&path).expect("the stored snapshot");
-    assert_eq!(bytes.len() as u64, size);
-    assert_eq!(sha256_hex(&bytes), sha);
-    assert_eq!(call.params["size"], size);
-    assert_eq!(call.params["sha256"], sha);
-    let recorded = recorded_snapshot(&world).await;
-    assert_eq!(recorded["state"], "taken", "{recorded}");
-    assert_eq!(recorded["node"], node);
-    assert_eq!(recorded["location"], location);
-    assert_eq!(recorded["size"], size);
-    assert_eq!(recorded["sha256"], sha);
 
     // Kept: the newest 2 of this cluster; the other cluster's untouched; no partial file left.
     assert_eq!(
@@ -210,30 +299,27 @@ async fn a_snapshot_to_a_directory_comes_before_the_first_control_plane_and_is_v
     world.stop_controller().await;
 }
 
-/// A run to `scratch` whose control planes all answer the snapshot with `fault`: the target is set
+/// `run` to `scratch` whose control planes all answer the snapshot with `fault`: the target is set
 /// and the run fails at the snapshot, after one snapshot call and before any control plane. The
 /// world and that call.
 async fn run_failing_at_the_snapshot(
     prefix: &str,
+    run: &RunOf,
     scratch: &Scratch,
     fault: Fault,
 ) -> (World, CallRecord) {
-    let world = world_with(prefix, Destination::Dir(scratch.0.clone()), 3).await;
+    let world = world_with(prefix, run, Destination::Dir(scratch.0.clone()), 3).await;
     for cp in ["cp-1", "cp-2", "cp-3"] {
         world
             .sim
             .inject_fault(&world.node(cp), fault.clone())
             .expect("fault");
     }
-    world
-        .wait_for_annotation("talos-current", "1.11.6", "60s")
-        .await;
-    world.annotate("talos-target", "1.12.0").await;
-    world
-        .wait_for_annotation("talos-status", "failed", "180s")
-        .await;
+    run.start(&world).await;
+    run.wait_for(&world, "failed").await;
     let record = world.sim.record();
-    let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
+    let (snapshots, first_control_plane) =
+        snapshot_calls_and_first_control_plane(&world, run, &record);
     assert_eq!(first_control_plane, None, "{}", world.sim.record_json());
     assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
     let (_, call) = snapshots.into_iter().next().expect("one snapshot call");
@@ -247,7 +333,8 @@ async fn run_failing_at_the_snapshot(
 async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_plane() {
     let scratch = Scratch::new("cut");
     let (world, snapshot) =
-        run_failing_at_the_snapshot("es-cut", &scratch, Fault::EtcdSnapshotTruncated).await;
+        run_failing_at_the_snapshot("es-cut", &TALOS_RUN, &scratch, Fault::EtcdSnapshotTruncated)
+            .await;
     let node = snapshot.node.clone();
     let sent = snapshot.params["size"].as_u64().expect("size");
     assert_eq!(world.upgrade_calls().len(), 2, "only the workers");
@@ -269,7 +356,7 @@ async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_pla
     assert_eq!(snapshots_in(&folder), Vec::<String>::new());
     assert_eq!(metric(&world, "dir", "failed").as_deref(), Some("1"));
     assert_eq!(
-        recorded_snapshot(&world).await["state"],
+        recorded_snapshot(&world, &TALOS_RUN).await["state"],
         "failed",
         "the run records it"
     );
@@ -284,7 +371,7 @@ async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_pla
         .await;
     world.assert_each_node_upgraded_once(5);
     let (snapshots, first_control_plane) =
-        snapshot_calls_and_first_control_plane(&world, &world.sim.record());
+        snapshot_calls_and_first_control_plane(&world, &TALOS_RUN, &world.sim.record());
     assert_eq!(snapshots.len(), 2);
     assert!(snapshots[1].0 < first_control_plane.expect("control planes upgraded"));
     assert_eq!(snapshots_in(&folder).len(), 1);
@@ -298,7 +385,8 @@ async fn a_snapshot_that_cannot_be_verified_stops_the_run_before_any_control_pla
 async fn a_snapshot_the_node_refuses_stops_the_run_naming_the_node() {
     let scratch = Scratch::new("refused");
     let (world, snapshot) =
-        run_failing_at_the_snapshot("es-refused", &scratch, Fault::EtcdSnapshotFails).await;
+        run_failing_at_the_snapshot("es-refused", &TALOS_RUN, &scratch, Fault::EtcdSnapshotFails)
+            .await;
     let node = &snapshot.node;
     assert!(snapshot.result.starts_with("Unknown"), "{snapshot:?}");
     let message = world.annotation("talos-message").await;
@@ -315,12 +403,92 @@ async fn a_snapshot_the_node_refuses_stops_the_run_naming_the_node() {
     world.stop_controller().await;
 }
 
+/// Kubernetes 1.34.1 -> 1.35.0 with `etcd-snapshot: talos-and-kubernetes`: the pre-pulls (which
+/// restart nothing) go, then one EtcdSnapshot from a control plane, then the first control-plane
+/// configuration change; the file is named after the Kubernetes run and agrees with the Event, the
+/// run's record and the node; no Talos run took one.
+#[tokio::test]
+async fn a_kubernetes_run_with_talos_and_kubernetes_takes_one_before_its_first_control_plane() {
+    let scratch = Scratch::new("k8s");
+    let world = world_with(
+        "es-k8s",
+        &KUBERNETES_RUN,
+        Destination::Dir(scratch.0.clone()),
+        3,
+    )
+    .await;
+    KUBERNETES_RUN.start(&world).await;
+    KUBERNETES_RUN.wait_for(&world, "completed").await;
+    assert_eq!(world.annotation("kubernetes-current").await, "1.35.0");
+
+    let folder = scratch.0.join(&world.ns.name).join(&world.cluster);
+    let (record, at, file_name) =
+        stored_before_the_first_control_plane(&world, &KUBERNETES_RUN, &folder).await;
+    let pulls_before = record[..at]
+        .iter()
+        .filter(|c| c.method == IMAGE_PULL)
+        .count();
+    assert!(
+        pulls_before > 0,
+        "the pre-pulls went first: {}",
+        world.sim.record_json()
+    );
+    assert_eq!(snapshots_in(&folder), vec![file_name]);
+    assert_eq!(metric(&world, "dir", "ok").as_deref(), Some("1"));
+    world.stop_controller().await;
+}
+
+/// A Kubernetes run whose snapshot the node refuses fails there, naming the node and the node's
+/// answer, before any control-plane configuration change; no node is failed.
+#[tokio::test]
+async fn a_kubernetes_run_whose_snapshot_fails_stops_before_any_control_plane() {
+    let scratch = Scratch::new("k8s-refused");
+    let (world, snapshot) = run_failing_at_the_snapshot(
+        "es-k8s-refused",
+        &KUBERNETES_RUN,
+        &scratch,
+        Fault::EtcdSnapshotFails,
+    )
+    .await;
+    let node = &snapshot.node;
+    assert!(
+        world.sim.record().iter().all(|c| c.method != APPLY),
+        "{}",
+        world.sim.record_json()
+    );
+    let message = world.annotation("kubernetes-message").await;
+    let prefix = format!(
+        "Kubernetes upgrade failed: the etcd snapshot from control plane {node} failed: the node \
+         refused it: Talos endpoint "
+    );
+    assert!(message.starts_with(&prefix), "{message}");
+    assert!(
+        message.contains("failed reading etcd snapshot")
+            && message.ends_with("(none was touched): fix the node or the snapshot destination, then set resume to take it again"),
+        "{message}"
+    );
+    assert_eq!(world.annotation("failed-nodes").await, "");
+    assert_eq!(world.event_messages("UpgradeFailed").await, vec![message]);
+    assert_eq!(
+        recorded_snapshot(&world, &KUBERNETES_RUN).await["state"],
+        "failed"
+    );
+    assert_eq!(metric(&world, "dir", "failed").as_deref(), Some("1"));
+    world.stop_controller().await;
+}
+
 /// `etcd-snapshot` with a value it does not know: the run does not start, the message and an
 /// `InvalidOption` Event say why, no node gets any call; `off` lets the run go without a snapshot.
 #[tokio::test]
 async fn an_invalid_etcd_snapshot_value_starts_nothing() {
     let scratch = Scratch::new("invalid");
-    let world = world_with("es-invalid", Destination::Dir(scratch.0.clone()), 3).await;
+    let world = world_with(
+        "es-invalid",
+        &TALOS_RUN,
+        Destination::Dir(scratch.0.clone()),
+        3,
+    )
+    .await;
     world
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;
@@ -330,9 +498,10 @@ async fn an_invalid_etcd_snapshot_value_starts_nothing() {
         .wait_for_annotation("talos-status", "failed", "60s")
         .await;
     let message = "Talos upgrade not started: Annotation upgrade.vitistack.io/etcd-snapshot has the \
-                   invalid value \"sometimes\": use off or talos (a snapshot before the first \
+                   invalid value \"sometimes\": use off, talos (a snapshot before the first \
                    control plane of a Talos run; the default when the controller has a snapshot \
-                   destination)";
+                   destination) or talos-and-kubernetes (also one before the first control plane \
+                   of a Kubernetes run)";
     assert_eq!(world.annotation("talos-message").await, message);
     let event = world.wait_for_event("InvalidOption", Some(message)).await;
     assert_eq!(event.type_, "Warning");
@@ -483,7 +652,8 @@ async fn a_snapshot_to_an_s3_bucket_is_stored_read_back_and_pruned() {
     world.assert_each_node_upgraded_once(5);
 
     let record = world.sim.record();
-    let (snapshots, first_control_plane) = snapshot_calls_and_first_control_plane(&world, &record);
+    let (snapshots, first_control_plane) =
+        snapshot_calls_and_first_control_plane(&world, &TALOS_RUN, &record);
     assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
     assert!(snapshots[0].0 < first_control_plane.expect("control planes upgraded"));
     let events = world.event_messages("EtcdSnapshotTaken").await;
@@ -508,7 +678,7 @@ async fn a_snapshot_to_an_s3_bucket_is_stored_read_back_and_pruned() {
     assert_eq!(stored.len() as u64, size);
     assert_eq!(sha256_hex(&stored), sha);
     assert_eq!(snapshots[0].1.params["sha256"], sha);
-    let recorded = recorded_snapshot(&world).await;
+    let recorded = recorded_snapshot(&world, &TALOS_RUN).await;
     assert_eq!(recorded["location"], location);
     assert_eq!(recorded["size"], size);
     assert_eq!(recorded["sha256"], sha);

@@ -791,6 +791,12 @@ impl World {
 
     /// The persisted Talos run (`talos.json` of the progress ConfigMap).
     pub async fn persisted_talos_run(&self) -> serde_json::Value {
+        self.persisted_run("talos").await
+    }
+
+    /// The persisted run of `kind` (`talos` or `kubernetes`): `<kind>.json` of the progress
+    /// ConfigMap.
+    pub async fn persisted_run(&self, kind: &str) -> serde_json::Value {
         let text = self
             .ns
             .kubectl_ok(&[
@@ -798,10 +804,10 @@ impl World {
                 "configmap",
                 &format!("talos-upgrade-{}", self.cluster),
                 "-o",
-                "jsonpath={.data.talos\\.json}",
+                &format!("jsonpath={{.data.{kind}\\.json}}"),
             ])
             .await;
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("talos.json {text:?}: {e}"))
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{kind}.json {text:?}: {e}"))
     }
 
     /// `kubectl wait` for an annotation value, as the user guide does.
