@@ -8,8 +8,9 @@
 //! reads the stored copy back and compares its size and SHA-256; and keeps the last N of the cluster,
 //! deleting older ones of that cluster only.
 //!
-//! Names: `<prefix>/<namespace>/<cluster>/<UTC time>-talos-<target>.snapshot` (the prefix only for
-//! S3), e.g. `default/prod/20261129T020000Z-talos-1.12.0.snapshot`. The time comes first, so the
+//! Names: `<prefix>/<namespace>/<cluster>/<UTC time>-<kind>-<target>.snapshot` (the prefix only for
+//! S3; `<kind>`: `talos`, or `kubernetes` for a Kubernetes run with `talos-and-kubernetes`), e.g.
+//! `default/prod/20261129T020000Z-talos-1.12.0.snapshot`. The time comes first, so the
 //! names of a cluster sort oldest first, which is how the oldest are found to delete.
 
 use std::path::{Path, PathBuf};

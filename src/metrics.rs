@@ -31,7 +31,7 @@
 //! | `talos_upgrade_reconcile_errors_total` | counter | `category` | Reconciles that ended in an error, by low-cardinality error category. |
 //! | `talos_upgrade_talos_api_calls_total` | counter | `method`, `code` | Talos API calls by gRPC method short name (e.g. `Version`, `Upgrade`, `EtcdMemberList`) and gRPC status code name (`OK`, `Unavailable`, `DeadlineExceeded`, ...). |
 //! | `talos_upgrade_silence_requests_total` | counter | `operation`, `result` | Requests to Alertmanager for the silences during Talos runs (`--alertmanager-url`): `operation` = `list`, `create`, `extend` or `expire`, `result` = `ok` or `error`. An error never stops a run; it is also said by a `SilenceFailed` Event. |
-//! | `talos_upgrade_etcd_snapshots_total` | counter | `destination`, `result` | etcd snapshots taken before the first control plane of a Talos run (`--etcd-snapshot-dir` or `--etcd-snapshot-s3-bucket`): `destination` = `dir` or `s3`, `result` = `ok` (stored and verified) or `failed` (the run stopped before any control plane; its message says why). |
+//! | `talos_upgrade_etcd_snapshots_total` | counter | `destination`, `result` | etcd snapshots taken before the first control plane of a Talos run, or of a Kubernetes run with `etcd-snapshot: talos-and-kubernetes` (`--etcd-snapshot-dir` or `--etcd-snapshot-s3-bucket`; the kind is in the snapshot's name): `destination` = `dir` or `s3`, `result` = `ok` (stored and verified) or `failed` (the run stopped before any control plane; its message says why). |
 //! | `talos_upgrade_rollbacks_total` | counter | `namespace`, `cluster`, `result` | Talos rollbacks (`talos-rollback`): `result` = `completed`, `failed` (a node did not come back on its previous version; the message says which) or `refused` (counted once per refusal message: a bad value, an unknown node, a node with no previous system; no node touched). |
 //! | `talos_upgrade_nodes_rolled_back_total` | counter | `namespace`, `cluster`, `kind` | Nodes verified back on their previous version by a rollback (`kind` = `talos`). Rolled-back nodes are not counted by `talos_upgrade_node_upgrade_duration_seconds`. |
 //! | `talos_upgrade_build_info` | info | `version` | Always 1; the controller's version. |
@@ -454,7 +454,7 @@ impl Metrics {
         );
         r.register(
             "etcd_snapshots",
-            "etcd snapshots taken before the control planes of a Talos run, by destination and result",
+            "etcd snapshots taken before the control planes of a Talos run (or a Kubernetes run that asks), by destination and result",
             f.etcd_snapshots.clone(),
         );
         r.register(
