@@ -2,9 +2,23 @@
 //! workload Kubernetes API, and the node inventory. Shared by the Talos and the Kubernetes upgrade:
 //! [`Connections`] keeps what lasts across reconciles (per cluster, until its Secret changes), and
 //! [`SharedAccess`] reads a cluster's access at most once per reconcile.
+//!
+//! The credentials Secret is not read again by every reconcile. The controller may not list or watch
+//! Secrets (its role only `get`s the one it names, see deploy/rbac.yaml), so nothing tells it when one
+//! changes; instead the Secret as last read is reused while the cluster's own inputs are unchanged and
+//! the connections built from it work, and read again when:
+//! - the user changed the cluster (an annotation, a label, the spec: a new target, a pause, a resume,
+//!   another `credentials-secret`): every run starts from the Secret as it is;
+//! - the connections gave reason to doubt them: the workload Nodes could not be listed, or no node's
+//!   Talos API answered ([`Access::note_talos_versions`]);
+//! - the last read failed (a missing or broken Secret is read again at every look until it is fixed);
+//! - it was last read [`CREDENTIALS_REREAD`] ago, so credentials replaced while the old ones still work
+//!   are taken up all the same.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use semver::Version;
 use tokio::sync::OnceCell;
@@ -64,8 +78,44 @@ pub struct ClusterLink {
     pub workload: Client,
 }
 
-/// (namespace, cluster name) → (resourceVersion of the credentials Secret, its connections).
-type LinkCache = HashMap<(String, String), (String, ClusterLink)>;
+/// How long the credentials Secret as last read is reused at most while nothing else says to read it
+/// again (see the module documentation).
+pub const CREDENTIALS_REREAD: Duration = Duration::from_secs(60 * 60);
+
+/// The last read of a cluster's credentials Secret.
+#[derive(Clone, Debug)]
+struct SecretRead {
+    secret_name: String,
+    /// resourceVersion of the Secret as read.
+    version: String,
+    /// The cluster's user inputs ([`KubernetesCluster::user_inputs`]) when the Secret was read.
+    inputs: u64,
+    read_at: Instant,
+    /// Set when the Secret must be read again before the connections built from it are used: its
+    /// last read failed, or those connections gave reason to doubt them.
+    doubted: Arc<AtomicBool>,
+}
+
+impl SecretRead {
+    /// Whether a reconcile at `now` of a cluster whose user inputs are `inputs`, naming `secret_name`,
+    /// may use the connections built from this read without reading the Secret again.
+    fn reusable(&self, secret_name: &str, inputs: u64, now: Instant) -> bool {
+        self.secret_name == secret_name
+            && self.inputs == inputs
+            && !self.doubted.load(Ordering::Relaxed)
+            && now.saturating_duration_since(self.read_at) < CREDENTIALS_REREAD
+    }
+}
+
+/// One cluster's connections and the read of the credentials Secret they were built from.
+#[derive(Clone)]
+struct KeptLink {
+    read: SecretRead,
+    link: ClusterLink,
+}
+
+/// (namespace, cluster name) → the cluster's connections and the Secret read they come from.
+type LinkCache = HashMap<(String, String), KeptLink>;
 
 /// What every cluster's access is made with, and what is kept of it across reconciles.
 pub struct Connections {
@@ -92,9 +142,8 @@ impl Connections {
         }
     }
 
-    /// The connections last built for a cluster, with the resourceVersion of the Secret they were built
-    /// from (usable once the Secret is read at that version).
-    fn known_link(&self, key: &(String, String)) -> Option<(String, ClusterLink)> {
+    /// The connections last built for a cluster, with the read of the Secret they were built from.
+    fn known_link(&self, key: &(String, String)) -> Option<KeptLink> {
         let links = self
             .links
             .lock()
@@ -102,13 +151,35 @@ impl Connections {
         links.get(key).cloned()
     }
 
-    /// Keeps `link` as the cluster's connections for the Secret at `version`.
-    fn keep_link(&self, key: (String, String), version: &str, link: ClusterLink) {
+    /// Keeps `link` as the cluster's connections, the Secret `secret_name` read now at `version` with
+    /// the cluster's user inputs at `inputs`. Returns the flag that puts this read in doubt.
+    fn keep_link(
+        &self,
+        key: (String, String),
+        secret_name: &str,
+        version: &str,
+        inputs: u64,
+        link: ClusterLink,
+    ) -> Arc<AtomicBool> {
+        let doubted = Arc::new(AtomicBool::new(false));
         let mut links = self
             .links
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        links.insert(key, (version.to_string(), link));
+        links.insert(
+            key,
+            KeptLink {
+                read: SecretRead {
+                    secret_name: secret_name.to_string(),
+                    version: version.to_string(),
+                    inputs,
+                    read_at: Instant::now(),
+                    doubted: doubted.clone(),
+                },
+                link,
+            },
+        );
+        doubted
     }
 
     /// Drops what is kept of the cluster `key` (namespace, name), deleted: its connections and
@@ -138,6 +209,8 @@ pub struct Access {
     pub secret_name: String,
     /// Each inventory node's Talos version (or why it could not be read), asked at most once.
     talos_versions: OnceCell<Vec<Result<Version, String>>>,
+    /// Set to have the next reconcile read the credentials Secret again (see the module documentation).
+    doubted: Arc<AtomicBool>,
 }
 
 impl Access {
@@ -147,7 +220,7 @@ impl Access {
     pub async fn talos_versions(&self) -> &[Result<Version, String>] {
         self.talos_versions
             .get_or_init(|| async {
-                futures::future::join_all(self.inventory.iter().map(|node| async {
+                let versions = futures::future::join_all(self.inventory.iter().map(|node| async {
                     let answer = self
                         .fleet
                         .ask(node.address, |client| async move { client.version().await })
@@ -155,7 +228,9 @@ impl Access {
                         .map_err(|e| e.to_string())?;
                     crate::talos_fleet::parse_talos_tag(&answer.tag)
                 }))
-                .await
+                .await;
+                self.doubt_unless_answered(&versions);
+                versions
             })
             .await
     }
@@ -165,7 +240,16 @@ impl Access {
     /// Records the Talos versions a fuller observation already read, so that no later part of the
     /// reconcile asks the nodes again. Versions already known are kept.
     pub fn note_talos_versions(&self, versions: Vec<Result<Version, String>>) {
+        self.doubt_unless_answered(&versions);
         let _ = self.talos_versions.set(versions);
+    }
+
+    /// No node answered: the credentials may have been replaced (or refused), so the next reconcile
+    /// reads the Secret again rather than reuse the connections built from it.
+    fn doubt_unless_answered(&self, versions: &[Result<Version, String>]) {
+        if !versions.is_empty() && versions.iter().all(Result::is_err) {
+            self.doubted.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -227,21 +311,100 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Connections) -> Result<Acces
                 .replace("{name}", &name),
             Err(invalid) => return Err(AccessError::SecretName(invalid)),
         };
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let key = (namespace.clone(), name.clone());
-    // The Secret, the Machines and the workload Nodes in one round trip: the Nodes are listed with the
-    // connections built from the Secret as last read, and that list is used only if the Secret turns
-    // out unchanged (nearly always). A problem with the Secret is reported first.
+    let inputs = cluster.user_inputs();
     let known_link = ctx.known_link(&key);
-    let (secret, (machines, listed_early)) = tokio::join!(secrets.get_opt(&secret_name), async {
+    // The connections as last built, without reading the Secret, when nothing says to read it again
+    // (see the module documentation). Their Nodes list is the check that they still work.
+    if let Some(kept) = known_link
+        .as_ref()
+        .filter(|kept| kept.read.reusable(&secret_name, inputs, Instant::now()))
+    {
         let machines = ctx
             .machines
             .get(ctx.client.clone(), &namespace, &cluster_id)
+            .await
+            .map_err(|e| AccessError::Inventory(e.to_string()))?;
+        match inventory::from_workload_nodes(kept.link.workload.clone(), address_need(&machines))
+            .await
+        {
+            Ok(workload_nodes) => {
+                return Ok(access(
+                    kept.link.clone(),
+                    machines,
+                    workload_nodes,
+                    namespace,
+                    secret_name,
+                    kept.read.doubted.clone(),
+                ));
+            }
+            Err(error) => {
+                tracing::debug!(%error, "listing the workload Nodes with the kept connections; reading the credentials Secret again");
+                kept.read.doubted.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+    let read = read_and_connect(
+        ctx,
+        &namespace,
+        &secret_name,
+        &cluster_id,
+        key,
+        inputs,
+        known_link.as_ref(),
+    )
+    .await;
+    // A failed read is read again by the next reconcile, not reused (one that got as far as new
+    // connections left them doubted).
+    if read.is_err()
+        && let Some(kept) = &known_link
+    {
+        kept.read.doubted.store(true, Ordering::Relaxed);
+    }
+    let (link, machines, workload_nodes, doubted) = read?;
+    Ok(access(
+        link,
+        machines,
+        workload_nodes,
+        namespace,
+        secret_name,
+        doubted,
+    ))
+}
+
+/// What [`read_and_connect`] gives: the connections, the Machines (if any), the workload Nodes and the
+/// flag that puts the Secret read in doubt.
+type Connected = (
+    ClusterLink,
+    Option<Vec<InventoryNode>>,
+    Vec<WorkloadNodeInfo>,
+    Arc<AtomicBool>,
+);
+
+/// Reads the credentials Secret and the inventory, and keeps the connections built from the Secret.
+async fn read_and_connect(
+    ctx: &Connections,
+    namespace: &str,
+    secret_name: &str,
+    cluster_id: &str,
+    key: (String, String),
+    inputs: u64,
+    known_link: Option<&KeptLink>,
+) -> Result<Connected, AccessError> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    // The Secret, the Machines and the workload Nodes in one round trip: the Nodes are listed with the
+    // connections built from the Secret as last read, and that list is used only if the Secret turns
+    // out unchanged (nearly always). A problem with the Secret is reported first.
+    let (secret, (machines, listed_early)) = tokio::join!(secrets.get_opt(secret_name), async {
+        let machines = ctx
+            .machines
+            .get(ctx.client.clone(), namespace, cluster_id)
             .await;
-        let listed = match (&known_link, &machines) {
-            (Some((version, link)), Ok(machines)) => Some((
-                version.clone(),
-                inventory::from_workload_nodes(link.workload.clone(), address_need(machines)).await,
+        let listed = match (known_link, &machines) {
+            (Some(kept), Ok(machines)) => Some((
+                kept.read.version.clone(),
+                inventory::from_workload_nodes(kept.link.workload.clone(), address_need(machines))
+                    .await,
             )),
             _ => None,
         };
@@ -249,63 +412,127 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Connections) -> Result<Acces
     },);
     let secret = secret
         .map_err(|e| AccessError::ReadSecret {
-            namespace: namespace.clone(),
-            name: secret_name.clone(),
+            namespace: namespace.to_string(),
+            name: secret_name.to_string(),
             reason: e.to_string(),
         })?
         .ok_or_else(|| AccessError::NoSecret {
-            namespace: namespace.clone(),
-            name: secret_name.clone(),
+            namespace: namespace.to_string(),
+            name: secret_name.to_string(),
         })?;
     let secret_version = secret.resource_version().unwrap_or_default();
-    let ClusterLink { fleet, workload } = match known_link
-        .as_ref()
-        .filter(|(version, _)| *version == secret_version)
-    {
-        Some((_, link)) => link.clone(),
+    let link = match known_link.filter(|kept| kept.read.version == secret_version) {
+        Some(kept) => kept.link.clone(),
         None => {
             let ClusterCredentials {
                 talos, workload, ..
-            } = credentials::parse(&secret, &namespace, &secret_name)
+            } = credentials::parse(&secret, namespace, secret_name)
                 .map_err(|e| AccessError::Credentials(e.to_string()))?;
             let workload = workload.ok_or_else(|| AccessError::NoKubeconfig {
-                namespace: namespace.clone(),
-                name: secret_name.clone(),
+                namespace: namespace.to_string(),
+                name: secret_name.to_string(),
                 key: credentials::KUBECONFIG_KEY,
             })?;
-            let link = ClusterLink {
+            ClusterLink {
                 fleet: Arc::new(TalosFleet::new(talos, ctx.talos.clone())),
                 workload: credentials::workload_client(workload)
                     .await
                     .map_err(AccessError::WorkloadClient)?,
-            };
-            ctx.keep_link(key, &secret_version, link.clone());
-            link
+            }
         }
     };
-    let workload_client = workload;
 
+    let doubted = ctx.keep_link(key, secret_name, &secret_version, inputs, link.clone());
+    // Until the Nodes are listed with them, the connections are not trusted without a read.
+    doubted.store(true, Ordering::Relaxed);
     let machines = machines.map_err(|e| AccessError::Inventory(e.to_string()))?;
     // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
     let workload_nodes = match listed_early.filter(|(version, _)| *version == secret_version) {
         Some((_, listed)) => listed,
         None => {
-            inventory::from_workload_nodes(workload_client.clone(), address_need(&machines)).await
+            inventory::from_workload_nodes(link.workload.clone(), address_need(&machines)).await
         }
     }
     .map_err(|e| AccessError::Inventory(e.to_string()))?;
+    doubted.store(false, Ordering::Relaxed);
+    Ok((link, machines, workload_nodes, doubted))
+}
+
+/// The access made of `link` and the inventory read with it.
+fn access(
+    link: ClusterLink,
+    machines: Option<Vec<InventoryNode>>,
+    workload_nodes: Vec<WorkloadNodeInfo>,
+    namespace: String,
+    secret_name: String,
+    doubted: Arc<AtomicBool>,
+) -> Access {
+    let ClusterLink { fleet, workload } = link;
     let inventory = match machines {
         Some(machines) => machines,
         None => workload_nodes.iter().map(|n| n.node.clone()).collect(),
     };
     fleet.relay_through(control_planes(&inventory).iter().map(|node| node.address));
-    Ok(Access {
+    Access {
         fleet,
         inventory,
         workload_nodes,
-        workload: workload_client,
+        workload,
         namespace,
         secret_name,
         talos_versions: OnceCell::new(),
-    })
+        doubted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_secret_as_last_read_is_reused_only_while_nothing_says_to_read_it_again() {
+        let at = Instant::now();
+        let read = || SecretRead {
+            secret_name: "c1".to_string(),
+            version: "7".to_string(),
+            inputs: 42,
+            read_at: at,
+            doubted: Arc::new(AtomicBool::new(false)),
+        };
+        let doubted = read();
+        doubted.doubted.store(true, Ordering::Relaxed);
+        // (case, read, secret named now, user inputs now, now, reusable?)
+        let cases = [
+            ("nothing changed", read(), "c1", 42, at, true),
+            (
+                "a reconcile just before the re-read",
+                read(),
+                "c1",
+                42,
+                at + CREDENTIALS_REREAD - Duration::from_secs(1),
+                true,
+            ),
+            ("the user changed the cluster", read(), "c1", 43, at, false),
+            ("another Secret is named", read(), "c2", 42, at, false),
+            (
+                "the connections were doubted, or the read failed",
+                doubted,
+                "c1",
+                42,
+                at,
+                false,
+            ),
+            (
+                "read too long ago",
+                read(),
+                "c1",
+                42,
+                at + CREDENTIALS_REREAD,
+                false,
+            ),
+        ];
+        for (case, read, secret_name, inputs, now, reusable) in cases {
+            assert_eq!(read.reusable(secret_name, inputs, now), reusable, "{case}");
+        }
+    }
 }

@@ -958,16 +958,7 @@ fn export_metrics<K: Stored>(
 /// of the controller's own report writes, a status written by the provisioning operator) is not a
 /// reason to reconcile.
 pub fn user_inputs(cluster: &KubernetesCluster) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    kube::Resource::meta(cluster).generation.hash(&mut hasher);
-    cluster.labels().hash(&mut hasher);
-    for (key, value) in cluster.annotations() {
-        if !talos_upgrade_core::annotations::CONTROLLER_KEYS.contains(&key.as_str()) {
-            (key, value).hash(&mut hasher);
-        }
-    }
-    Some(hasher.finish())
+    Some(cluster.user_inputs())
 }
 
 /// Retries failed reconciles: a progress conflict at once (someone else wrote; decide again), anything

@@ -360,6 +360,25 @@ impl KubernetesCluster {
             .and_then(|annotations| annotations.get(key))
             .map(String::as_str)
     }
+
+    /// A digest of what users and other controllers change on a cluster: its spec (the generation), its
+    /// labels and every annotation but the ones this controller writes
+    /// ([`crate::annotations::CONTROLLER_KEYS`]). The controller's own report writes leave it unchanged.
+    pub fn user_inputs(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.metadata.generation.hash(&mut hasher);
+        match &self.metadata.labels {
+            Some(labels) => labels.hash(&mut hasher),
+            None => BTreeMap::<String, String>::new().hash(&mut hasher),
+        }
+        for (key, value) in self.metadata.annotations.iter().flatten() {
+            if !crate::annotations::CONTROLLER_KEYS.contains(&key.as_str()) {
+                (key, value).hash(&mut hasher);
+            }
+        }
+        hasher.finish()
+    }
 }
 
 /// The phases this controller sets in `status.phase`. The field stays a string: a provisioning operator
