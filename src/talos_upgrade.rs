@@ -11,7 +11,7 @@ use talos_upgrade_core::lifecycle::{Act, Called, Looked};
 use talos_upgrade_core::talos::installer::installer_exit;
 use talos_upgrade_core::talos::{
     Action, Further, FurtherLooked, NodeObservation, Observation, StartingNodes, Talos, TalosState,
-    TalosVersions, UpgradeApi, with_installer_image,
+    TalosVersions, UpgradeApi,
 };
 use talos_upgrade_core::versions::KubernetesVersion;
 
@@ -150,12 +150,11 @@ impl<'a> TalosIo<'a> {
         // The gates are asked beside the nodes (an alert query, health checks), not after them.
         let (states, etcd, gates) = tokio::join!(
             futures::future::join_all(inventory.iter().map(|node| async move {
-                if !reading_images.contains(&node.name) {
-                    return fleet.observe_node(node).await;
+                if reading_images.contains(&node.name) {
+                    fleet.observe_node_installed(node).await
+                } else {
+                    fleet.observe_node(node).await
                 }
-                let (state, image) =
-                    tokio::join!(fleet.observe_node(node), fleet.read_installer_image(node));
-                with_installer_image(state, image.map_err(|e| e.to_string()))
             })),
             fleet.observe_etcd(&control_planes),
             holds::observe(&self.gates, access, starting),
