@@ -58,9 +58,21 @@ use talos_upgrade_core::report::phase_change;
 use talos_upgrade_core::talos::Talos;
 
 /// How often a run whose nodes in flight are all rebooting, and all followed, is looked at anyway. The
-/// followers wake the reconcile when a node is back; this poll only bounds what a lost stream costs
-/// and notices a node deadline. Never shorter than `--poll-interval`.
-const FOLLOWED_POLL_INTERVAL: Duration = Duration::from_secs(15);
+/// followers wake the reconcile when a node is back (Talos events and the Node watch, each
+/// reconnecting by itself within 2 s, the Talos stream replaying the whole boot on reconnect), so this
+/// poll only bounds what a follower that ended costs and notices a node deadline. A minute: a real
+/// node is away 2–4 minutes, so the poll looks at the cluster two or three times per node instead of
+/// eight to sixteen at 15 s (each look asks every node in flight). Never shorter than
+/// `--poll-interval`, and never longer than a quarter of `--node-deadline` (see
+/// [`followed_poll`]), so a node past its deadline is failed close to it.
+const FOLLOWED_POLL_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The safety-net poll while every node in flight is rebooting and followed.
+fn followed_poll(settings: &Settings) -> Duration {
+    FOLLOWED_POLL_INTERVAL
+        .min(settings.limits.node_deadline / 4)
+        .max(settings.poll_interval)
+}
 
 /// How often a run held by a gate that asks outside the cluster (alerts, health checks) asks again:
 /// a hold lasts minutes, and each look costs a query.
@@ -870,7 +882,7 @@ fn requeue_after<K: Stored>(
         Revisit::AwaitingReboots
             if outcome.follow.len() == outcome.conclusion.report.in_flight.len() =>
         {
-            Some(poll.max(FOLLOWED_POLL_INTERVAL))
+            Some(followed_poll(settings))
         }
         Revisit::AwaitingReboots => Some(poll),
         // A time gate: when it opens (never sooner than the poll, never later than the idle
