@@ -439,7 +439,8 @@ async fn a_kubernetes_run_with_talos_and_kubernetes_takes_one_before_its_first_c
 }
 
 /// A Kubernetes run whose snapshot the node refuses fails there, naming the node and the node's
-/// answer, before any control-plane configuration change; no node is failed.
+/// answer, before any control-plane configuration change; no node is failed. `resume` takes it
+/// again and the run completes.
 #[tokio::test]
 async fn a_kubernetes_run_whose_snapshot_fails_stops_before_any_control_plane() {
     let scratch = Scratch::new("k8s-refused");
@@ -474,6 +475,22 @@ async fn a_kubernetes_run_whose_snapshot_fails_stops_before_any_control_plane() 
         "failed"
     );
     assert_eq!(metric(&world, "dir", "failed").as_deref(), Some("1"));
+
+    // Fixed, and resumed: taken again, then the control planes.
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        world.sim.clear_faults(&world.node(cp)).expect("clear");
+    }
+    world.annotate("resume", "true").await;
+    KUBERNETES_RUN.wait_for(&world, "completed").await;
+    let (snapshots, first_control_plane) =
+        snapshot_calls_and_first_control_plane(&world, &KUBERNETES_RUN, &world.sim.record());
+    assert_eq!(snapshots.len(), 2, "{}", world.sim.record_json());
+    assert!(snapshots[1].0 < first_control_plane.expect("control planes changed"));
+    assert_eq!(
+        recorded_snapshot(&world, &KUBERNETES_RUN).await["state"],
+        "taken"
+    );
+    assert_eq!(metric(&world, "dir", "ok").as_deref(), Some("1"));
     world.stop_controller().await;
 }
 

@@ -1376,31 +1376,45 @@ fn a_whole_run_tells_the_user_each_step_once() {
 #[test]
 fn a_run_restarted_from_its_record_at_any_point_makes_the_same_calls() {
     // The controller restarts after every decision: the run it continues from is the persisted JSON.
-    let mut cluster = FakeCluster::new(1);
-    let mut run = start(&cluster.obs);
-    let mut now = t0();
-    let mut calls = Vec::new();
-    for _ in 0..200 {
-        let json = serde_json::to_string(&run).expect("serialize");
-        run = serde_json::from_str(&json).expect("deserialize");
-        let decision = advance(&run, &settings(), &cluster.obs, now);
-        run = decision.run;
-        if run.is_finished() {
-            break;
-        }
-        for action in &decision.actions {
-            calls.push(action_label(action));
-            cluster.apply(action);
-            if let Action::PullImages { .. } | Action::SyncManifests { .. } = action {
-                let index = run.step_in_flight().expect("step");
-                assert!(complete_step(&mut run, index, now));
+    // With the snapshot too: taken once, however often the run is read back after it.
+    let mut with_snapshot = expected_calls();
+    with_snapshot.insert(5, "snapshot cp-2".into());
+    for (settings, expected) in [
+        (settings(), expected_calls()),
+        (snapshotting(), with_snapshot),
+    ] {
+        let mut cluster = FakeCluster::new(1);
+        let mut run = start(&cluster.obs);
+        let mut now = t0();
+        let mut calls = Vec::new();
+        for _ in 0..200 {
+            let json = serde_json::to_string(&run).expect("serialize");
+            run = serde_json::from_str(&json).expect("deserialize");
+            let decision = advance(&run, &settings, &cluster.obs, now);
+            run = decision.run;
+            if run.is_finished() {
+                break;
             }
+            for action in &decision.actions {
+                calls.push(action_label(action));
+                cluster.apply(action);
+                match action {
+                    Action::PullImages { .. } | Action::SyncManifests { .. } => {
+                        let index = run.step_in_flight().expect("step");
+                        assert!(complete_step(&mut run, index, now));
+                    }
+                    Action::EtcdSnapshot { node } => {
+                        snapshot_stored(&mut run, node, &stored(), now);
+                    }
+                    Action::PatchImage { .. } => {}
+                }
+            }
+            now += 30.seconds();
+            cluster.tick();
         }
-        now += 30.seconds();
-        cluster.tick();
+        assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
+        assert_eq!(calls, expected);
     }
-    assert!(matches!(run.outcome, Some(Outcome::Completed { .. })));
-    assert_eq!(calls, expected_calls());
 }
 
 // ----------------------------------------------------------------------------------------------
