@@ -7,8 +7,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use futures::future::join_all;
 use semver::Version;
@@ -20,6 +20,8 @@ use talos_api::{
 };
 use talos_upgrade_core::run::NodeRole;
 use talos_upgrade_core::talos::{EtcdObservation, InstallSource, TalosState};
+// tokio's clock, so that tests can let time pass; the same as std's outside a paused test runtime.
+use tokio::time::Instant;
 
 /// The inventory's control planes: the nodes whose etcd members are observed and that relay calls.
 pub fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
@@ -37,19 +39,50 @@ pub fn control_planes(inventory: &[InventoryNode]) -> Vec<InventoryNode> {
 /// not one per node: at 1,000 nodes that is the largest part of the controller's memory. A node is
 /// dialled directly only when the relay is the node itself, when there is no relay (no control plane
 /// known, or every one failing), and to check an answer the relay gave for a read that failed (see
-/// [`TalosFleet::ask`]). Direct connections are dropped once unused for [`DIRECT_KEPT_IDLE`].
+/// [`TalosFleet::ask`]). Direct connections are dropped once unused for [`DIRECT_KEPT_IDLE`], the
+/// relay's once unused for [`RELAY_KEPT_IDLE`].
 pub struct TalosFleet {
     credentials: TalosCredentials,
     options: ConnectOptions,
     /// Built from the credentials on first use; until it builds, each client asks again (and fails
     /// naming its node).
     tls: OnceLock<TalosTls>,
-    connections: Mutex<Connections>,
+    /// Shared with the task that closes unused connections ([`close_unused`]), which holds it weakly
+    /// and so ends with the fleet.
+    connections: Arc<Mutex<Connections>>,
 }
 
-/// How long a direct connection to a node is kept after its last use. The relay's own connection is
-/// kept for as long as it relays.
+/// How long a direct connection to a node is kept after its last use.
 pub const DIRECT_KEPT_IDLE: Duration = Duration::from_secs(30);
+
+/// How long the relay's connection is kept after its last use. A cluster with a run in flight is
+/// looked at every 30 s at the longest (the contested poll; 15 s while its nodes reboot), so its
+/// connection stays; an idle cluster is looked at every 10 minutes (the idle refresh), and keeping
+/// a TLS connection with its HTTP/2 and TLS buffers open for each of them in between is the larger
+/// part of an idle controller's memory at many clusters. The next call opens it again.
+pub const RELAY_KEPT_IDLE: Duration = Duration::from_secs(60);
+
+/// How often the fleet looks for connections to close while it holds any.
+const CLOSE_UNUSED_EVERY: Duration = Duration::from_secs(15);
+
+/// How long connections are kept unused, and how often that is looked at: the constants above,
+/// shorter in tests.
+#[derive(Clone, Copy)]
+struct KeptIdle {
+    direct: Duration,
+    relay: Duration,
+    look_every: Duration,
+}
+
+impl Default for KeptIdle {
+    fn default() -> Self {
+        KeptIdle {
+            direct: DIRECT_KEPT_IDLE,
+            relay: RELAY_KEPT_IDLE,
+            look_every: CLOSE_UNUSED_EVERY,
+        }
+    }
+}
 
 /// How long a control plane that failed to relay is passed over when choosing the next relay.
 pub const RELAY_COOL_DOWN: Duration = Duration::from_secs(30);
@@ -64,9 +97,32 @@ struct Connections {
     relay: Option<IpAddr>,
     /// Control planes that failed to relay, and when.
     failed_relays: HashMap<IpAddr, Instant>,
+    /// Whether the task closing unused connections runs.
+    closing_unused: bool,
+    kept_idle: KeptIdle,
 }
 
 impl Connections {
+    /// Lets go of the connections unused for their time (keeping `keep`, about to be used): the
+    /// fleet's clone of each is dropped, and the connection closes once no call, stream or follower
+    /// still holds a clone of its client (a run in flight keeps what it uses).
+    fn drop_unused(&mut self, keep: Option<IpAddr>, now: Instant) {
+        let relay = self.relay;
+        let KeptIdle {
+            direct,
+            relay: relay_kept,
+            ..
+        } = self.kept_idle;
+        self.direct.retain(|kept, (_, used)| {
+            let kept_idle = if Some(*kept) == relay {
+                relay_kept
+            } else {
+                direct
+            };
+            Some(*kept) == keep || now.duration_since(*used) < kept_idle
+        });
+    }
+
     /// The first control plane, starting after `after` (inventory order, wrapping around), that has
     /// not failed to relay within the cool-down.
     fn choose_relay(&self, after: Option<IpAddr>, now: Instant) -> Option<IpAddr> {
@@ -96,8 +152,21 @@ impl TalosFleet {
             credentials,
             options,
             tls: OnceLock::new(),
-            connections: Mutex::new(Connections::default()),
+            connections: Arc::default(),
         }
+    }
+
+    #[cfg(test)]
+    fn with_kept_idle(self, kept_idle: KeptIdle) -> Self {
+        self.lock().kept_idle = kept_idle;
+        self
+    }
+
+    /// How many connections the fleet holds open (or ready to open on their first call): nodes
+    /// dialled directly, the relay included.
+    #[cfg(test)]
+    fn connections_held(&self) -> usize {
+        self.lock().direct.len()
     }
 
     /// Tell the fleet the cluster's control planes (from this reconcile's inventory), the machines
@@ -160,19 +229,17 @@ impl TalosFleet {
         }
     }
 
-    /// The kept direct client for `address` (made on first use), after letting go of the direct
-    /// clients unused for [`DIRECT_KEPT_IDLE`] (except the relay's). Dropping the fleet's clone closes
-    /// the connection once no call or follower holds another.
+    /// The kept direct client for `address` (made on first use), after letting go of the clients
+    /// unused for their time ([`Connections::drop_unused`]). Dropping the fleet's clone closes the
+    /// connection once no call or follower holds another. While the fleet holds any connection, a task
+    /// lets go of unused ones between calls too, so an idle cluster keeps none open.
     fn direct_locked(
         &self,
         connections: &mut Connections,
         address: IpAddr,
         now: Instant,
     ) -> Result<TalosClient, TalosError> {
-        let relay = connections.relay;
-        connections.direct.retain(|kept, (_, used)| {
-            *kept == address || Some(*kept) == relay || now.duration_since(*used) < DIRECT_KEPT_IDLE
-        });
+        connections.drop_unused(Some(address), now);
         if let Some((client, used)) = connections.direct.get_mut(&address) {
             *used = now;
             return Ok(client.clone());
@@ -187,6 +254,17 @@ impl TalosFleet {
         };
         let client = TalosClient::lazy_with(&tls, Target::Node(address), &self.options)?;
         connections.direct.insert(address, (client.clone(), now));
+        // Outside a runtime (never the case in the controller) unused connections are still let go
+        // of at the next call.
+        if !connections.closing_unused
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            connections.closing_unused = true;
+            runtime.spawn(close_unused(
+                Arc::downgrade(&self.connections),
+                connections.kept_idle.look_every,
+            ));
+        }
         Ok(client)
     }
 
@@ -262,42 +340,9 @@ impl TalosFleet {
             version,
             boot_id,
             ready,
-            // Read only for the nodes a run may start next (`observe_node_installed`).
+            // Read separately, only for the nodes a run may start next (`read_installer_image`).
             install: None,
         })
-    }
-
-    /// What the node's Talos API says now, with how it was installed: [`TalosFleet::observe_node`]
-    /// and [`TalosFleet::read_installer_image`] in one round trip, which asks `Version` once (its
-    /// `platform` is the install source's). A node up whose config cannot be read cannot be upgraded:
-    /// it counts as unreachable, with the reason (as `with_installer_image` has it).
-    pub async fn observe_node_installed(&self, node: &InventoryNode) -> TalosState {
-        let observed = self
-            .ask(node.address, |client| async move {
-                let (version, boot_id, status, config) = futures::try_join!(
-                    client.version(),
-                    client.boot_id(),
-                    client.machine_status(),
-                    client.machine_config()
-                )?;
-                let tag = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
-                    endpoint: client.endpoint().to_string(),
-                    message: reason,
-                })?;
-                Ok((tag, version.platform, boot_id, status, config))
-            })
-            .await;
-        match observed {
-            Ok((version, platform, boot_id, status, config)) => TalosState::Up {
-                version,
-                boot_id,
-                ready: resources::machine_status::is_running_and_ready(&status),
-                install: Some(install_source(config.as_bytes(), platform)),
-            },
-            Err(error) => TalosState::Unreachable {
-                reason: error.to_string(),
-            },
-        }
     }
 
     /// How the node was installed: the install image of its running config (empty when the config has
@@ -313,7 +358,10 @@ impl TalosFleet {
                 futures::try_join!(client.machine_config(), client.version())
             })
             .await?;
-        Ok(install_source(config.as_bytes(), version.platform))
+        Ok(InstallSource {
+            image: installer_image_from_config(config.as_bytes()).unwrap_or_default(),
+            platform: Some(version.platform).filter(|platform| !platform.is_empty()),
+        })
     }
 
     /// etcd's health as the control planes report it: every member answers without errors, the control
@@ -371,11 +419,22 @@ impl TalosFleet {
     }
 }
 
-/// How a node was installed, from its running config and the platform its `Version` reports.
-fn install_source(config: &[u8], platform: String) -> InstallSource {
-    InstallSource {
-        image: installer_image_from_config(config).unwrap_or_default(),
-        platform: Some(platform).filter(|platform| !platform.is_empty()),
+/// Lets go of a fleet's unused connections every [`CLOSE_UNUSED_EVERY`] while it holds any; ends when
+/// it holds none (the next connection made starts it again) or the fleet is dropped.
+async fn close_unused(connections: Weak<Mutex<Connections>>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(connections) = connections.upgrade() else {
+            return;
+        };
+        let mut connections = connections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        connections.drop_unused(None, Instant::now());
+        if connections.direct.is_empty() {
+            connections.closing_unused = false;
+            return;
+        }
     }
 }
 
@@ -501,5 +560,108 @@ mod tests {
         assert_eq!(parse_talos_tag("v1.11.6"), Ok(Version::new(1, 11, 6)));
         assert_eq!(parse_talos_tag("1.12.0"), Ok(Version::new(1, 12, 0)));
         assert!(parse_talos_tag("latest").is_err());
+    }
+
+    /// The TCP connections this machine has established to `node`'s apid, as the kernel lists them
+    /// (the simulator answers relayed calls in-process, so these are the fleet's own).
+    fn established_to(node: std::net::Ipv4Addr, port: u16) -> usize {
+        // /proc/net/tcp prints an IPv4 address as its four bytes read as a little-endian number.
+        let remote = format!("{:08X}:{port:04X}", u32::from_le_bytes(node.octets()));
+        std::fs::read_to_string("/proc/self/net/tcp")
+            .expect("the kernel's TCP socket list")
+            .lines()
+            .skip(1)
+            .filter(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                // Field 3 is the remote address, field 4 the state (01: established).
+                fields.get(2) == Some(&remote.as_str()) && fields.get(3) == Some(&"01")
+            })
+            .count()
+    }
+
+    async fn eventually(what: &str, condition: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !condition() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn unused_connections_close_unless_held_and_open_again_on_the_next_call() {
+        use talos_sim::config::{NodeConfig, SimConfig, Timings};
+        let sim = talos_sim::Simulator::start(
+            SimConfig::new("idle-fleet")
+                .with_node(NodeConfig::control_plane("cp-1", "1.11.6", "1.34.1"))
+                .with_node(NodeConfig::worker("w-1", "1.11.6", "1.34.1"))
+                .with_timings(Timings::fast()),
+        )
+        .await
+        .expect("simulator");
+        let nodes = sim.nodes();
+        let (cp, worker) = (nodes[0].address, nodes[1].address);
+        let port = nodes[0].port;
+        let credentials =
+            talos_api::Talosconfig::from_yaml(&sim.talosconfig(talos_sim::pki::ClientRole::Admin))
+                .and_then(|config| config.current_context()?.credentials())
+                .expect("credentials");
+        let options = ConnectOptions {
+            port,
+            ..ConnectOptions::default()
+        };
+        let fleet = TalosFleet::new(credentials, options).with_kept_idle(KeptIdle {
+            direct: Duration::from_millis(200),
+            relay: Duration::from_millis(400),
+            look_every: Duration::from_millis(50),
+        });
+        fleet.relay_through([IpAddr::V4(cp)]);
+        let version = |client: TalosClient| async move { client.version().await };
+
+        // A relayed read, and one the node answers directly: a connection to each.
+        fleet.ask(worker.into(), version).await.expect("relayed");
+        fleet
+            .direct_client(worker.into())
+            .expect("direct client")
+            .version()
+            .await
+            .expect("direct");
+        assert_eq!(fleet.relay(), Some(IpAddr::V4(cp)));
+        assert_eq!(
+            (established_to(cp, port), established_to(worker, port)),
+            (1, 1)
+        );
+
+        // Unused, both are let go of and closed, with no call made.
+        eventually("the fleet lets go of both connections", || {
+            fleet.connections_held() == 0
+        })
+        .await;
+        eventually("both connections close", || {
+            established_to(cp, port) + established_to(worker, port) == 0
+        })
+        .await;
+
+        // A client someone holds (a run's follower, a call in flight) keeps its connection after the
+        // fleet lets go of it.
+        let held = fleet.client(worker.into()).expect("client");
+        held.version().await.expect("relayed");
+        eventually("the fleet lets go of the relay", || {
+            fleet.connections_held() == 0
+        })
+        .await;
+        assert_eq!(established_to(cp, port), 1);
+        held.version()
+            .await
+            .expect("the held connection still answers");
+        assert_eq!(established_to(cp, port), 1);
+        drop(held);
+        eventually("the connection closes with its last holder", || {
+            established_to(cp, port) == 0
+        })
+        .await;
+
+        // The next call opens it again.
+        fleet.ask(worker.into(), version).await.expect("reopened");
+        assert_eq!((fleet.connections_held(), established_to(cp, port)), (1, 1));
     }
 }
