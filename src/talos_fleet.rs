@@ -340,9 +340,42 @@ impl TalosFleet {
             version,
             boot_id,
             ready,
-            // Read separately, only for the nodes a run may start next (`read_installer_image`).
+            // Read only for the nodes a run may start next (`observe_node_installed`).
             install: None,
         })
+    }
+
+    /// What the node's Talos API says now, with how it was installed: [`TalosFleet::observe_node`]
+    /// and [`TalosFleet::read_installer_image`] in one round trip, which asks `Version` once (its
+    /// `platform` is the install source's). A node up whose config cannot be read cannot be upgraded:
+    /// it counts as unreachable, with the reason (as `with_installer_image` has it).
+    pub async fn observe_node_installed(&self, node: &InventoryNode) -> TalosState {
+        let observed = self
+            .ask(node.address, |client| async move {
+                let (version, boot_id, status, config) = futures::try_join!(
+                    client.version(),
+                    client.boot_id(),
+                    client.machine_status(),
+                    client.machine_config()
+                )?;
+                let tag = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
+                    endpoint: client.endpoint().to_string(),
+                    message: reason,
+                })?;
+                Ok((tag, version.platform, boot_id, status, config))
+            })
+            .await;
+        match observed {
+            Ok((version, platform, boot_id, status, config)) => TalosState::Up {
+                version,
+                boot_id,
+                ready: resources::machine_status::is_running_and_ready(&status),
+                install: Some(install_source(config.as_bytes(), platform)),
+            },
+            Err(error) => TalosState::Unreachable {
+                reason: error.to_string(),
+            },
+        }
     }
 
     /// How the node was installed: the install image of its running config (empty when the config has
@@ -358,10 +391,7 @@ impl TalosFleet {
                 futures::try_join!(client.machine_config(), client.version())
             })
             .await?;
-        Ok(InstallSource {
-            image: installer_image_from_config(config.as_bytes()).unwrap_or_default(),
-            platform: Some(version.platform).filter(|platform| !platform.is_empty()),
-        })
+        Ok(install_source(config.as_bytes(), version.platform))
     }
 
     /// etcd's health as the control planes report it: every member answers without errors, the control
@@ -435,6 +465,14 @@ async fn close_unused(connections: Weak<Mutex<Connections>>, every: Duration) {
             connections.closing_unused = false;
             return;
         }
+    }
+}
+
+/// How a node was installed, from its running config and the platform its `Version` reports.
+fn install_source(config: &[u8], platform: String) -> InstallSource {
+    InstallSource {
+        image: installer_image_from_config(config).unwrap_or_default(),
+        platform: Some(platform).filter(|platform| !platform.is_empty()),
     }
 }
 
