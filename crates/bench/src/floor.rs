@@ -9,7 +9,7 @@
 //! means that no controller can meet it here; a floor below it is the part of the measured latency that
 //! is the API server's and not the controller's.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, Patch, PatchParams};
@@ -18,7 +18,7 @@ use talos_upgrade_core::annotations::{TALOS_MESSAGE, TALOS_PROGRESS, TALOS_STATU
 use talos_upgrade_core::crd::KubernetesCluster;
 
 use crate::report::Stats;
-use crate::world::{NAMESPACE, World};
+use crate::world::{NAMESPACE, World, WorldCpu};
 
 /// The same number of annotations in flight as the measured run (`World::annotate_all`).
 const IN_FLIGHT: usize = 64;
@@ -67,6 +67,32 @@ pub async fn measure(world: &World) -> anyhow::Result<Floor> {
         clusters: world.clusters.len(),
         annotation_answered: Stats::of(&answered),
         in_progress_written: Stats::of(&written),
+    })
+}
+
+/// The floor as `--with-floor` takes it for the controller's share: the API server's (and etcd's) CPU
+/// over a window as long as the measured run's upgrade, on a fresh world of the same size whose
+/// clusters are annotated and written `in-progress` at the window's start ([`measure`]) and then left
+/// alone: what the API server spends with no controller (its own loops, the benchmark's watch, the
+/// simulated kubelets' writes of nodes that do not change, the annotations). The measured run's API
+/// server CPU ÷ this is how many times that work the upgrade made it do.
+#[derive(Debug, Clone, Serialize)]
+pub struct Share {
+    pub floor: Floor,
+    pub window_seconds: f64,
+    pub cpu: WorldCpu,
+}
+
+pub async fn measure_share(world: &World, window: Duration) -> anyhow::Result<Share> {
+    let before = world.cpu()?;
+    let started = Instant::now();
+    let floor = measure(world).await?;
+    tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
+    let cpu = world.cpu()?.minus(before);
+    Ok(Share {
+        floor,
+        window_seconds: started.elapsed().as_secs_f64(),
+        cpu,
     })
 }
 

@@ -7,7 +7,9 @@
 //! target/release/tuc-bench --clusters 1,50,200 --json bench.json
 //! ```
 
+mod counts;
 mod floor;
+mod headline;
 mod proxy;
 mod report;
 mod talosctl;
@@ -72,6 +74,11 @@ struct Args {
     /// clusters at once. What the API server alone takes on this machine; no controller can be faster.
     #[arg(long)]
     floor: bool,
+    /// After each size's run, also measure that size's floor on a fresh world (as `--floor` does) and
+    /// keep the API server's CPU over a window as long as the run's upgrade, for the controller's share:
+    /// kube-apiserver CPU with the controller ÷ in the floor run (see docs/performance.md).
+    #[arg(long, conflicts_with_all = ["floor", "talosctl_comparison"])]
+    with_floor: bool,
     /// Instead of the fleet benchmark: the real `talosctl upgrade --wait` (v1.14.1, built by
     /// scripts/build-talosctl.sh), node by node as the runbook of seed 002 does, against the controller,
     /// each on a fresh world with one identical 3 + 2 cluster (demo timings unless --node-timings says
@@ -146,21 +153,85 @@ async fn main() -> anyhow::Result<()> {
     let mut results = Vec::new();
     for &n in &args.clusters {
         eprintln!("\n=== {n} cluster(s), {} nodes ===", 5 * n);
-        let result = run_size(n, &binary, &args)
+        warn_if_few_files(5 * n);
+        let mut result = run_size(n, &binary, &args)
             .await
             .with_context(|| format!("the run with {n} cluster(s)"))?;
-        println!("{}", report::size_table(&result));
+        if args.with_floor {
+            result.floor = Some(
+                floor_share(n, &args, Duration::from_secs_f64(result.upgrade_seconds))
+                    .await
+                    .with_context(|| format!("the floor run with {n} cluster(s)"))?,
+            );
+        }
         results.push(result);
+        let result = &results[results.len() - 1];
+        // The goals first (every size so far, so the 5,000-node RSS goal sees the 1,000-node figure),
+        // then this size's details.
+        println!(
+            "\n{} cluster(s): issue #27's goals, sizes so far\n\n{}",
+            n,
+            headline::table(&headline::goals(&results), &results)
+        );
+        println!("{}", report::size_table(result));
         // After every size, so a later size that fails leaves the earlier results on disk.
         if let Some(path) = &args.json {
             write_json(
                 path,
-                serde_json::json!({"machine": machine, "results": results}),
+                serde_json::json!({
+                    "machine": machine,
+                    "headline": headline::goals(&results),
+                    "results": results,
+                }),
             )?;
         }
     }
-    println!("{}", report::summary_table(&results));
+    println!(
+        "\n## Issue #27's goals\n\n{}",
+        headline::table(&headline::goals(&results), &results)
+    );
+    println!("## Details\n{}", report::summary_table(&results));
     Ok(())
+}
+
+/// `--with-floor`: a fresh world of `n` clusters, no controller; the floor and the API server's CPU
+/// over `window` (the measured run's upgrade time).
+async fn floor_share(n: usize, args: &Args, window: Duration) -> anyhow::Result<floor::Share> {
+    eprintln!(
+        "floor: {n} cluster(s), no controller, {:.1} s window",
+        window.as_secs_f64()
+    );
+    let mut world = World::start(n, node_timings(args).timings(), None).await?;
+    // As in the measured run, whose window the benchmark's own watch also ran through.
+    world.watch_clusters().await?;
+    floor::measure_share(&world, window).await
+}
+
+/// Says so if this process may run out of file descriptors: it holds every simulated node's listener
+/// and the connections to it, and the proxy's connections of every cluster (the controller and the
+/// API server inherit the same limit).
+fn warn_if_few_files(nodes: usize) {
+    let limit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| open_files_limit(&limits));
+    // A listener and a connection or two per node, a workload connection pair per cluster, and room.
+    let needed = 3 * nodes + 1024;
+    if let Some(limit) = limit.filter(|limit| *limit < needed as u64) {
+        eprintln!(
+            "warning: the open-files limit is {limit}; {nodes} nodes may need about {needed} (ulimit -n)"
+        );
+    }
+}
+
+/// The soft limit of `Max open files` in the text of `/proc/<pid>/limits`.
+fn open_files_limit(limits: &str) -> Option<u64> {
+    limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// `--talosctl-comparison`: talosctl and the controller side by side (see `talosctl.rs`).
@@ -320,7 +391,8 @@ async fn measure(
     wait_for(
         world,
         controller,
-        Duration::from_secs(300),
+        // Every cluster's first reconcile, one after another on a busy machine at 1,000 clusters.
+        Duration::from_secs(300 + n as u64),
         "the controller's first look at every cluster (talos-current)",
         |times| {
             Ok(times.len() == n
@@ -336,9 +408,8 @@ async fn measure(
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let kube_before = world.proxy.counts();
-    let talos_before = controller
-        .counter_sum("talos_upgrade_talos_api_calls_total")
-        .await?;
+    let talos_before = controller.talos_calls().await?;
+    let window_started = SystemTime::now();
     let (_, cpu_before) = controller.usage()?;
     let world_cpu_before = world.cpu()?;
     let upgrade_started = Instant::now();
@@ -361,9 +432,8 @@ async fn measure(
     .await?;
     let upgrade_s = upgrade_started.elapsed().as_secs_f64();
     let kube_upgrade = world.proxy.counts();
-    let talos_upgrade = controller
-        .counter_sum("talos_upgrade_talos_api_calls_total")
-        .await?;
+    let talos_upgrade = controller.talos_calls().await?;
+    let window_ended = SystemTime::now();
     let (_, cpu_upgrade) = controller.usage()?;
     let world_cpu_upgrade = world.cpu()?.minus(world_cpu_before);
     eprintln!(
@@ -372,14 +442,10 @@ async fn measure(
     );
     tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
     let kube_settled = world.proxy.counts();
-    let talos_settled = controller
-        .counter_sum("talos_upgrade_talos_api_calls_total")
-        .await?;
+    let talos_settled = controller.talos_calls().await?;
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
     let kube_idle = world.proxy.counts();
-    let talos_idle = controller
-        .counter_sum("talos_upgrade_talos_api_calls_total")
-        .await?;
+    let talos_idle = controller.talos_calls().await?;
     let (peak_rss, cpu_total) = controller.usage()?;
     let reconciles = controller
         .counter_sum("talos_upgrade_reconcile_duration_seconds_count")
@@ -517,6 +583,17 @@ async fn measure(
     let idle_requests = kube_idle.since(&kube_settled);
     let settle_requests = kube_settled.since(&kube_upgrade);
     let idle_minutes = args.idle_secs as f64 / 60.0;
+    let scale = counts::Scale {
+        nodes,
+        clusters: n,
+        idle_seconds: args.idle_secs as f64,
+    };
+    let talos_upgrade_window = talos_upgrade.since(&talos_before);
+    let talos_idle_window = talos_idle.since(&talos_settled);
+    let (talos_idle_streams, talos_idle_others) = talos_idle_window.streams_and_others();
+    let (kube_watches_upgrade, _) = upgrade_requests.watches_and_others();
+    let (kube_idle_watches, kube_idle_others) = idle_requests.watches_and_others();
+    let cpu_seconds_upgrade = cpu_upgrade - cpu_before;
     Ok(SizeResult {
         clusters: n,
         nodes,
@@ -541,20 +618,44 @@ async fn measure(
         upgrade_calls: upgrade_calls_total,
         kube_requests_upgrade: upgrade_requests.total(),
         kube_requests_per_node: upgrade_requests.total() as f64 / nodes as f64,
-        talos_calls_upgrade: talos_upgrade - talos_before,
-        talos_calls_per_node: (talos_upgrade - talos_before) / nodes as f64,
+        talos_calls_upgrade: talos_upgrade_window.total(),
+        talos_calls_per_node: scale.per_node(talos_upgrade_window.total()),
         idle_seconds: args.idle_secs,
         kube_requests_idle_per_minute: idle_requests.total() as f64 / idle_minutes,
-        talos_calls_idle_per_minute: (talos_idle - talos_settled) / idle_minutes,
+        talos_calls_idle_per_minute: talos_idle_window.total() / idle_minutes,
         settle_seconds: args.settle_secs,
         kube_requests_settle: settle_requests.total(),
-        talos_calls_settle: talos_settled - talos_upgrade,
+        talos_calls_settle: talos_settled.since(&talos_upgrade).total(),
         kube_upgrade_breakdown: upgrade_requests.breakdown(),
         kube_idle_breakdown: idle_requests.breakdown(),
+        talos_calls_by_method: counts::talos_rows(
+            &talos_upgrade_window,
+            &talos_idle_window,
+            &world.simulator_calls(window_started, window_ended),
+            scale,
+        ),
+        kube_requests_by_request: counts::count_rows(
+            &upgrade_requests.by_request(),
+            &idle_requests.by_request(),
+            scale,
+        ),
+        kube_watches_upgrade,
+        kube_idle_per_cluster_per_5min: scale.per_cluster_per_period(kube_idle_others as f64),
+        kube_idle_watches_per_cluster_per_5min: scale
+            .per_cluster_per_period(kube_idle_watches as f64),
+        talos_idle_per_cluster_per_5min: scale.per_cluster_per_period(talos_idle_others),
+        talos_idle_streams_per_cluster_per_5min: scale.per_cluster_per_period(talos_idle_streams),
         peak_rss_mib: peak_rss as f64 / (1024.0 * 1024.0),
         cpu_seconds_total: cpu_total,
-        cpu_seconds_upgrade: cpu_upgrade - cpu_before,
+        cpu_seconds_upgrade,
         cpu_seconds_idle: cpu_total - cpu_upgrade,
+        controller_cpu_ms_per_node: 1000.0 * scale.per_node(cpu_seconds_upgrade),
+        controller_over_apiserver_cpu: if world_cpu_upgrade.kube_apiserver > 0.0 {
+            cpu_seconds_upgrade / world_cpu_upgrade.kube_apiserver
+        } else {
+            0.0
+        },
+        floor: None,
         world_cpu_seconds_upgrade: world_cpu_upgrade,
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         reconciles,
@@ -571,5 +672,17 @@ fn secs(from: SystemTime, to: SystemTime) -> f64 {
     match to.duration_since(from) {
         Ok(d) => d.as_secs_f64(),
         Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_the_open_files_limit() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             95000                95000                processes \n\
+                      Max open files            20000                40000                files     \n";
+        assert_eq!(super::open_files_limit(limits), Some(20000));
+        assert_eq!(super::open_files_limit("Max processes 1 1\n"), None);
     }
 }

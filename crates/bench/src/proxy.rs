@@ -63,6 +63,28 @@ impl Counts {
             .map(|(k, v)| (format!("{} {} {}", k.scope, k.verb, k.resource), *v))
             .collect()
     }
+
+    /// [`Counts::breakdown`] as numbers for the by-request table.
+    pub fn by_request(&self) -> BTreeMap<String, f64> {
+        self.breakdown()
+            .into_iter()
+            .map(|(key, count)| (key, count as f64))
+            .collect()
+    }
+
+    /// (watch requests, all other requests): issue #27's idle goal counts what the controller asks
+    /// beyond its watches.
+    pub fn watches_and_others(&self) -> (u64, u64) {
+        self.0
+            .iter()
+            .fold((0, 0), |(watches, others), (key, count)| {
+                if key.verb == crate::counts::WATCH_VERB {
+                    (watches + count, others)
+                } else {
+                    (watches, others + count)
+                }
+            })
+    }
 }
 
 struct ProxyState {
@@ -446,7 +468,26 @@ fn keep_cluster_items(list: &[u8], cluster: &str, resource: &str) -> anyhow::Res
 
 #[cfg(test)]
 mod tests {
-    use super::classify;
+    use super::{Counts, Key, classify};
+
+    #[test]
+    fn tells_watches_from_other_requests() {
+        let key = |verb, resource: &str| Key {
+            scope: "workload",
+            verb,
+            resource: resource.to_string(),
+        };
+        let counts = Counts(
+            [
+                (key("watch", "nodes"), 3),
+                (key("list", "nodes"), 2),
+                (key("patch", "kubernetesclusters"), 1),
+            ]
+            .into(),
+        );
+        assert_eq!(counts.watches_and_others(), (3, 3));
+        assert_eq!(counts.by_request()["workload watch nodes"], 3.0);
+    }
 
     #[test]
     fn adds_the_cluster_to_the_label_selector() {

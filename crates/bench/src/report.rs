@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use talos_sim::Timings;
 
+use crate::counts::{self, CountRow};
 use crate::world::WorldCpu;
 
 /// Nearest-rank percentiles of a sample.
@@ -42,7 +43,7 @@ impl Stats {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct SizeResult {
     pub clusters: usize,
     pub nodes: usize,
@@ -97,10 +98,32 @@ pub struct SizeResult {
     pub talos_calls_idle_per_minute: f64,
     pub kube_upgrade_breakdown: BTreeMap<String, u64>,
     pub kube_idle_breakdown: BTreeMap<String, u64>,
+    /// The controller's Talos calls by method over the upgrade and the idle window, most first, with
+    /// the simulators' record of the mutating ones (counts.rs).
+    pub talos_calls_by_method: Vec<CountRow>,
+    /// The controller's Kubernetes requests by `scope verb resource` over both windows, most first.
+    pub kube_requests_by_request: Vec<CountRow>,
+    /// Of the upgrade window's Kubernetes requests, the watches.
+    pub kube_watches_upgrade: u64,
+    /// Idle Kubernetes requests per cluster per 5 minutes, watches left out (issue #27's idle goal).
+    pub kube_idle_per_cluster_per_5min: f64,
+    /// Idle watch requests (a watch the API server ended and the controller opened again) per cluster
+    /// per 5 minutes.
+    pub kube_idle_watches_per_cluster_per_5min: f64,
+    /// Idle Talos calls per cluster per 5 minutes, the event followers' streams left out.
+    pub talos_idle_per_cluster_per_5min: f64,
+    /// Idle event-follower streams (`Events`) opened per cluster per 5 minutes.
+    pub talos_idle_streams_per_cluster_per_5min: f64,
     pub peak_rss_mib: f64,
     pub cpu_seconds_total: f64,
     pub cpu_seconds_upgrade: f64,
     pub cpu_seconds_idle: f64,
+    /// Upgrade-window controller CPU ÷ nodes upgraded, milliseconds.
+    pub controller_cpu_ms_per_node: f64,
+    /// Upgrade-window controller CPU ÷ the API server's over the same window.
+    pub controller_over_apiserver_cpu: f64,
+    /// `--with-floor`: the same size's floor run, for the API server's CPU with no controller.
+    pub floor: Option<crate::floor::Share>,
     /// What the rest of the machine used during the upgrade (annotation → last `completed`): everything
     /// runs on the same CPUs as the controller.
     pub world_cpu_seconds_upgrade: WorldCpu,
@@ -167,15 +190,8 @@ fn verdict(pass: bool) -> &'static str {
     if pass { "pass" } else { "FAIL" }
 }
 
-/// Idle requests per minute per cluster at or below this count as "near zero" (our reading of the
-/// issue's target; see docs/performance.md).
-pub const IDLE_PER_CLUSTER_PER_MINUTE: f64 = 1.0;
-
 /// (measurement, value, target, verdict) rows of one size.
 fn rows(r: &SizeResult) -> Vec<[String; 4]> {
-    let n = r.clusters as f64;
-    let idle_kube = r.kube_requests_idle_per_minute / n;
-    let idle_talos = r.talos_calls_idle_per_minute / n;
     vec![
         [
             "controller overhead per node, s (p50 / p99 / max)".into(),
@@ -240,34 +256,29 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             format!("{:.1}", r.kube_requests_per_node),
         ),
         untargeted("Talos API calls per node upgraded", format!("{:.1}", r.talos_calls_per_node)),
-        [
+        untargeted(
             format!(
-                "Kubernetes API requests per minute idle ({} s window; per cluster)",
+                "Kubernetes API requests per cluster per 5 min idle, beyond the watches ({} s window)",
                 r.idle_seconds
             ),
-            format!("{:.1} ({idle_kube:.2})", r.kube_requests_idle_per_minute),
-            format!("near zero (≤ {IDLE_PER_CLUSTER_PER_MINUTE} per cluster)"),
-            verdict(idle_kube <= IDLE_PER_CLUSTER_PER_MINUTE).into(),
-        ],
-        [
+            format!("{:.2}", r.kube_idle_per_cluster_per_5min),
+        ),
+        untargeted(
+            "… watch requests per cluster per 5 min idle",
+            format!("{:.2}", r.kube_idle_watches_per_cluster_per_5min),
+        ),
+        untargeted(
             format!(
-                "Talos API calls per minute idle ({} s window; per cluster)",
+                "Talos API calls per cluster per 5 min idle, beyond the event followers ({} s window)",
                 r.idle_seconds
             ),
-            format!("{:.1} ({idle_talos:.2})", r.talos_calls_idle_per_minute),
-            format!("near zero (≤ {IDLE_PER_CLUSTER_PER_MINUTE} per cluster)"),
-            verdict(idle_talos <= IDLE_PER_CLUSTER_PER_MINUTE).into(),
-        ],
-        [
-            "controller peak RSS (VmHWM), MiB".into(),
-            format!("{:.1}", r.peak_rss_mib),
-            "≤ 150 at 1,000 nodes".into(),
-            if r.nodes >= 1000 {
-                verdict(r.peak_rss_mib <= 150.0).into()
-            } else {
-                "(target is for 1,000 nodes)".into()
-            },
-        ],
+            format!("{:.2}", r.talos_idle_per_cluster_per_5min),
+        ),
+        untargeted(
+            "… event-follower streams (Events) per cluster per 5 min idle",
+            format!("{:.2}", r.talos_idle_streams_per_cluster_per_5min),
+        ),
+        untargeted("controller peak RSS (VmHWM), MiB", format!("{:.1}", r.peak_rss_mib)),
         untargeted(
             "controller CPU seconds: upgrade / idle / whole run",
             format!(
@@ -293,7 +304,34 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             ),
             format!("{:.0} %", 100.0 * machine_busy(r)),
         ),
+        untargeted(
+            "controller CPU per node upgraded, ms (upgrade-window CPU ÷ nodes)",
+            format!("{:.1}", r.controller_cpu_ms_per_node),
+        ),
+        untargeted(
+            "controller CPU ÷ kube-apiserver CPU during the upgrade",
+            format!("{:.2}", r.controller_over_apiserver_cpu),
+        ),
+        untargeted(
+            "floor run (no controller, same size, as long as the upgrade): kube-apiserver / etcd CPU \
+             seconds",
+            r.floor.as_ref().map_or_else(
+                || "– (--with-floor)".to_string(),
+                |f| format!("{:.2} / {:.2} over {:.1} s", f.cpu.kube_apiserver, f.cpu.etcd, f.window_seconds),
+            ),
+        ),
+        untargeted(
+            "kube-apiserver CPU with the controller ÷ in the floor run",
+            apiserver_over_floor(r).map_or_else(|| "– (--with-floor)".to_string(), |x| format!("{x:.1}")),
+        ),
     ]
+}
+
+/// The API server's CPU during the upgrade ÷ its CPU over the same length of time in the floor run.
+pub fn apiserver_over_floor(r: &SizeResult) -> Option<f64> {
+    let floor = r.floor.as_ref()?;
+    (floor.cpu.kube_apiserver > 0.0)
+        .then(|| r.world_cpu_seconds_upgrade.kube_apiserver / floor.cpu.kube_apiserver)
 }
 
 /// A row the issue sets no target for.
@@ -323,22 +361,52 @@ pub fn size_table(r: &SizeResult) -> String {
     for [a, b, c, d] in rows(r) {
         out.push_str(&format!("| {a} | {b} | {c} | {d} |\n"));
     }
-    out.push_str("\nKubernetes requests while upgrading:\n");
-    for (key, count) in &r.kube_upgrade_breakdown {
-        out.push_str(&format!("  {count:>7}  {key}\n"));
-    }
     out.push_str(&format!(
-        "Settling ({} s after the last completed, not counted as idle): {} Kubernetes requests, {} Talos calls\n",
+        "\nTalos calls per node upgraded by method ({}; the controller's {}; simulators recorded: \
+         the mutating calls they received, the cross-check)\n\n",
+        size_heading(r),
+        counts::TALOS_CALLS_FAMILY
+    ));
+    out.push_str(&counts::render(
+        &r.talos_calls_by_method,
+        "method",
+        true,
+        r.idle_seconds,
+    ));
+    out.push_str(&format!(
+        "\nKubernetes requests per node upgraded by scope, verb and resource ({}; the counting \
+         proxy; {} of the upgrade window's are watches)\n\n",
+        size_heading(r),
+        r.kube_watches_upgrade
+    ));
+    out.push_str(&counts::render(
+        &r.kube_requests_by_request,
+        "scope verb resource",
+        false,
+        r.idle_seconds,
+    ));
+    out.push_str(&format!(
+        "\nSettling ({} s after the last completed, not counted as idle): {} Kubernetes requests, {} Talos calls\n",
         r.settle_seconds, r.kube_requests_settle, r.talos_calls_settle
     ));
-    out.push_str(&format!(
-        "Kubernetes requests while idle ({} s):\n",
-        r.idle_seconds
-    ));
-    for (key, count) in &r.kube_idle_breakdown {
-        out.push_str(&format!("  {count:>7}  {key}\n"));
+    if let Some(share) = &r.floor {
+        out.push_str(&format!(
+            "\n--with-floor: a fresh world of {} cluster(s), no controller, CPU over {:.1} s: \
+             kube-apiserver {:.2} s, etcd {:.2} s\n\n{}",
+            r.clusters,
+            share.window_seconds,
+            share.cpu.kube_apiserver,
+            share.cpu.etcd,
+            crate::floor::table(&share.floor)
+        ));
     }
     out
+}
+
+/// `1 cluster (5 nodes)`, `3 clusters (15 nodes)`: a size's column heading.
+pub fn size_heading(r: &SizeResult) -> String {
+    let s = if r.clusters == 1 { "" } else { "s" };
+    format!("{} cluster{s} ({} nodes)", r.clusters, r.nodes)
 }
 
 /// One row per measurement, one column per size.
@@ -348,7 +416,7 @@ pub fn summary_table(results: &[SizeResult]) -> String {
     }
     let mut out = String::from("\n| measurement | target |");
     for r in results {
-        out.push_str(&format!(" {} clusters ({} nodes) |", r.clusters, r.nodes));
+        out.push_str(&format!(" {} |", size_heading(r)));
     }
     out.push_str("\n|---|---|");
     for _ in results {

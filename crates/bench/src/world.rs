@@ -403,6 +403,24 @@ impl World {
         }
     }
 
+    /// The calls every simulator recorded as arriving in `[from, to)`, by the name the controller's
+    /// metric gives their method. The simulators record only mutating calls (`Upgrade`, `Reboot`,
+    /// `EtcdSnapshot`, ...), each when it arrives; the controller counts a call when it ends, and
+    /// counts calls that never reached a node (a node rebooting), so the two can differ by the calls
+    /// in flight at either end of the window and by those.
+    pub fn simulator_calls(&self, from: SystemTime, to: SystemTime) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for cluster in &self.clusters {
+            for call in cluster.sim.record() {
+                if call.time >= from && call.time < to {
+                    *out.entry(crate::counts::metric_method_name(&call.method))
+                        .or_insert(0.0) += 1.0;
+                }
+            }
+        }
+        out
+    }
+
     /// Annotates every cluster with `talos-target` at once (64 patches in flight), recording the time
     /// just before each patch and when its answer came.
     pub async fn annotate_all(&self) -> anyhow::Result<()> {
@@ -488,6 +506,13 @@ impl ControllerProcess {
     pub async fn counter_sum(&self, family: &str) -> anyhow::Result<f64> {
         let text = self.metrics().await?;
         Ok(sum_family(&text, family))
+    }
+
+    /// The controller's Talos calls so far by method and code, from one scrape of its metrics.
+    pub async fn talos_calls(&self) -> anyhow::Result<crate::counts::TalosCalls> {
+        Ok(crate::counts::TalosCalls::from_metrics(
+            &self.metrics().await?,
+        ))
     }
 
     /// (peak RSS in bytes, CPU seconds user+system) from /proc.
