@@ -31,7 +31,10 @@ use kube::Client;
 use talos_api::ConnectOptions;
 
 use crate::credentials::{self, ClusterCredentials};
-use crate::inventory::{self, InventoryNode, MachineInventories, WorkloadNodeInfo};
+use crate::inventory::{
+    self, AddressNeed, InventoryError, InventoryNode, MachineInventories, WatchedNodes,
+    WorkloadNodeInfo,
+};
 use crate::talos_fleet::{TalosFleet, control_planes};
 use talos_upgrade_core::crd::KubernetesCluster;
 use talos_upgrade_core::intent::{InvalidOption, UpgradeIntent};
@@ -76,6 +79,8 @@ pub enum AccessError {
 pub struct ClusterLink {
     pub fleet: Arc<TalosFleet>,
     pub workload: Client,
+    /// The workload Nodes as the followers' watch sees them while a node is in flight.
+    pub nodes: Arc<WatchedNodes>,
 }
 
 /// How long the credentials Secret as last read is reused at most while nothing else says to read it
@@ -205,6 +210,8 @@ pub struct Access {
     /// The workload cluster's Nodes (readiness, kubelet versions, cordons).
     pub workload_nodes: Vec<WorkloadNodeInfo>,
     pub workload: kube::Client,
+    /// See [`ClusterLink::nodes`].
+    pub watched_nodes: Arc<WatchedNodes>,
     pub namespace: String,
     pub secret_name: String,
     /// Each inventory node's Talos version (or why it could not be read), asked at most once.
@@ -237,6 +244,15 @@ impl Access {
 }
 
 impl Access {
+    /// The workload Nodes as they are now: from the followers' watch while it runs, listed otherwise.
+    /// (`workload_nodes` is what they were when the reconcile began.)
+    pub async fn workload_nodes_now(
+        &self,
+        addresses: AddressNeed,
+    ) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
+        workload_nodes(&self.workload, &self.watched_nodes, addresses).await
+    }
+
     /// Records the Talos versions a fuller observation already read, so that no later part of the
     /// reconcile asks the nodes again. Versions already known are kept.
     pub fn note_talos_versions(&self, versions: Vec<Result<Version, String>>) {
@@ -284,6 +300,19 @@ impl<'a> SharedAccess<'a> {
     }
 }
 
+/// The workload Nodes: from the followers' watch of them while it runs (a Talos node in flight), or
+/// listed.
+async fn workload_nodes(
+    workload: &Client,
+    watched: &WatchedNodes,
+    addresses: AddressNeed,
+) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
+    match watched.current(addresses) {
+        Some(current) => current,
+        None => inventory::from_workload_nodes(workload.clone(), addresses).await,
+    }
+}
+
 /// With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory and
 /// each needs an address.
 fn address_need(machines: &Option<Vec<InventoryNode>>) -> inventory::AddressNeed {
@@ -325,8 +354,12 @@ async fn connect(cluster: &KubernetesCluster, ctx: &Connections) -> Result<Acces
             .get(ctx.client.clone(), &namespace, &cluster_id)
             .await
             .map_err(|e| AccessError::Inventory(e.to_string()))?;
-        match inventory::from_workload_nodes(kept.link.workload.clone(), address_need(&machines))
-            .await
+        match workload_nodes(
+            &kept.link.workload,
+            &kept.link.nodes,
+            address_need(&machines),
+        )
+        .await
         {
             Ok(workload_nodes) => {
                 return Ok(access(
@@ -403,8 +436,12 @@ async fn read_and_connect(
         let listed = match (known_link, &machines) {
             (Some(kept), Ok(machines)) => Some((
                 kept.read.version.clone(),
-                inventory::from_workload_nodes(kept.link.workload.clone(), address_need(machines))
-                    .await,
+                workload_nodes(
+                    &kept.link.workload,
+                    &kept.link.nodes,
+                    address_need(machines),
+                )
+                .await,
             )),
             _ => None,
         };
@@ -438,6 +475,7 @@ async fn read_and_connect(
                 workload: credentials::workload_client(workload)
                     .await
                     .map_err(AccessError::WorkloadClient)?,
+                nodes: Arc::default(),
             }
         }
     };
@@ -449,9 +487,7 @@ async fn read_and_connect(
     // With Machines, the workload Nodes only say which nodes are Ready; without, they are the inventory.
     let workload_nodes = match listed_early.filter(|(version, _)| *version == secret_version) {
         Some((_, listed)) => listed,
-        None => {
-            inventory::from_workload_nodes(link.workload.clone(), address_need(&machines)).await
-        }
+        None => workload_nodes(&link.workload, &link.nodes, address_need(&machines)).await,
     }
     .map_err(|e| AccessError::Inventory(e.to_string()))?;
     doubted.store(false, Ordering::Relaxed);
@@ -467,7 +503,11 @@ fn access(
     secret_name: String,
     doubted: Arc<AtomicBool>,
 ) -> Access {
-    let ClusterLink { fleet, workload } = link;
+    let ClusterLink {
+        fleet,
+        workload,
+        nodes,
+    } = link;
     let inventory = match machines {
         Some(machines) => machines,
         None => workload_nodes.iter().map(|n| n.node.clone()).collect(),
@@ -478,6 +518,7 @@ fn access(
         inventory,
         workload_nodes,
         workload,
+        watched_nodes: nodes,
         namespace,
         secret_name,
         talos_versions: OnceCell::new(),

@@ -7,8 +7,9 @@
 //!
 //! - the node's Talos runtime events (`MachineService.Events`): a `MachineStatusEvent` saying it is
 //!   running and ready;
-//! - the node's Kubernetes `Node` in the workload cluster (a watch on that one object): it became
-//!   `Ready`, or was uncordoned while Ready.
+//! - the node's Kubernetes `Node` in the workload cluster: it became `Ready`, or was uncordoned while
+//!   Ready. One watch of all the cluster's Nodes serves every node in flight, and while it runs the
+//!   reconciles take the Nodes from it ([`WatchedNodes`]) instead of listing them each time.
 //!
 //! Only changes that can move the upgrade on wake it, and only those after the reconcile that started
 //! the follower looked at the node: every wake-up costs a reconcile, and a reconcile that finds
@@ -23,17 +24,19 @@
 //! followed: `Revisit::AwaitingReboots` in the core), so a lost stream costs time, never correctness.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::inventory::{NodeChange, SeenNode, WatchedNodes};
 use talos_api::{EventsOptions, TalosClient};
 use talos_upgrade_core::crd::KubernetesCluster;
 
@@ -51,6 +54,9 @@ pub struct FollowedNode {
     pub name: String,
     pub talos: TalosClient,
     pub workload: kube::Client,
+    /// Where the watch of the cluster's Nodes puts what it sees (the connections' own, see
+    /// [`crate::cluster_access::ClusterLink`]).
+    pub nodes: Arc<WatchedNodes>,
     /// When the reconcile that starts the follower asked the node: what the node did before is known
     /// to it, so only what happened since wakes it again.
     pub observed_at: Instant,
@@ -67,12 +73,29 @@ impl Drop for Follower {
     }
 }
 
+/// The nodes in flight of one cluster whose Node is followed: name → (Ready, cordoned) as last seen
+/// (`None`: no Node seen yet).
+type FollowedNodes = Arc<Mutex<HashMap<String, Option<(bool, bool)>>>>;
+
+/// The watch of one cluster's workload Nodes.
+struct NodeWatch {
+    nodes: Arc<WatchedNodes>,
+    followed: FollowedNodes,
+    task: Follower,
+}
+
+/// What follows one cluster: a Talos event follower per node in flight, and one Node watch.
+#[derive(Default)]
+struct ClusterFollowers {
+    talos: HashMap<String, Follower>,
+    nodes: Option<NodeWatch>,
+}
+
 /// The followers of every cluster, and the channel their wake-ups go out on.
 pub struct Wakeups {
     sender: mpsc::UnboundedSender<ObjectRef<KubernetesCluster>>,
     receiver: Mutex<Option<mpsc::UnboundedReceiver<ObjectRef<KubernetesCluster>>>>,
-    /// Per cluster: node name → its follower.
-    followed: Mutex<HashMap<ObjectRef<KubernetesCluster>, HashMap<String, Follower>>>,
+    followed: Mutex<HashMap<ObjectRef<KubernetesCluster>, ClusterFollowers>>,
 }
 
 impl Default for Wakeups {
@@ -122,15 +145,78 @@ impl Wakeups {
             return;
         }
         let current = followed.entry(cluster.clone()).or_default();
-        current.retain(|name, _| nodes.iter().any(|node| &node.name == name));
-        for node in nodes {
-            if current.contains_key(&node.name) {
+        current
+            .talos
+            .retain(|name, _| nodes.iter().any(|node| &node.name == name));
+        for node in &nodes {
+            if current.talos.contains_key(&node.name) {
                 continue;
             }
-            let name = node.name.clone();
-            let task = tokio::spawn(follow_node(cluster.clone(), node, self.sender.clone()));
-            current.insert(name, Follower(task.abort_handle()));
+            let task = tokio::spawn(follow_node(
+                cluster.clone(),
+                node.talos.clone(),
+                node.observed_at,
+                self.sender.clone(),
+            ));
+            current
+                .talos
+                .insert(node.name.clone(), Follower(task.abort_handle()));
         }
+        // One watch of the Nodes, made with the connections of this reconcile (new ones, after the
+        // credentials changed, start a new watch).
+        let first = &nodes[0];
+        let watch = match current.nodes.take() {
+            // One that ran out of time ([`FOLLOW_AT_MOST`]) during a long run starts again.
+            Some(watch)
+                if Arc::ptr_eq(&watch.nodes, &first.nodes) && !watch.task.0.is_finished() =>
+            {
+                watch
+            }
+            _ => {
+                // Filled before the watch starts, so that its first list is compared with what the
+                // reconcile saw.
+                let followed = FollowedNodes::new(Mutex::new(
+                    nodes
+                        .iter()
+                        .map(|node| (node.name.clone(), node.seen))
+                        .collect(),
+                ));
+                let task = tokio::spawn(watch_workload_nodes(
+                    first.workload.clone(),
+                    first.nodes.clone(),
+                    followed.clone(),
+                    self.waker(cluster),
+                ));
+                NodeWatch {
+                    nodes: first.nodes.clone(),
+                    followed,
+                    task: Follower(task.abort_handle()),
+                }
+            }
+        };
+        {
+            let mut followed = watch
+                .followed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            followed.retain(|name, _| nodes.iter().any(|node| &node.name == name));
+            for node in &nodes {
+                if followed.contains_key(&node.name) {
+                    continue;
+                }
+                // A Node that changed since the reconcile looked wakes it at once (the watch, already
+                // running, will only say what changes from now on).
+                let now = watch.nodes.node(&node.name);
+                let state = now.as_ref().map(|seen| (seen.ready, seen.cordoned));
+                if let Some(state) = state
+                    && worth_a_look(node.seen, state)
+                {
+                    self.waker(cluster).wake();
+                }
+                followed.insert(node.name.clone(), state.or(node.seen));
+            }
+        }
+        current.nodes = Some(watch);
     }
 }
 
@@ -148,19 +234,23 @@ impl Waker {
     }
 }
 
-/// Follows one node until aborted (or [`FOLLOW_AT_MOST`]), sending `cluster` on every change.
+/// Follows one node's Talos events until aborted (or [`FOLLOW_AT_MOST`]), sending `cluster` on every
+/// change.
 async fn follow_node(
     cluster: ObjectRef<KubernetesCluster>,
-    node: FollowedNode,
+    talos: TalosClient,
+    observed_at: Instant,
     wake: mpsc::UnboundedSender<ObjectRef<KubernetesCluster>>,
 ) {
     let wake_up = || {
         // The receiver is gone only when the controller stops; nothing is left to wake then.
         let _ = wake.send(cluster.clone());
     };
-    let talos = follow_talos_events(&node.talos, node.observed_at, &wake_up);
-    let kubernetes = follow_workload_node(&node.workload, &node.name, node.seen, &wake_up);
-    let _ = tokio::time::timeout(FOLLOW_AT_MOST, futures::future::join(talos, kubernetes)).await;
+    let _ = tokio::time::timeout(
+        FOLLOW_AT_MOST,
+        follow_talos_events(&talos, observed_at, &wake_up),
+    )
+    .await;
 }
 
 /// Wakes when the node reports itself running and ready.
@@ -212,42 +302,81 @@ async fn follow_talos_events(client: &TalosClient, observed_at: Instant, wake_up
     }
 }
 
-/// Wakes when the workload Node becomes Ready, or is uncordoned while Ready, compared with what was
-/// last seen, starting from what the reconcile saw (`seen`): a Node that became Ready before the watch
-/// started wakes it at once.
-async fn follow_workload_node(
-    workload: &kube::Client,
-    name: &str,
-    seen: Option<(bool, bool)>,
-    wake_up: &impl Fn(),
-) {
-    let nodes: Api<Node> = Api::all(workload.clone());
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut last = seen;
-    let mut changes = std::pin::pin!(kube::runtime::WatchStreamExt::default_backoff(
-        watcher::watcher(nodes, config)
-    ));
-    while let Some(event) = changes.next().await {
-        let node = match event {
-            Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => node,
-            Ok(_) => continue,
-            Err(error) => {
-                tracing::trace!(node = name, %error, "workload node watch");
-                continue;
-            }
-        };
-        let seen = (crate::inventory::node_ready(&node), is_cordoned(&node));
-        if worth_a_look(last, seen) {
-            tracing::debug!(
-                node = name,
-                ?last,
-                ?seen,
-                "workload node ready: waking its cluster"
-            );
-            wake_up();
-        }
-        last = Some(seen);
+/// Marks the watched Nodes unusable when the watch ends, however it ends (stopped, or given up).
+struct StopsWatching(Arc<WatchedNodes>);
+
+impl Drop for StopsWatching {
+    fn drop(&mut self) {
+        self.0.record(NodeChange::Stopped);
     }
+}
+
+/// Watches every workload Node of a cluster until aborted (or [`FOLLOW_AT_MOST`]): keeps `nodes`
+/// current for the reconciles, and wakes the cluster when a followed node becomes Ready, or is
+/// uncordoned while Ready, compared with what was last seen of it (starting from what the reconcile
+/// saw: a Node that became Ready before the watch started wakes it at once).
+async fn watch_workload_nodes(
+    workload: kube::Client,
+    nodes: Arc<WatchedNodes>,
+    followed: FollowedNodes,
+    waker: Waker,
+) {
+    let _stops = StopsWatching(nodes.clone());
+    let api: Api<Node> = Api::all(workload);
+    let changes = kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(
+        api,
+        watcher::Config::default(),
+    ));
+    let watching = async {
+        let mut changes = std::pin::pin!(changes);
+        while let Some(event) = changes.next().await {
+            let node = match event {
+                Ok(watcher::Event::Init) => {
+                    nodes.record(NodeChange::Relist);
+                    continue;
+                }
+                Ok(watcher::Event::InitDone) => {
+                    nodes.record(NodeChange::Listed);
+                    continue;
+                }
+                Ok(watcher::Event::Delete(node)) => {
+                    nodes.record(NodeChange::Deleted {
+                        name: node.name_any(),
+                    });
+                    continue;
+                }
+                Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => node,
+                Err(error) => {
+                    tracing::trace!(%error, "workload node watch");
+                    nodes.record(NodeChange::Broken);
+                    continue;
+                }
+            };
+            let name = node.name_any();
+            let seen = SeenNode::of(&node);
+            let state = (seen.ready, seen.cordoned);
+            nodes.record(NodeChange::Present {
+                name: name.clone(),
+                seen,
+            });
+            let mut followed = followed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(last) = followed.get_mut(&name) {
+                if worth_a_look(*last, state) {
+                    tracing::debug!(
+                        node = name,
+                        ?last,
+                        ?state,
+                        "workload node ready: waking its cluster"
+                    );
+                    waker.wake();
+                }
+                *last = Some(state);
+            }
+        }
+    };
+    let _ = tokio::time::timeout(FOLLOW_AT_MOST, watching).await;
 }
 
 /// Whether a Node going from `last` to `now` (each (Ready, cordoned)) can move the upgrade on: it
@@ -260,13 +389,6 @@ fn worth_a_look(last: Option<(bool, bool)>, now: (bool, bool)) -> bool {
         None => ready,
         Some((was_ready, was_cordoned)) => ready && (!was_ready || (was_cordoned && !cordoned)),
     }
-}
-
-fn is_cordoned(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|spec| spec.unschedulable)
-        .unwrap_or(false)
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Which nodes a cluster has: vitistack `Machine` objects when the cluster has them, otherwise the
 //! workload cluster's `Node`s. Each node gets its Kubernetes name, role and Talos API address.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -224,53 +226,76 @@ pub async fn from_workload_nodes(
             source,
         })?
         .items;
-    if listed.is_empty() {
+    workload_inventory(
+        listed
+            .iter()
+            .map(|node| (node.name_any(), workload_node(node))),
+        addresses,
+    )
+}
+
+/// What the controller needs of one workload Node; `None` when it has no IPv4 `InternalIP` (it cannot
+/// be reached or checked).
+pub fn workload_node(node: &Node) -> Option<WorkloadNodeInfo> {
+    let name = node.name_any();
+    let role = if node.labels().contains_key(CONTROL_PLANE_NODE_LABEL) {
+        NodeRole::ControlPlane
+    } else {
+        NodeRole::Worker
+    };
+    let address = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| a.address.parse::<IpAddr>().ok())
+        .find(IpAddr::is_ipv4)?;
+    let kubelet_version = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|info| info.kubelet_version.trim_start_matches('v').to_string())
+        .filter(|v| !v.is_empty());
+    Some(WorkloadNodeInfo {
+        node: InventoryNode {
+            name,
+            role,
+            address,
+            held: held(node.annotations()),
+        },
+        ready: node_ready(node),
+        unschedulable: node
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.unschedulable)
+            .unwrap_or(false),
+        kubelet_version,
+    })
+}
+
+/// The workload Nodes (name, what [`workload_node`] made of it) as the inventory part of a cluster's
+/// access: sorted by name, an error when there are none, or when one has no address and `addresses`
+/// requires them.
+pub fn workload_inventory(
+    listed: impl IntoIterator<Item = (String, Option<WorkloadNodeInfo>)>,
+    addresses: AddressNeed,
+) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
+    let mut inventory = Vec::new();
+    let mut without_address = Vec::new();
+    let mut any = false;
+    for (name, info) in listed {
+        any = true;
+        match info {
+            Some(info) => inventory.push(info),
+            None => without_address.push(name),
+        }
+    }
+    if !any {
         return Err(InventoryError::Empty {
             source_desc: "no Machines and no workload Nodes".to_string(),
         });
-    }
-    let mut inventory = Vec::new();
-    let mut without_address = Vec::new();
-    for node in &listed {
-        let name = node.name_any();
-        let role = if node.labels().contains_key(CONTROL_PLANE_NODE_LABEL) {
-            NodeRole::ControlPlane
-        } else {
-            NodeRole::Worker
-        };
-        let address = node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP")
-            .filter_map(|a| a.address.parse::<IpAddr>().ok())
-            .find(IpAddr::is_ipv4);
-        let kubelet_version = node
-            .status
-            .as_ref()
-            .and_then(|s| s.node_info.as_ref())
-            .map(|info| info.kubelet_version.trim_start_matches('v').to_string())
-            .filter(|v| !v.is_empty());
-        match address {
-            Some(address) => inventory.push(WorkloadNodeInfo {
-                node: InventoryNode {
-                    name,
-                    role,
-                    address,
-                    held: held(node.annotations()),
-                },
-                ready: node_ready(node),
-                unschedulable: node
-                    .spec
-                    .as_ref()
-                    .and_then(|spec| spec.unschedulable)
-                    .unwrap_or(false),
-                kubelet_version,
-            }),
-            None => without_address.push(name),
-        }
     }
     if !without_address.is_empty() && addresses == AddressNeed::Required {
         return Err(no_address("Node", without_address, " (InternalIP)"));
@@ -306,4 +331,217 @@ pub fn node_ready(node: &Node) -> bool {
         .into_iter()
         .flatten()
         .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// One workload Node as a watch last saw it: (Ready, cordoned), and what [`workload_node`] made of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenNode {
+    pub ready: bool,
+    pub cordoned: bool,
+    pub info: Option<WorkloadNodeInfo>,
+}
+
+impl SeenNode {
+    pub fn of(node: &Node) -> SeenNode {
+        SeenNode {
+            ready: node_ready(node),
+            cordoned: node
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.unschedulable)
+                .unwrap_or(false),
+            info: workload_node(node),
+        }
+    }
+}
+
+/// One change a watch of the workload Nodes reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeChange {
+    /// The watch (re)starts listing every Node.
+    Relist,
+    /// A Node during a relist, or created or changed afterwards.
+    Present {
+        name: String,
+        seen: SeenNode,
+    },
+    Deleted {
+        name: String,
+    },
+    /// The relist is complete.
+    Listed,
+    /// The watch failed; until it is back nothing it saw can be trusted.
+    Broken,
+    /// The watch stopped (no node of the cluster is followed any more).
+    Stopped,
+}
+
+#[derive(Default)]
+struct NodesView {
+    /// True while the watch runs and has delivered a complete list with nothing missed since.
+    synced: bool,
+    /// A complete list arrived and the watch has not stopped since.
+    listed: bool,
+    nodes: BTreeMap<String, SeenNode>,
+    relisting: Option<BTreeMap<String, SeenNode>>,
+}
+
+/// A cluster's workload Nodes as a watch sees them, while one runs: the followers watch every Node of a
+/// cluster with a Talos node in flight (see [`crate::followers`]), and each reconcile meanwhile takes
+/// the Nodes from here instead of listing them. Only what [`SeenNode`] keeps is kept.
+#[derive(Default)]
+pub struct WatchedNodes {
+    view: Mutex<NodesView>,
+}
+
+impl WatchedNodes {
+    fn view(&self) -> std::sync::MutexGuard<'_, NodesView> {
+        self.view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The Nodes as [`from_workload_nodes`] would list them now; `None` while the watch is not synced
+    /// (not running, not listed yet, or broken): then they are listed.
+    pub fn current(
+        &self,
+        addresses: AddressNeed,
+    ) -> Option<Result<Vec<WorkloadNodeInfo>, InventoryError>> {
+        let view = self.view();
+        view.synced.then(|| {
+            workload_inventory(
+                view.nodes
+                    .iter()
+                    .map(|(name, seen)| (name.clone(), seen.info.clone())),
+                addresses,
+            )
+        })
+    }
+
+    /// The Node `name` as last seen, while the watch is synced.
+    pub fn node(&self, name: &str) -> Option<SeenNode> {
+        let view = self.view();
+        if !view.synced {
+            return None;
+        }
+        view.nodes.get(name).cloned()
+    }
+
+    /// Takes in one change.
+    pub fn record(&self, change: NodeChange) {
+        let mut view = self.view();
+        let view = &mut *view;
+        // A watch that delivers a change after an error resumed where it stopped (one that cannot
+        // resume relists instead), so nothing was missed.
+        let resumed = |view: &mut NodesView| {
+            if view.listed && view.relisting.is_none() {
+                view.synced = true;
+            }
+        };
+        match change {
+            NodeChange::Relist => view.relisting = Some(BTreeMap::new()),
+            NodeChange::Present { name, seen } => {
+                view.relisting
+                    .as_mut()
+                    .unwrap_or(&mut view.nodes)
+                    .insert(name, seen);
+                resumed(view);
+            }
+            NodeChange::Deleted { name } => {
+                view.relisting
+                    .as_mut()
+                    .unwrap_or(&mut view.nodes)
+                    .remove(&name);
+                resumed(view);
+            }
+            NodeChange::Listed => {
+                if let Some(listed) = view.relisting.take() {
+                    view.nodes = listed;
+                }
+                view.synced = true;
+                view.listed = true;
+            }
+            NodeChange::Broken => view.synced = false,
+            NodeChange::Stopped => *view = NodesView::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(name: &str, ready: bool) -> NodeChange {
+        NodeChange::Present {
+            name: name.to_string(),
+            seen: SeenNode {
+                ready,
+                cordoned: false,
+                info: Some(WorkloadNodeInfo {
+                    node: InventoryNode {
+                        name: name.to_string(),
+                        role: NodeRole::Worker,
+                        address: "10.5.0.2".parse().expect("address"),
+                        held: false,
+                    },
+                    ready,
+                    kubelet_version: Some("1.34.1".to_string()),
+                    unschedulable: false,
+                }),
+            },
+        }
+    }
+
+    fn ready_names(nodes: &WatchedNodes) -> Option<Vec<(String, bool)>> {
+        nodes.current(AddressNeed::Required).map(|listed| {
+            listed
+                .expect("nodes")
+                .into_iter()
+                .map(|n| (n.node.name, n.ready))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn the_watched_nodes_stand_in_for_a_list_only_while_the_watch_is_synced() {
+        let nodes = WatchedNodes::default();
+        assert_eq!(ready_names(&nodes), None, "before any list");
+        nodes.record(NodeChange::Relist);
+        nodes.record(seen("w1", true));
+        assert_eq!(ready_names(&nodes), None, "during the first list");
+        nodes.record(seen("w2", false));
+        nodes.record(NodeChange::Listed);
+        assert_eq!(
+            ready_names(&nodes),
+            Some(vec![("w1".into(), true), ("w2".into(), false)])
+        );
+        nodes.record(seen("w2", true));
+        assert_eq!(nodes.node("w2").map(|n| n.ready), Some(true));
+
+        nodes.record(NodeChange::Broken);
+        assert_eq!(ready_names(&nodes), None, "broken");
+        assert_eq!(nodes.node("w2"), None);
+        nodes.record(NodeChange::Deleted { name: "w2".into() });
+        assert_eq!(
+            ready_names(&nodes),
+            Some(vec![("w1".into(), true)]),
+            "resumed with a change"
+        );
+
+        nodes.record(NodeChange::Broken);
+        nodes.record(NodeChange::Relist);
+        nodes.record(seen("w3", true));
+        assert_eq!(ready_names(&nodes), None, "relisting after an error");
+        nodes.record(NodeChange::Listed);
+        assert_eq!(
+            ready_names(&nodes),
+            Some(vec![("w3".into(), true)]),
+            "the relist replaces what was seen"
+        );
+
+        nodes.record(NodeChange::Stopped);
+        assert_eq!(ready_names(&nodes), None, "stopped");
+        nodes.record(seen("w3", true));
+        assert_eq!(ready_names(&nodes), None, "a change after the stop");
+    }
 }

@@ -20,7 +20,7 @@ use crate::credentials;
 use crate::drain;
 use crate::followers::{FollowedNode, Waker};
 use crate::holds::{self, GateContext};
-use crate::inventory::{self, AddressNeed, InventoryNode, WorkloadNodeInfo};
+use crate::inventory::{AddressNeed, InventoryNode, WorkloadNodeInfo};
 use crate::kind_io::KindIo;
 use crate::progress_store::Saved;
 use crate::talos_fleet::{TalosFleet, control_planes};
@@ -133,7 +133,6 @@ impl<'a> TalosIo<'a> {
             fleet,
             inventory,
             workload_nodes,
-            workload,
             namespace,
             secret_name,
             ..
@@ -170,8 +169,8 @@ impl<'a> TalosIo<'a> {
         );
         // The Nodes were listed before the nodes were asked. A node that Talos reports running and
         // ready while its Node is not Ready may have turned Ready in between (the kubelet reports right
-        // after Talos is ready), so the Nodes are read once more, rather than leaving it to a whole
-        // further reconcile to notice.
+        // after Talos is ready), so the Nodes are read once more (from the followers' watch of them
+        // while it runs, at no request), rather than leaving it to a whole further reconcile to notice.
         let ready_in = |nodes: &[WorkloadNodeInfo], name: &str| {
             nodes.iter().any(|n| n.node.name == name && n.ready)
         };
@@ -180,7 +179,8 @@ impl<'a> TalosIo<'a> {
                 && !ready_in(workload_nodes, &node.name)
         });
         let reread = if behind {
-            inventory::from_workload_nodes(workload.clone(), AddressNeed::Optional)
+            access
+                .workload_nodes_now(AddressNeed::Optional)
                 .await
                 .inspect_err(|error| tracing::debug!(%error, "reading the workload Nodes again"))
                 .ok()
@@ -372,6 +372,7 @@ impl KindIo<Talos> for TalosIo<'_> {
                     name: node.name.clone(),
                     talos: access.fleet.client(node.address).ok()?,
                     workload: access.workload.clone(),
+                    nodes: access.watched_nodes.clone(),
                     observed_at,
                     seen,
                 })
