@@ -40,6 +40,16 @@ fn verdict(pass: bool) -> String {
     if pass { "pass" } else { "FAIL" }.to_string()
 }
 
+/// An idle figure against the idle goal; not judged when the window is shorter than the goal's period
+/// (it then says nothing about the periodic refresh, which comes every few minutes).
+fn idle_verdict(r: &SizeResult, per_cluster_per_5min: f64) -> String {
+    if (r.idle_seconds as f64) < crate::counts::IDLE_PERIOD_SECONDS {
+        "not judged: window < 5 min".to_string()
+    } else {
+        verdict(per_cluster_per_5min <= IDLE_PER_CLUSTER_PER_5MIN)
+    }
+}
+
 fn none() -> String {
     "–".to_string()
 }
@@ -136,7 +146,7 @@ pub fn goals(results: &[SizeResult]) -> Vec<Goal> {
                         r.kube_idle_watches_per_cluster_per_5min,
                         r.idle_seconds
                     ),
-                    verdict(r.kube_idle_per_cluster_per_5min <= IDLE_PER_CLUSTER_PER_5MIN),
+                    idle_verdict(r, r.kube_idle_per_cluster_per_5min),
                 )
             },
         ),
@@ -151,7 +161,7 @@ pub fn goals(results: &[SizeResult]) -> Vec<Goal> {
                         r.talos_idle_streams_per_cluster_per_5min,
                         r.idle_seconds
                     ),
-                    verdict(r.talos_idle_per_cluster_per_5min <= IDLE_PER_CLUSTER_PER_5MIN),
+                    idle_verdict(r, r.talos_idle_per_cluster_per_5min),
                 )
             },
         ),
@@ -286,6 +296,18 @@ mod tests {
         assert!(
             table.contains("| 0.50 (+ 2.00; 605 s window) (pass) |"),
             "{table}"
+        );
+    }
+
+    #[test]
+    fn a_short_idle_window_is_not_judged() {
+        let short = SizeResult {
+            idle_seconds: 5,
+            ..size(1, 30.0)
+        };
+        assert_eq!(
+            verdicts(&goals(&[short]), "idle Talos"),
+            ["not judged: window < 5 min"]
         );
     }
 
