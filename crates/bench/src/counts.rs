@@ -352,6 +352,24 @@ pub fn render(rows: &[CountRow], what: &str, talos: bool, idle_seconds: u64) -> 
     out
 }
 
+/// `management 7.40 per node, 0.00 idle; workload ...`: the rows' per-node and idle figures summed by
+/// the first word of `what` (a Kubernetes request's scope).
+pub fn by_first_word(rows: &[CountRow]) -> String {
+    let mut sums: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for row in rows {
+        let word = row.what.split(' ').next().unwrap_or_default();
+        let sum = sums.entry(word).or_insert((0.0, 0.0));
+        sum.0 += row.per_node;
+        sum.1 += row.idle_per_cluster_per_5min;
+    }
+    sums.into_iter()
+        .map(|(word, (per_node, idle))| {
+            format!("{word} {per_node:.2} per node upgraded, {idle:.2} per cluster per 5 min idle")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,6 +428,26 @@ talos_upgrade_reconcile_duration_seconds_count 12
         assert_eq!(window.total(), 40.0);
         assert_eq!(window.by_method().get("Events"), None);
         assert_eq!(window.by_method()["Version"], 33.0);
+    }
+
+    #[test]
+    fn sums_by_scope() {
+        let scale = Scale {
+            nodes: 5,
+            clusters: 1,
+            idle_seconds: 300.0,
+        };
+        let upgrade = BTreeMap::from([
+            ("management patch kubernetesclusters".to_string(), 5.0),
+            ("management create events".to_string(), 5.0),
+            ("workload list nodes".to_string(), 5.0),
+        ]);
+        let idle = BTreeMap::from([("workload watch nodes".to_string(), 1.0)]);
+        assert_eq!(
+            by_first_word(&count_rows(&upgrade, &idle, scale)),
+            "management 2.00 per node upgraded, 0.00 per cluster per 5 min idle; \
+             workload 1.00 per node upgraded, 1.00 per cluster per 5 min idle"
+        );
     }
 
     #[test]

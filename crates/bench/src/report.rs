@@ -386,6 +386,10 @@ pub fn size_table(r: &SizeResult) -> String {
         r.idle_seconds,
     ));
     out.push_str(&format!(
+        "\nBy scope: {}\n",
+        counts::by_first_word(&r.kube_requests_by_request)
+    ));
+    out.push_str(&format!(
         "\nSettling ({} s after the last completed, not counted as idle): {} Kubernetes requests, {} Talos calls\n",
         r.settle_seconds, r.kube_requests_settle, r.talos_calls_settle
     ));
