@@ -24,6 +24,7 @@ pub mod followers;
 pub mod holds;
 pub mod http_auth;
 pub mod inventory;
+pub mod kept_looks;
 pub mod kind_io;
 pub mod kubernetes_upgrade;
 pub mod leader;

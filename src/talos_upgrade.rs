@@ -10,8 +10,8 @@ use talos_upgrade_core::acknowledgement::LastLook;
 use talos_upgrade_core::lifecycle::{Act, Called, Looked};
 use talos_upgrade_core::talos::installer::installer_exit;
 use talos_upgrade_core::talos::{
-    Action, Further, FurtherLooked, NodeObservation, Observation, StartingNodes, Talos, TalosState,
-    TalosVersions, UpgradeApi,
+    Action, Further, FurtherLooked, NodeObservation, Observation, Scope, StartingNodes, Talos,
+    TalosState, TalosVersions, UpgradeApi,
 };
 use talos_upgrade_core::versions::KubernetesVersion;
 
@@ -143,21 +143,64 @@ impl<'a> TalosIo<'a> {
             .map(|node| (node.name.as_str(), node.role))
             .collect();
         let reading_images = &starting.names(&named);
+        // A pass that can start no node asks only the nodes in flight (and etcd while a control
+        // plane is among them); the others are as the last look saw them (see `kept_looks`). A node
+        // never asked yet is asked all the same.
+        let kept = crate::kept_looks::of(fleet);
+        let (kept_states, kept_etcd): (Vec<Option<TalosState>>, Option<_>) = match starting {
+            StartingNodes::InFlight { nodes, etcd } => (
+                inventory
+                    .iter()
+                    .map(|node| {
+                        (!nodes.contains(&node.name))
+                            .then(|| kept.node(&node.name))
+                            .flatten()
+                    })
+                    .collect(),
+                (!etcd).then(|| kept.etcd()).flatten(),
+            ),
+            StartingNodes::Named(_) | StartingNodes::Every => (vec![None; inventory.len()], None),
+        };
+        let scope = if kept_etcd.is_some() || kept_states.iter().any(Option::is_some) {
+            Scope::InFlight
+        } else {
+            Scope::Everything
+        };
         // Every node and etcd at once: one round trip to the nodes, however many there are. The
         // machine configs (installer images) of the nodes this pass may start are read in it too.
         let observed_at = Instant::now();
         // The gates are asked beside the nodes (an alert query, health checks), not after them.
         let (states, etcd, gates) = tokio::join!(
-            futures::future::join_all(inventory.iter().map(|node| async move {
-                if reading_images.contains(&node.name) {
-                    fleet.observe_node_installed(node).await
-                } else {
-                    fleet.observe_node(node).await
+            futures::future::join_all(inventory.iter().zip(&kept_states).map(
+                |(node, kept)| async move {
+                    if let Some(kept) = kept {
+                        kept.clone()
+                    } else if reading_images.contains(&node.name) {
+                        fleet.observe_node_installed(node).await
+                    } else {
+                        fleet.observe_node(node).await
+                    }
                 }
-            })),
-            fleet.observe_etcd(&control_planes),
+            )),
+            async {
+                match &kept_etcd {
+                    Some(etcd) => etcd.clone(),
+                    None => fleet.observe_etcd(&control_planes).await,
+                }
+            },
             holds::observe(&self.gates, access, starting),
         );
+        kept.keep_nodes(
+            inventory
+                .iter()
+                .zip(&states)
+                .zip(&kept_states)
+                .filter(|(_, kept)| kept.is_none())
+                .map(|((node, state), _)| (node.name.as_str(), state)),
+        );
+        if kept_etcd.is_none() {
+            kept.keep_etcd(&etcd);
+        }
         access.note_talos_versions(
             states
                 .iter()
@@ -217,7 +260,12 @@ impl<'a> TalosIo<'a> {
             .map(|n| (n.name.clone(), n.kubernetes_ready, n.cordoned))
             .collect();
         self.observed_at = Some(observed_at);
-        Ok(Observation { nodes, etcd, gates })
+        Ok(Observation {
+            nodes,
+            etcd,
+            gates,
+            scope,
+        })
     }
 
     /// Cordons and evicts on every node the run is draining, and says what is left on each.
@@ -290,6 +338,11 @@ impl KindIo<Talos> for TalosIo<'_> {
             looked.push(match further {
                 Further::Drain(nodes) => self.drain_pass(nodes).await,
                 Further::InstallerImages(names) => self.installer_images(names).await,
+                Further::Refresh(starting) => FurtherLooked::Refreshed(
+                    self.observe(starting)
+                        .await
+                        .map_err(|error| error.to_string()),
+                ),
                 Further::Etcd => match self.access.get().await {
                     Ok(access) => FurtherLooked::Etcd(
                         access

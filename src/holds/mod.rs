@@ -65,8 +65,13 @@ pub async fn observe(
         }
     };
     // The checks matter only where a node may start (`may_start` names every pending node of the
-    // next role, even while the batch is full): with none, nothing is read.
-    let may_start = !matches!(starting, StartingNodes::Named(names) if names.is_empty());
+    // next role, even while the batch is full): with none, nothing is read. A look at the nodes in
+    // flight only starts none (the look at everything that may follow asks the gates again).
+    let may_start = match starting {
+        StartingNodes::Named(names) => !names.is_empty(),
+        StartingNodes::Every => true,
+        StartingNodes::InFlight { .. } => false,
+    };
     let health_checks = async {
         match &context.intent.health_checks {
             Ok(Some(checks)) if may_start => {

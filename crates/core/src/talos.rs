@@ -124,6 +124,21 @@ pub struct Observation {
     pub etcd: EtcdObservation,
     /// What the shell found for the gates that need IO, and the nodes held out of the run.
     pub gates: GateObservation,
+    /// Which nodes' Talos state was asked for this look.
+    pub scope: Scope,
+}
+
+/// Which nodes' Talos state a look asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Every node's, and etcd's: what any decision may be made on.
+    #[default]
+    Everything,
+    /// Only the nodes in flight (and etcd when a control plane is in flight); the other nodes and
+    /// etcd as the last look saw them. Asked for by a pass that can start no node
+    /// ([`only_in_flight_may_change`]); a node in flight seen back (done or failed) makes the pass
+    /// look at everything again before it decides ([`Further::Refresh`]).
+    InFlight,
 }
 
 impl Observation {
@@ -1202,6 +1217,80 @@ pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
         })
         .map(|n| n.name.as_str())
         .collect()
+}
+
+/// Whether nothing but the nodes in flight can change what a pass decides on `run`, until one of them
+/// is back: every node in flight only waits to come back from its reboot (the state
+/// [`Report::awaiting_reboots`] reports), the batch has no room for another node (or the run is
+/// paused), and no node waiting to start is held (an unheld node could change the phase). Such a
+/// pass looks only at the nodes in flight ([`Scope::InFlight`]); the nodes that are not in flight
+/// are looked at again before any node starts or the run finishes.
+pub fn only_in_flight_may_change(run: &Run, settings: &Settings) -> bool {
+    if run.outcome.is_some() || run.rollback.is_some() {
+        return false;
+    }
+    let in_flight: Vec<&NodeProgress> = run
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.step, NodeStep::Issued { .. }))
+        .collect();
+    let only_rebooting = in_flight.iter().all(|n| {
+        matches!(
+            &n.step,
+            NodeStep::Issued {
+                unanswered: false,
+                lifecycle: None
+                    | Some(LifecycleStage::Rebooting {
+                        unanswered: false,
+                        ..
+                    }),
+                ..
+            }
+        )
+    });
+    let held_waiting = run
+        .nodes
+        .iter()
+        .any(|n| matches!(n.step, NodeStep::Pending) && run.gates.held.contains(&n.name));
+    // The phase is the role of the first node not done, as `start_next` has it (no node waiting
+    // is held, so none is skipped).
+    let phase = run
+        .nodes
+        .iter()
+        .find(|n| !matches!(n.step, NodeStep::Done { .. }))
+        .map(|n| n.role);
+    let capacity = match phase {
+        Some(NodeRole::ControlPlane) | None => 1,
+        Some(NodeRole::Worker) => settings.max_parallel_workers.max(1),
+    };
+    !in_flight.is_empty()
+        && only_rebooting
+        && !held_waiting
+        && (settings.paused || in_flight.len() >= capacity)
+}
+
+/// Whether a node in flight, as `observation` sees it, is back (done, or failed on its old
+/// version): what a look at the nodes in flight only must be followed by a look at everything for.
+pub fn in_flight_back(run: &Run, observation: &Observation) -> bool {
+    let Ok(target) = Version::parse(&run.target) else {
+        return true;
+    };
+    run.nodes.iter().any(|progress| match &progress.step {
+        NodeStep::Issued {
+            boot_id,
+            from_version,
+            ..
+        } => matches!(
+            check_in_flight(
+                observation.node(&progress.name),
+                &target,
+                boot_id,
+                from_version
+            ),
+            InFlight::Done | InFlight::Failed(_)
+        ),
+        NodeStep::Pending | NodeStep::Done { .. } | NodeStep::Failed { .. } => false,
+    })
 }
 
 /// Why the next node is not starting: a preflight check, one of the operator's gates, or the

@@ -71,6 +71,7 @@ fn talos_cluster(version: &str) -> Observation {
             leader: Some("cp-1".into()),
         },
         gates: Default::default(),
+        scope: Default::default(),
     }
 }
 
@@ -254,6 +255,10 @@ fn talos_answers(version: &str) -> Answers<Talos> {
                     })
                     .collect(),
             ),
+            // Every canned look is of everything: none asks for another.
+            talos::Further::Refresh(_) => {
+                talos::FurtherLooked::Refreshed(Err("no refresh in these tests".into()))
+            }
         },
         calls: Vec::new(),
     }

@@ -65,6 +65,10 @@ pub enum StartingNodes {
     /// A run about to start: every node, so that a node no installer can be chosen for fails the run
     /// before the first call to any node (see `advance`).
     Every,
+    /// A pass that can start no node ([`super::only_in_flight_may_change`]): no installer image is
+    /// read, and only these nodes (the run's in flight) are asked for their state, with etcd when
+    /// `etcd` (a control plane is in flight); the look is of [`super::Scope::InFlight`].
+    InFlight { nodes: Vec<String>, etcd: bool },
 }
 
 impl StartingNodes {
@@ -73,6 +77,7 @@ impl StartingNodes {
         match self {
             StartingNodes::Named(names) => names.clone(),
             StartingNodes::Every => nodes.iter().map(|(name, _)| name.to_string()).collect(),
+            StartingNodes::InFlight { .. } => Vec::new(),
         }
     }
 }
@@ -88,6 +93,9 @@ pub enum Further {
     InstallerImages(Vec<String>),
     /// Look at etcd again (leadership just moved).
     Etcd,
+    /// Look at every node and etcd again, reading the installer images of these nodes (which the
+    /// pass may start): a look at the nodes in flight only saw one of them back.
+    Refresh(StartingNodes),
 }
 
 /// What a [`Further`] brought back.
@@ -98,6 +106,8 @@ pub enum FurtherLooked {
     /// Per node, how it was installed or why its config could not be read.
     InstallerImages(Vec<(String, Result<InstallSource, String>)>),
     Etcd(EtcdObservation),
+    /// The look at everything ([`Further::Refresh`]), or why the cluster could not be looked at.
+    Refreshed(Result<Observation, String>),
 }
 
 /// The rules a new run's start applies to what the nodes run: the one-step path from the lowest node,
@@ -129,6 +139,31 @@ fn check_path(
         versions::check_talos_target_supports(target, running).map_err(|e| e.to_string())?;
     }
     Ok(step)
+}
+
+/// The nodes whose installer image a pass on `run` needs: those [`super::may_start`] names, and
+/// the nodes of the role after the nodes held now (held since the record was written), which may
+/// start in this pass too.
+fn starting<'r>(run: &'r Run, settings: &Settings, observation: &Observation) -> Vec<&'r str> {
+    let held = &observation.gates.held_nodes;
+    let after_held = (!settings.paused && run.outcome.is_none())
+        .then(|| {
+            run.nodes
+                .iter()
+                .find(|n| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name))
+                .map(|n| n.role)
+        })
+        .flatten();
+    let mut starting = super::may_start(run, settings);
+    let extra: Vec<&str> = run
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.step, NodeStep::Pending) && Some(n.role) == after_held)
+        .map(|n| n.name.as_str())
+        .filter(|name| !starting.contains(name))
+        .collect();
+    starting.extend(extra);
+    starting
 }
 
 /// A node's state with how it was installed, as read: a node up whose config cannot be read cannot be
@@ -282,6 +317,17 @@ impl Kind for Talos {
         // about to start reads every node's, so that one no installer can be chosen for fails the
         // run before any call (once per run: a run under way reads only those it may start).
         match run {
+            // Nothing but the nodes in flight can change the decision until one is back: only they
+            // are asked (and etcd while a control plane is among them).
+            Some(run) if super::only_in_flight_may_change(run, settings) => {
+                StartingNodes::InFlight {
+                    nodes: run.in_flight(),
+                    etcd: run.nodes.iter().any(|n| {
+                        n.role == NodeRole::ControlPlane
+                            && matches!(n.step, NodeStep::Issued { .. })
+                    }),
+                }
+            }
             Some(run) => StartingNodes::Named(
                 super::may_start(run, settings)
                     .into_iter()
@@ -665,6 +711,21 @@ impl Kind for Talos {
     }
 
     fn before_deciding(run: &Run, settings: &Settings, observation: &Observation) -> Vec<Further> {
+        // A look at the nodes in flight only decides nothing but their waiting: once one of them is
+        // back (the pass may then finish it, start the next node or finish the run), everything is
+        // looked at again first, the machine configs of the nodes that may start included.
+        if observation.scope == super::Scope::InFlight {
+            return if super::in_flight_back(run, observation) {
+                vec![Further::Refresh(StartingNodes::Named(
+                    starting(run, settings, observation)
+                        .into_iter()
+                        .map(str::to_string)
+                        .collect(),
+                ))]
+            } else {
+                Vec::new()
+            };
+        }
         let mut further = Vec::new();
         let draining: Vec<String> = super::draining(run)
             .into_iter()
@@ -675,27 +736,7 @@ impl Kind for Talos {
             further.push(Further::Drain(draining));
         }
         // Those the look already read are not read again.
-        // And the nodes of the role after the nodes held now (held since the record was written):
-        // they may start in this pass.
-        let held = &observation.gates.held_nodes;
-        let after_held = (!settings.paused && run.outcome.is_none())
-            .then(|| {
-                run.nodes
-                    .iter()
-                    .find(|n| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name))
-                    .map(|n| n.role)
-            })
-            .flatten();
-        let mut starting = super::may_start(run, settings);
-        let extra: Vec<&str> = run
-            .nodes
-            .iter()
-            .filter(|n| matches!(n.step, NodeStep::Pending) && Some(n.role) == after_held)
-            .map(|n| n.name.as_str())
-            .filter(|name| !starting.contains(name))
-            .collect();
-        starting.extend(extra);
-        let unread: Vec<String> = starting
+        let unread: Vec<String> = starting(run, settings, observation)
             .into_iter()
             .filter(|name| {
                 observation
@@ -727,6 +768,17 @@ impl Kind for Talos {
                 }
             }
             FurtherLooked::Etcd(etcd) => observation.etcd = etcd,
+            FurtherLooked::Refreshed(Ok(refreshed)) => *observation = refreshed,
+            // Nothing is decided on what was not seen again: every node counts as unreachable, so
+            // no node starts and none finishes in this pass.
+            FurtherLooked::Refreshed(Err(reason)) => {
+                for node in &mut observation.nodes {
+                    node.talos = TalosState::Unreachable {
+                        reason: reason.clone(),
+                    };
+                }
+                observation.scope = super::Scope::Everything;
+            }
         }
     }
 

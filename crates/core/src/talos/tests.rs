@@ -78,6 +78,7 @@ fn cluster(version: &str) -> Observation {
             leader: Some("cp-3".into()),
         },
         gates: Default::default(),
+        scope: Default::default(),
     }
 }
 
@@ -2643,4 +2644,186 @@ fn a_failed_snapshot_fails_the_run_before_any_control_plane_and_resume_takes_it_
             node: "cp-1".into()
         }]
     );
+}
+
+#[test]
+fn a_pass_looks_only_at_the_nodes_in_flight_while_nothing_else_can_change_its_decision() {
+    use crate::lifecycle::Kind;
+    let obs = cluster("1.11.6");
+    let run = workers_first("1.12.0", &obs);
+    let recorded = decide(&run, &settings(), &obs, t0()).run;
+    let mut answered_run = recorded.clone();
+    answered(&mut answered_run, "worker-1");
+    // Talos >= 1.13: installing, draining, rebooting.
+    let obs_13 = cluster("1.13.0");
+    let installing = decide(
+        &workers_first("1.14.0", &obs_13),
+        &settings(),
+        &obs_13,
+        t0(),
+    )
+    .run;
+    let (draining_run, mut drained_obs) = draining_run();
+    drain(&mut drained_obs, "worker-1", 0, None);
+    let rebooting_unanswered = decide(&draining_run, &settings(), &drained_obs, t0()).run;
+    let mut rebooting = rebooting_unanswered.clone();
+    answered(&mut rebooting, "worker-1");
+    // A control plane in flight (the workers done): one at a time, etcd asked with it.
+    let mut cp_answered = decide(&workers_done("1.12.0", &obs), &settings(), &obs, t0()).run;
+    for node in ["cp-1", "cp-2", "cp-3"] {
+        answered(&mut cp_answered, node);
+    }
+    let parallel = Settings {
+        max_parallel_workers: 2,
+        ..settings()
+    };
+    let paused = Settings {
+        paused: true,
+        ..settings()
+    };
+    // worker-2 was held (and announced): unheld, it could start beside worker-1.
+    let mut held_waiting = answered_run.clone();
+    held_waiting.gates.held.insert("worker-2".into());
+    let mut finished = answered_run.clone();
+    finished.outcome = Some(Outcome::Completed { at: t0() });
+
+    // (case, run, settings, only the nodes in flight are asked (with etcd?))
+    let cases: [(&str, &Run, &Settings, Option<bool>); 12] = [
+        ("nothing in flight yet", &run, &settings(), None),
+        // It may be taken back and called again.
+        ("legacy call unanswered", &recorded, &settings(), None),
+        (
+            "legacy call answered",
+            &answered_run,
+            &settings(),
+            Some(false),
+        ),
+        ("1.13 installing", &installing, &settings(), None),
+        ("1.13 draining", &draining_run, &settings(), None),
+        (
+            "1.13 reboot unanswered",
+            &rebooting_unanswered,
+            &settings(),
+            None,
+        ),
+        ("1.13 reboot answered", &rebooting, &settings(), Some(false)),
+        (
+            "a control plane rebooting",
+            &cp_answered,
+            &settings(),
+            Some(true),
+        ),
+        // Room for worker-2 beside worker-1: it may start in this pass.
+        ("room in the batch", &answered_run, &parallel, None),
+        (
+            "room in the batch, paused",
+            &answered_run,
+            &paused,
+            Some(false),
+        ),
+        ("a held node waiting", &held_waiting, &settings(), None),
+        ("finished", &finished, &settings(), None),
+    ];
+    for (case, run, settings, expected) in cases {
+        let only = only_in_flight_may_change(run, settings);
+        assert_eq!(only, expected.is_some(), "{case}");
+        let request = Talos::request(Some(run), settings);
+        match expected {
+            Some(etcd) => assert_eq!(
+                request,
+                StartingNodes::InFlight {
+                    nodes: run.in_flight(),
+                    etcd
+                },
+                "{case}"
+            ),
+            None => assert!(
+                !matches!(request, StartingNodes::InFlight { .. }),
+                "{case}: {request:?}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_look_at_the_nodes_in_flight_is_followed_by_one_at_everything_once_one_is_back() {
+    use crate::lifecycle::Kind;
+    let obs = cluster("1.11.6");
+    let mut run = decide(&workers_first("1.12.0", &obs), &settings(), &obs, t0()).run;
+    answered(&mut run, "worker-1");
+    let in_flight_only = |change: &dyn Fn(&mut Observation)| {
+        let mut look = obs.clone();
+        look.scope = Scope::InFlight;
+        change(&mut look);
+        look
+    };
+    let refresh = || {
+        vec![Further::Refresh(StartingNodes::Named(vec![
+            "worker-2".to_string(),
+        ]))]
+    };
+    // (case, observation, further work before deciding)
+    let cases: [(&str, Observation, Vec<Further>); 6] = [
+        ("down", in_flight_only(&|o| down(o, "worker-1")), vec![]),
+        // The legacy install runs before the reboot.
+        ("not rebooted yet", in_flight_only(&|_| {}), vec![]),
+        (
+            "back, not ready yet",
+            in_flight_only(&|o| rebooted(o, "worker-1", "1.12.0", false)),
+            vec![],
+        ),
+        (
+            "back on the target and ready",
+            in_flight_only(&|o| rebooted(o, "worker-1", "1.12.0", true)),
+            refresh(),
+        ),
+        // The run fails: looked at in full first.
+        (
+            "back on its old version",
+            in_flight_only(&|o| rebooted(o, "worker-1", "1.11.6", true)),
+            refresh(),
+        ),
+        // A look at everything goes on as before: worker-2's image is read (it may start once
+        // worker-1 is back).
+        (
+            "a look at everything",
+            {
+                let mut look = obs.clone();
+                rebooted(&mut look, "worker-1", "1.12.0", true);
+                look.nodes[4].talos = TalosState::Up {
+                    version: v("1.11.6"),
+                    boot_id: "worker-2-boot-1".into(),
+                    ready: true,
+                    install: None,
+                };
+                look
+            },
+            vec![Further::InstallerImages(vec!["worker-2".to_string()])],
+        ),
+    ];
+    for (case, observation, expected) in cases {
+        assert_eq!(
+            Talos::before_deciding(&run, &settings(), &observation),
+            expected,
+            "{case}"
+        );
+    }
+
+    // The look at everything replaces the look at the nodes in flight; one that could not be
+    // made leaves every node unreachable, so that nothing moves on in that pass.
+    let mut look = in_flight_only(&|o| rebooted(o, "worker-1", "1.12.0", true));
+    let mut everything = obs.clone();
+    rebooted(&mut everything, "worker-1", "1.12.0", true);
+    Talos::merge(&mut look, FurtherLooked::Refreshed(Ok(everything.clone())));
+    assert_eq!(look, everything);
+    Talos::merge(&mut look, FurtherLooked::Refreshed(Err("gone".into())));
+    assert_eq!(look.scope, Scope::Everything);
+    assert!(
+        look.nodes
+            .iter()
+            .all(|n| matches!(&n.talos, TalosState::Unreachable { reason } if reason == "gone"))
+    );
+    let decision = decide(&run, &settings(), &look, t0() + 1.minutes());
+    assert!(decision.actions.is_empty(), "{:?}", decision.actions);
+    assert_eq!(decision.run.outcome, None);
 }

@@ -72,21 +72,31 @@ impl Io<Talos> for TalosIo {
             .map(|n| (n.name.as_str(), n.role))
             .collect();
         let reading = request.names(&named);
-        let observation = w.talos_observation(&reading);
+        let mut observation = w.talos_observation(&reading);
+        // The shell asks only the nodes in flight then, and keeps the others' last look: the
+        // core treats the look as such (and looks at everything again before anything moves on).
+        if let talos::StartingNodes::InFlight { .. } = request {
+            observation.scope = talos::Scope::InFlight;
+        }
         looked.talos = Some(Talos::versions_of(&observation));
         observation
     }
 
     fn further(&mut self, w: &mut World, work: &[talos::Further]) -> Vec<talos::FurtherLooked> {
-        work.iter()
-            .map(|further| match further {
+        let mut looked = Vec::new();
+        for further in work {
+            looked.push(match further {
                 talos::Further::Drain(nodes) => talos::FurtherLooked::Drained(w.drain(nodes)),
                 talos::Further::InstallerImages(nodes) => {
                     talos::FurtherLooked::InstallerImages(w.installer_images(nodes))
                 }
                 talos::Further::Etcd => talos::FurtherLooked::Etcd(w.etcd()),
-            })
-            .collect()
+                talos::Further::Refresh(request) => talos::FurtherLooked::Refreshed(Ok(
+                    self.cluster(w, request, &mut Looked::default())
+                )),
+            });
+        }
+        looked
     }
 
     fn call(&mut self, w: &mut World, action: &talos::Action) -> Called {

@@ -332,6 +332,7 @@ impl World {
             nodes,
             etcd: self.etcd(),
             gates: Default::default(),
+            scope: Default::default(),
         }
     }
 

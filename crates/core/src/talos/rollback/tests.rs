@@ -62,6 +62,7 @@ fn upgraded_cluster() -> Observation {
             leader: Some("cp-1".into()),
         },
         gates: Default::default(),
+        scope: Default::default(),
     }
 }
 
