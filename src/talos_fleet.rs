@@ -200,10 +200,34 @@ impl TalosFleet {
     }
 
     /// A client dialling the node at `address` itself, never through a relay: for questions about the
-    /// node's own TLS and credentials.
+    /// node's own TLS and credentials, and for checking a read the relay failed. The fleet's kept
+    /// connection to the node when it has one (the relay's own; every node's while there is no
+    /// relay); else a connection of the client's own, closed when the caller drops it. Kept, those
+    /// would stay open beside the relay for no further use: when the relaying control plane reboots,
+    /// every other node's reads fail through it and are asked directly at once, which left up to one
+    /// connection per node open for [`DIRECT_KEPT_IDLE`] after the relay moved on.
     pub fn direct_client(&self, address: IpAddr) -> Result<TalosClient, TalosError> {
+        let now = Instant::now();
         let mut connections = self.lock();
-        self.direct_locked(&mut connections, address, Instant::now())
+        if let Some((client, used)) = connections.direct.get_mut(&address) {
+            *used = now;
+            return Ok(client.clone());
+        }
+        drop(connections);
+        TalosClient::lazy_with(&self.tls(address)?, Target::Node(address), &self.options)
+    }
+
+    /// The cluster's TLS configuration, built on first use (`address`: the node to name if the
+    /// credentials cannot be used).
+    fn tls(&self, address: IpAddr) -> Result<TalosTls, TalosError> {
+        match self.tls.get() {
+            Some(tls) => Ok(tls.clone()),
+            None => {
+                let label = std::net::SocketAddr::new(address, self.options.port).to_string();
+                let tls = TalosTls::new(&self.credentials, &label)?;
+                Ok(self.tls.get_or_init(|| tls).clone())
+            }
+        }
     }
 
     fn route(&self, address: IpAddr) -> Result<Route, TalosError> {
@@ -244,15 +268,8 @@ impl TalosFleet {
             *used = now;
             return Ok(client.clone());
         }
-        let tls = match self.tls.get() {
-            Some(tls) => tls.clone(),
-            None => {
-                let label = std::net::SocketAddr::new(address, self.options.port).to_string();
-                let tls = TalosTls::new(&self.credentials, &label)?;
-                self.tls.get_or_init(|| tls).clone()
-            }
-        };
-        let client = TalosClient::lazy_with(&tls, Target::Node(address), &self.options)?;
+        let client =
+            TalosClient::lazy_with(&self.tls(address)?, Target::Node(address), &self.options)?;
         connections.direct.insert(address, (client.clone(), now));
         // Outside a runtime (never the case in the controller) unused connections are still let go
         // of at the next call.
@@ -655,27 +672,30 @@ mod tests {
         fleet.relay_through([IpAddr::V4(cp)]);
         let version = |client: TalosClient| async move { client.version().await };
 
-        // A relayed read, and one the node answers directly: a connection to each.
+        // A relayed read, and one the node answers directly: a connection to each, the fleet keeping
+        // the relay's only; the direct one closes with its client.
         fleet.ask(worker.into(), version).await.expect("relayed");
-        fleet
-            .direct_client(worker.into())
-            .expect("direct client")
-            .version()
-            .await
-            .expect("direct");
+        let direct = fleet.direct_client(worker.into()).expect("direct client");
+        direct.version().await.expect("direct");
         assert_eq!(fleet.relay(), Some(IpAddr::V4(cp)));
         assert_eq!(
             (established_to(cp, port), established_to(worker, port)),
             (1, 1)
         );
+        assert_eq!(fleet.connections_held(), 1);
+        drop(direct);
+        eventually("the direct connection closes with its client", || {
+            established_to(worker, port) == 0
+        })
+        .await;
 
-        // Unused, both are let go of and closed, with no call made.
-        eventually("the fleet lets go of both connections", || {
+        // Unused, the relay's is let go of and closed, with no call made.
+        eventually("the fleet lets go of the relay", || {
             fleet.connections_held() == 0
         })
         .await;
-        eventually("both connections close", || {
-            established_to(cp, port) + established_to(worker, port) == 0
+        eventually("the relay's connection closes", || {
+            established_to(cp, port) == 0
         })
         .await;
 
@@ -701,5 +721,20 @@ mod tests {
         // The next call opens it again.
         fleet.ask(worker.into(), version).await.expect("reopened");
         assert_eq!((fleet.connections_held(), established_to(cp, port)), (1, 1));
+
+        // Without a relay every node is dialled directly, and the fleet keeps those connections
+        // until they are unused.
+        fleet.relay_through([]);
+        fleet.ask(worker.into(), version).await.expect("direct");
+        assert_eq!(fleet.relay(), None);
+        assert_eq!(established_to(worker, port), 1);
+        eventually("the fleet lets go of every connection", || {
+            fleet.connections_held() == 0
+        })
+        .await;
+        eventually("every connection closes", || {
+            established_to(cp, port) + established_to(worker, port) == 0
+        })
+        .await;
     }
 }
