@@ -221,13 +221,31 @@ pub struct Access {
 }
 
 impl Access {
-    /// Each inventory node's running Talos version, in inventory order: one `Version` call per node,
-    /// made once however many parts of the reconcile ask. This is all an idle cluster needs (its
-    /// current and available versions); a run in flight observes much more.
+    /// Each inventory node's running Talos version, in inventory order, worked out once however many
+    /// parts of the reconcile ask. This is all an idle cluster needs (its current and available
+    /// versions); a run in flight observes much more. A Ready workload Node tells its node's version
+    /// in its `osImage` (the kubelet reports the os-release Talos writes, see
+    /// [`inventory::talos_version_of_os_image`]), so only the nodes whose Node does not are asked
+    /// (`Version`), and, when every Node tells, one node in turn ([`nodes_to_ask`]): each look still
+    /// checks that a node's Talos API answers these credentials, at one call instead of one per node.
     pub async fn talos_versions(&self) -> &[Result<Version, String>] {
         self.talos_versions
             .get_or_init(|| async {
-                let versions = futures::future::join_all(self.inventory.iter().map(|node| async {
+                let told: Vec<Option<Version>> = self
+                    .inventory
+                    .iter()
+                    .map(|node| {
+                        self.workload_nodes
+                            .iter()
+                            .find(|n| n.node.name == node.name && n.ready)
+                            .and_then(|n| n.os_talos_version.clone())
+                    })
+                    .collect();
+                let asked = nodes_to_ask(&told, || {
+                    crate::kept_looks::of(&self.fleet).next_turn(self.inventory.len())
+                });
+                let answers = futures::future::join_all(asked.iter().map(|&index| async move {
+                    let node = &self.inventory[index];
                     let answer = self
                         .fleet
                         .ask(node.address, |client| async move { client.version().await })
@@ -236,11 +254,34 @@ impl Access {
                     crate::talos_fleet::parse_talos_tag(&answer.tag)
                 }))
                 .await;
-                self.doubt_unless_answered(&versions);
+                // No node's Talos API answered: the credentials may have been replaced.
+                self.doubt_unless_answered(&answers);
+                let mut versions: Vec<Result<Version, String>> = told
+                    .into_iter()
+                    .map(|told| told.ok_or_else(|| "not asked".to_string()))
+                    .collect();
+                for (index, answer) in asked.into_iter().zip(answers) {
+                    // A node whose Talos API does not answer while its Node tells its version is
+                    // shown with that version.
+                    if answer.is_ok() || versions[index].is_err() {
+                        versions[index] = answer;
+                    }
+                }
                 versions
             })
             .await
     }
+}
+
+/// Which nodes (indexes into `told`, each node's Talos version as its workload Node tells it) the
+/// idle look asks `Version`: those whose Node does not tell, or, when every Node tells, the one
+/// `turn` names (each look a different one), so that the nodes' Talos APIs are still asked.
+fn nodes_to_ask(told: &[Option<Version>], turn: impl FnOnce() -> usize) -> Vec<usize> {
+    let untold: Vec<usize> = (0..told.len()).filter(|&i| told[i].is_none()).collect();
+    if !untold.is_empty() || told.is_empty() {
+        return untold;
+    }
+    vec![turn() % told.len()]
 }
 
 impl Access {
@@ -529,6 +570,23 @@ fn access(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_look_asks_the_nodes_whose_node_does_not_tell_else_one_in_turn() {
+        let v = |minor| Some(Version::new(1, minor, 0));
+        // (told by the Nodes, turn, asked)
+        type Told<'a> = &'a [Option<Version>];
+        let cases: [(Told, usize, &[usize]); 5] = [
+            (&[v(11), v(11), v(11)], 0, &[0]),
+            (&[v(11), v(11), v(11)], 4, &[1]),
+            (&[v(11), None, v(12), None], 0, &[1, 3]),
+            (&[None, None], 7, &[0, 1]),
+            (&[], 3, &[]),
+        ];
+        for (told, turn, asked) in cases {
+            assert_eq!(nodes_to_ask(told, || turn), asked, "{told:?} {turn}");
+        }
+    }
 
     #[test]
     fn the_secret_as_last_read_is_reused_only_while_nothing_says_to_read_it_again() {

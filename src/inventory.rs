@@ -200,6 +200,19 @@ pub struct WorkloadNodeInfo {
     pub kubelet_version: Option<String>,
     /// `spec.unschedulable`: the node is cordoned.
     pub unschedulable: bool,
+    /// The Talos version in `status.nodeInfo.osImage`, when it reads as one (see
+    /// [`talos_version_of_os_image`]).
+    pub os_talos_version: Option<semver::Version>,
+}
+
+/// The Talos version a Node's `status.nodeInfo.osImage` names: `Talos (v1.11.6)` → 1.11.6. The
+/// kubelet reports the `PRETTY_NAME` of the os-release of the system it runs on, which Talos writes
+/// as `"<name> (<version tag>)"` (talos pkg/machinery v1.14.1 `constants/constants.go`
+/// `OSReleaseTemplate`, filled by `version/osrelease.go` `OSReleaseFor` with the build's tag).
+/// `None` for anything else (another OS, a development build named by its commit).
+pub fn talos_version_of_os_image(os_image: &str) -> Option<semver::Version> {
+    let (_, tag) = os_image.trim().strip_suffix(')')?.rsplit_once(" (")?;
+    semver::Version::parse(tag.trim_start_matches('v')).ok()
 }
 
 /// Whether a workload Node without an address is an error.
@@ -258,6 +271,11 @@ pub fn workload_node(node: &Node) -> Option<WorkloadNodeInfo> {
         .and_then(|s| s.node_info.as_ref())
         .map(|info| info.kubelet_version.trim_start_matches('v').to_string())
         .filter(|v| !v.is_empty());
+    let os_talos_version = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .and_then(|info| talos_version_of_os_image(&info.os_image));
     Some(WorkloadNodeInfo {
         node: InventoryNode {
             name,
@@ -272,6 +290,7 @@ pub fn workload_node(node: &Node) -> Option<WorkloadNodeInfo> {
             .and_then(|spec| spec.unschedulable)
             .unwrap_or(false),
         kubelet_version,
+        os_talos_version,
     })
 }
 
@@ -487,6 +506,7 @@ mod tests {
                     ready,
                     kubelet_version: Some("1.34.1".to_string()),
                     unschedulable: false,
+                    os_talos_version: None,
                 }),
             },
         }
@@ -543,5 +563,29 @@ mod tests {
         assert_eq!(ready_names(&nodes), None, "stopped");
         nodes.record(seen("w3", true));
         assert_eq!(ready_names(&nodes), None, "a change after the stop");
+    }
+
+    #[test]
+    fn the_talos_version_is_read_from_the_os_image_talos_writes() {
+        let cases = [
+            ("Talos (v1.11.6)", Some(semver::Version::new(1, 11, 6))),
+            (
+                "Talos (v1.14.0-beta.1)",
+                semver::Version::parse("1.14.0-beta.1").ok(),
+            ),
+            // A build named otherwise (OSReleaseFor takes the name as given).
+            ("Talos New (v1.12.0)", Some(semver::Version::new(1, 12, 0))),
+            // A development build: its commit instead of a tag.
+            ("Talos (1a2b3c4)", None),
+            ("Ubuntu 24.04.1 LTS", None),
+            ("", None),
+        ];
+        for (os_image, expected) in cases {
+            assert_eq!(
+                talos_version_of_os_image(os_image),
+                expected,
+                "{os_image:?}"
+            );
+        }
     }
 }

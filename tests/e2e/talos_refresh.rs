@@ -138,3 +138,110 @@ async fn a_node_that_joins_after_a_completed_run_is_upgraded_and_counted() {
     );
     assert_eq!(world.upgrade_calls().len(), 6);
 }
+
+/// The controller's `talos_upgrade_talos_api_calls_total{method="Version",code="OK"}` so far.
+fn version_calls(world: &World) -> u64 {
+    world
+        .metrics
+        .encode()
+        .lines()
+        .find(|line| {
+            line.starts_with("talos_upgrade_talos_api_calls_total{")
+                && line.contains(r#"method="Version""#)
+                && line.contains(r#"code="OK""#)
+        })
+        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
+}
+
+/// Issue 27 item 3 and the exploration's bug 2: an idle cluster's refresh reads each node's Talos
+/// version from its Ready workload Node (`osImage`, which the kubelet takes from the os-release Talos
+/// writes) and asks one node's Talos API per look, in turn, not every node; and `talos-current`
+/// still follows nodes upgraded by hand (talosctl, behind the controller's back) within the refresh.
+#[tokio::test]
+async fn an_idle_refresh_asks_one_node_and_still_sees_nodes_upgraded_by_hand() {
+    use talos_api::{ConnectOptions, LegacyUpgradeOptions, TalosClient, Talosconfig, Target};
+    use talos_sim::ClientRole;
+
+    let world = World::start(
+        "refresh-hand",
+        WorldSpec {
+            // The controller looks again at an idle cluster every second (10 minutes by default).
+            idle_interval: Duration::from_secs(1),
+            ..WorldSpec::default()
+        },
+    )
+    .await;
+    world
+        .wait_for_annotation("talos-current", "1.11.6", "60s")
+        .await;
+
+    // A few idle looks: at most one Version call each (one more for a look under way at either
+    // end), where every node was asked before.
+    let (calls, looks) = (version_calls(&world), world.reconciles());
+    world
+        .poll(Duration::from_secs(60), "three idle refreshes", || async {
+            world.reconciles() >= looks + 3
+        })
+        .await;
+    let (calls_after, looks_after) = (version_calls(&world), world.reconciles());
+    assert!(
+        calls_after - calls <= looks_after - looks + 1,
+        "{} Version calls in {} looks",
+        calls_after - calls,
+        looks_after - looks
+    );
+    assert!(calls_after > calls, "each look still asks a node");
+
+    // An operator upgrades every node with talosctl.
+    let credentials = Talosconfig::from_yaml(&world.sim.talosconfig(ClientRole::Admin))
+        .and_then(|config| config.current_context()?.credentials())
+        .expect("the simulator's talosconfig");
+    for node in world.sim.nodes() {
+        let client = TalosClient::connect(
+            &credentials,
+            Target::Node(std::net::IpAddr::V4(node.address)),
+            &ConnectOptions {
+                port: world.sim.config().port,
+                ..ConnectOptions::default()
+            },
+        )
+        .await
+        .expect("connecting to the node");
+        client
+            .upgrade_legacy(
+                "ghcr.io/siderolabs/installer:v1.12.0",
+                &LegacyUpgradeOptions {
+                    preserve: true,
+                    ..LegacyUpgradeOptions::default()
+                },
+            )
+            .await
+            .expect("the upgrade by hand is accepted");
+        // One at a time, as talosctl's user would (Talos refuses while an etcd member is down).
+        world
+            .poll(
+                Duration::from_secs(120),
+                "the node back on 1.12.0",
+                || async {
+                    world
+                        .sim
+                        .node_snapshot(&node.name)
+                        .is_ok_and(|node| node.talos_version == "1.12.0" && node.ready)
+                },
+            )
+            .await;
+    }
+    world
+        .wait_for_annotation("talos-current", "1.12.0", "120s")
+        .await;
+    // The controller made no call of its own to any node.
+    let record = world.sim.record();
+    assert_eq!(record.len(), 5, "{record:#?}");
+    assert!(
+        record
+            .iter()
+            .all(|call| call.method == "/machine.MachineService/Upgrade"),
+        "{record:#?}"
+    );
+}
