@@ -24,6 +24,7 @@
 //! followed: `Revisit::AwaitingReboots` in the core), so a lost stream costs time, never correctness.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,7 +38,8 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::inventory::{NodeChange, SeenNode, WatchedNodes};
-use talos_api::{EventsOptions, TalosClient};
+use crate::talos_fleet::TalosFleet;
+use talos_api::EventsOptions;
 use talos_upgrade_core::crd::KubernetesCluster;
 
 /// First pause before reconnecting to a node's event stream; doubled up to [`RECONNECT_MAX`].
@@ -52,7 +54,12 @@ const FOLLOW_AT_MOST: Duration = Duration::from_secs(60 * 60);
 #[derive(Clone)]
 pub struct FollowedNode {
     pub name: String,
-    pub talos: TalosClient,
+    /// The cluster's Talos connections and the node's address: each (re)connection of the node's
+    /// event stream goes the way the fleet routes calls then. A client kept from the start would keep
+    /// the connection to the control plane that relayed when the follower started, and reopen it
+    /// after that control plane's reboot, beside the relay the fleet moved on to.
+    pub talos: Arc<TalosFleet>,
+    pub address: IpAddr,
     pub workload: kube::Client,
     /// Where the watch of the cluster's Nodes puts what it sees (the connections' own, see
     /// [`crate::cluster_access::ClusterLink`]).
@@ -155,6 +162,7 @@ impl Wakeups {
             let task = tokio::spawn(follow_node(
                 cluster.clone(),
                 node.talos.clone(),
+                node.address,
                 node.observed_at,
                 self.sender.clone(),
             ));
@@ -238,7 +246,8 @@ impl Waker {
 /// change.
 async fn follow_node(
     cluster: ObjectRef<KubernetesCluster>,
-    talos: TalosClient,
+    talos: Arc<TalosFleet>,
+    address: IpAddr,
     observed_at: Instant,
     wake: mpsc::UnboundedSender<ObjectRef<KubernetesCluster>>,
 ) {
@@ -248,7 +257,7 @@ async fn follow_node(
     };
     let _ = tokio::time::timeout(
         FOLLOW_AT_MOST,
-        follow_talos_events(&talos, observed_at, &wake_up),
+        follow_talos_events(&talos, address, observed_at, &wake_up),
     )
     .await;
 }
@@ -260,7 +269,12 @@ async fn follow_node(
 /// long before its upgrade, and replaying that would wake a reconcile that finds nothing new, for
 /// every node. Every reconnection (the stream breaks when the node reboots) replays everything the
 /// node buffered since it booted, so a node that became ready while the stream was down is not missed.
-async fn follow_talos_events(client: &TalosClient, observed_at: Instant, wake_up: &impl Fn()) {
+async fn follow_talos_events(
+    fleet: &TalosFleet,
+    address: IpAddr,
+    observed_at: Instant,
+    wake_up: &impl Fn(),
+) {
     let since_observed = EventsOptions {
         tail_seconds: Some(
             u32::try_from(observed_at.elapsed().as_secs())
@@ -276,7 +290,10 @@ async fn follow_talos_events(client: &TalosClient, observed_at: Instant, wake_up
     let mut options = since_observed;
     let mut pause = RECONNECT_MIN;
     loop {
-        let opened = client.events(options.clone()).await;
+        let opened = match fleet.client(address) {
+            Ok(client) => client.events(options.clone()).await,
+            Err(error) => Err(error),
+        };
         options = since_boot.clone();
         match opened {
             Ok(mut events) => {
@@ -284,7 +301,7 @@ async fn follow_talos_events(client: &TalosClient, observed_at: Instant, wake_up
                 while let Some(event) = events.next().await {
                     match event {
                         Ok(event) if event.payload.is_running_and_ready() => {
-                            tracing::debug!(endpoint = %client.endpoint(), "node running and ready: waking its cluster");
+                            tracing::debug!(node = %address, "node running and ready: waking its cluster");
                             wake_up()
                         }
                         Ok(_) => {}
@@ -294,7 +311,7 @@ async fn follow_talos_events(client: &TalosClient, observed_at: Instant, wake_up
                 }
             }
             Err(error) => {
-                tracing::trace!(endpoint = %client.endpoint(), %error, "node event stream");
+                tracing::trace!(node = %address, %error, "node event stream");
             }
         }
         tokio::time::sleep(pause).await;

@@ -421,9 +421,13 @@ impl KindIo<Talos> for TalosIo<'_> {
                     .iter()
                     .find(|(name, ..)| *name == node.name)
                     .map(|(_, ready, cordoned)| (*ready, *cordoned));
+                // A node the fleet can make no client for (credentials it cannot use) is not
+                // followed.
+                access.fleet.client(node.address).ok()?;
                 Some(FollowedNode {
                     name: node.name.clone(),
-                    talos: access.fleet.client(node.address).ok()?,
+                    talos: access.fleet.clone(),
+                    address: node.address,
                     workload: access.workload.clone(),
                     nodes: access.watched_nodes.clone(),
                     observed_at,
