@@ -1,15 +1,15 @@
 //! What a cluster's Talos looks leave for the next reconcile, kept with the cluster's connections
-//! (until its credentials Secret changes): each node's state and etcd as last asked, and whose turn
-//! it is to answer the idle refresh's one `Version` call.
+//! (until its credentials Secret changes): each node's state as last asked, and whose turn it is to
+//! answer the idle refresh's one `Version` call.
 //!
 //! A pass that can start no node asks only the nodes in flight (`StartingNodes::InFlight`, decided
-//! in the core by `talos::only_in_flight_may_change`) and takes the other nodes and etcd from here;
-//! the core looks at everything again before any node starts or the run finishes.
+//! in the core by `talos::only_in_flight_may_change`) and takes the other nodes from here; the core
+//! looks at everything again before any node starts or the run finishes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use talos_upgrade_core::talos::{EtcdObservation, TalosState};
+use talos_upgrade_core::talos::TalosState;
 
 use crate::talos_fleet::TalosFleet;
 
@@ -47,7 +47,6 @@ struct Kept {
     /// Each node's Talos state as last asked, by node name, without its installer image (read again
     /// whenever a node may start).
     nodes: HashMap<String, TalosState>,
-    etcd: Option<EtcdObservation>,
     /// Counts the idle refreshes that asked one node only: the next is asked at this index.
     turn: usize,
 }
@@ -86,15 +85,6 @@ impl KeptLooks {
         self.lock().nodes.get(name).cloned()
     }
 
-    pub fn keep_etcd(&self, etcd: &EtcdObservation) {
-        self.lock().etcd = Some(etcd.clone());
-    }
-
-    /// etcd as last asked, if it was.
-    pub fn etcd(&self) -> Option<EtcdObservation> {
-        self.lock().etcd.clone()
-    }
-
     /// Which of `count` nodes answers this idle refresh's one `Version` call: each in turn.
     pub fn next_turn(&self, count: usize) -> usize {
         let mut kept = self.lock();
@@ -131,7 +121,6 @@ mod tests {
             })
         );
         assert_eq!(kept.node("w-2"), None);
-        assert_eq!(kept.etcd(), None);
         let turns: Vec<usize> = (0..4).map(|_| kept.next_turn(3)).collect();
         assert_eq!(turns, [0, 1, 2, 0]);
         assert_eq!(kept.next_turn(0), 0);

@@ -143,26 +143,34 @@ impl<'a> TalosIo<'a> {
             .map(|node| (node.name.as_str(), node.role))
             .collect();
         let reading_images = &starting.names(&named);
-        // A pass that can start no node asks only the nodes in flight (and etcd while a control
-        // plane is among them); the others are as the last look saw them (see `kept_looks`). A node
-        // never asked yet is asked all the same.
+        // A pass that can start no node asks only the nodes in flight; the others are as the last
+        // look saw them (see `kept_looks`). A node never asked yet is asked all the same.
         let kept = crate::kept_looks::of(fleet);
-        let (kept_states, kept_etcd): (Vec<Option<TalosState>>, Option<_>) = match starting {
-            StartingNodes::InFlight { nodes, etcd } => (
-                inventory
-                    .iter()
-                    .map(|node| {
-                        (!nodes.contains(&node.name))
-                            .then(|| kept.node(&node.name))
-                            .flatten()
-                    })
-                    .collect(),
-                (!etcd).then(|| kept.etcd()).flatten(),
-            ),
-            StartingNodes::Named(_) | StartingNodes::Every => (vec![None; inventory.len()], None),
+        let kept_states: Vec<Option<TalosState>> = match starting {
+            StartingNodes::InFlight { nodes } => inventory
+                .iter()
+                .map(|node| {
+                    (!nodes.contains(&node.name))
+                        .then(|| kept.node(&node.name))
+                        .flatten()
+                })
+                .collect(),
+            StartingNodes::Named(_) | StartingNodes::Every => vec![None; inventory.len()],
         };
-        let scope = if kept_etcd.is_some() || kept_states.iter().any(Option::is_some) {
+        // etcd only where a control plane may start (the core looks at it before deciding where
+        // it needs it otherwise: `Scope::WithoutEtcd`).
+        let asks_etcd = match starting {
+            StartingNodes::Every => true,
+            StartingNodes::Named(_) => inventory.iter().any(|node| {
+                node.role == talos_upgrade_core::run::NodeRole::ControlPlane
+                    && reading_images.contains(&node.name)
+            }),
+            StartingNodes::InFlight { .. } => false,
+        };
+        let scope = if kept_states.iter().any(Option::is_some) {
             Scope::InFlight
+        } else if !asks_etcd {
+            Scope::WithoutEtcd
         } else {
             Scope::Everything
         };
@@ -183,9 +191,15 @@ impl<'a> TalosIo<'a> {
                 }
             )),
             async {
-                match &kept_etcd {
-                    Some(etcd) => etcd.clone(),
-                    None => fleet.observe_etcd(&control_planes).await,
+                if asks_etcd {
+                    fleet.observe_etcd(&control_planes).await
+                } else {
+                    // Never taken for healthy: a decision that needs etcd holds on this, should
+                    // it ever be made without looking.
+                    talos_upgrade_core::talos::EtcdObservation {
+                        problem: Some("etcd was not looked at in this pass".to_string()),
+                        leader: None,
+                    }
                 }
             },
             holds::observe(&self.gates, access, starting),
@@ -198,9 +212,6 @@ impl<'a> TalosIo<'a> {
                 .filter(|(_, kept)| kept.is_none())
                 .map(|((node, state), _)| (node.name.as_str(), state)),
         );
-        if kept_etcd.is_none() {
-            kept.keep_etcd(&etcd);
-        }
         access.note_talos_versions(
             states
                 .iter()

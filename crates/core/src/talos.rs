@@ -134,6 +134,10 @@ pub enum Scope {
     /// Every node's, and etcd's: what any decision may be made on.
     #[default]
     Everything,
+    /// Every node's, not etcd's: asked when no control plane may start (its `etcd` says so).
+    /// A pass that turns out to need it (a control plane may start after all, one is in flight,
+    /// a rollback) looks at etcd before it decides ([`Further::Etcd`]).
+    WithoutEtcd,
     /// Only the nodes in flight (and etcd when a control plane is in flight); the other nodes and
     /// etcd as the last look saw them. Asked for by a pass that can start no node
     /// ([`only_in_flight_may_change`]); a node in flight seen back (done or failed) makes the pass

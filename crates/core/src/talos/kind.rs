@@ -66,9 +66,10 @@ pub enum StartingNodes {
     /// before the first call to any node (see `advance`).
     Every,
     /// A pass that can start no node ([`super::only_in_flight_may_change`]): no installer image is
-    /// read, and only these nodes (the run's in flight) are asked for their state, with etcd when
-    /// `etcd` (a control plane is in flight); the look is of [`super::Scope::InFlight`].
-    InFlight { nodes: Vec<String>, etcd: bool },
+    /// read, and only these nodes (the run's in flight) are asked for their state, etcd not (a node
+    /// waiting to come back from its reboot needs nothing of it); the look is of
+    /// [`super::Scope::InFlight`].
+    InFlight { nodes: Vec<String> },
 }
 
 impl StartingNodes {
@@ -318,14 +319,10 @@ impl Kind for Talos {
         // run before any call (once per run: a run under way reads only those it may start).
         match run {
             // Nothing but the nodes in flight can change the decision until one is back: only they
-            // are asked (and etcd while a control plane is among them).
+            // are asked.
             Some(run) if super::only_in_flight_may_change(run, settings) => {
                 StartingNodes::InFlight {
                     nodes: run.in_flight(),
-                    etcd: run.nodes.iter().any(|n| {
-                        n.role == NodeRole::ControlPlane
-                            && matches!(n.step, NodeStep::Issued { .. })
-                    }),
                 }
             }
             Some(run) => StartingNodes::Named(
@@ -735,8 +732,18 @@ impl Kind for Talos {
         if !draining.is_empty() && !super::only_node(observation) {
             further.push(Further::Drain(draining));
         }
+        let starting = starting(run, settings, observation);
+        // etcd is asked only where it may be needed: a look without it is followed by one at it
+        // when a control plane may start, one is in flight, or the run is a rollback.
+        let needs_etcd = run.outcome.is_none()
+            && (run.rollback.is_some()
+                || run.nodes.iter().any(|n| {
+                    n.role == NodeRole::ControlPlane
+                        && (matches!(n.step, NodeStep::Issued { .. })
+                            || starting.contains(&n.name.as_str()))
+                }));
         // Those the look already read are not read again.
-        let unread: Vec<String> = starting(run, settings, observation)
+        let unread: Vec<String> = starting
             .into_iter()
             .filter(|name| {
                 observation
@@ -747,6 +754,9 @@ impl Kind for Talos {
             .collect();
         if !unread.is_empty() {
             further.push(Further::InstallerImages(unread));
+        }
+        if observation.scope == super::Scope::WithoutEtcd && needs_etcd {
+            further.push(Further::Etcd);
         }
         further
     }
@@ -767,7 +777,12 @@ impl Kind for Talos {
                     }
                 }
             }
-            FurtherLooked::Etcd(etcd) => observation.etcd = etcd,
+            FurtherLooked::Etcd(etcd) => {
+                observation.etcd = etcd;
+                if observation.scope == super::Scope::WithoutEtcd {
+                    observation.scope = super::Scope::Everything;
+                }
+            }
             FurtherLooked::Refreshed(Ok(refreshed)) => *observation = refreshed,
             // Nothing is decided on what was not seen again: every node counts as unreachable, so
             // no node starts and none finishes in this pass.

@@ -2687,60 +2687,44 @@ fn a_pass_looks_only_at_the_nodes_in_flight_while_nothing_else_can_change_its_de
     let mut finished = answered_run.clone();
     finished.outcome = Some(Outcome::Completed { at: t0() });
 
-    // (case, run, settings, only the nodes in flight are asked (with etcd?))
-    let cases: [(&str, &Run, &Settings, Option<bool>); 12] = [
-        ("nothing in flight yet", &run, &settings(), None),
+    // (case, run, settings, only the nodes in flight are asked)
+    let cases: [(&str, &Run, &Settings, bool); 12] = [
+        ("nothing in flight yet", &run, &settings(), false),
         // It may be taken back and called again.
-        ("legacy call unanswered", &recorded, &settings(), None),
-        (
-            "legacy call answered",
-            &answered_run,
-            &settings(),
-            Some(false),
-        ),
-        ("1.13 installing", &installing, &settings(), None),
-        ("1.13 draining", &draining_run, &settings(), None),
+        ("legacy call unanswered", &recorded, &settings(), false),
+        ("legacy call answered", &answered_run, &settings(), true),
+        ("1.13 installing", &installing, &settings(), false),
+        ("1.13 draining", &draining_run, &settings(), false),
         (
             "1.13 reboot unanswered",
             &rebooting_unanswered,
             &settings(),
-            None,
+            false,
         ),
-        ("1.13 reboot answered", &rebooting, &settings(), Some(false)),
-        (
-            "a control plane rebooting",
-            &cp_answered,
-            &settings(),
-            Some(true),
-        ),
+        ("1.13 reboot answered", &rebooting, &settings(), true),
+        ("a control plane rebooting", &cp_answered, &settings(), true),
         // Room for worker-2 beside worker-1: it may start in this pass.
-        ("room in the batch", &answered_run, &parallel, None),
-        (
-            "room in the batch, paused",
-            &answered_run,
-            &paused,
-            Some(false),
-        ),
-        ("a held node waiting", &held_waiting, &settings(), None),
-        ("finished", &finished, &settings(), None),
+        ("room in the batch", &answered_run, &parallel, false),
+        ("room in the batch, paused", &answered_run, &paused, true),
+        ("a held node waiting", &held_waiting, &settings(), false),
+        ("finished", &finished, &settings(), false),
     ];
     for (case, run, settings, expected) in cases {
-        let only = only_in_flight_may_change(run, settings);
-        assert_eq!(only, expected.is_some(), "{case}");
+        assert_eq!(only_in_flight_may_change(run, settings), expected, "{case}");
         let request = Talos::request(Some(run), settings);
-        match expected {
-            Some(etcd) => assert_eq!(
+        if expected {
+            assert_eq!(
                 request,
                 StartingNodes::InFlight {
-                    nodes: run.in_flight(),
-                    etcd
+                    nodes: run.in_flight()
                 },
                 "{case}"
-            ),
-            None => assert!(
+            );
+        } else {
+            assert!(
                 !matches!(request, StartingNodes::InFlight { .. }),
                 "{case}: {request:?}"
-            ),
+            );
         }
     }
 }
@@ -2826,4 +2810,71 @@ fn a_look_at_the_nodes_in_flight_is_followed_by_one_at_everything_once_one_is_ba
     let decision = decide(&run, &settings(), &look, t0() + 1.minutes());
     assert!(decision.actions.is_empty(), "{:?}", decision.actions);
     assert_eq!(decision.run.outcome, None);
+}
+
+#[test]
+fn a_look_without_etcd_is_followed_by_one_at_etcd_where_a_control_plane_may_need_it() {
+    use crate::lifecycle::Kind;
+    let obs = cluster("1.11.6");
+    let mut without_etcd = obs.clone();
+    without_etcd.scope = Scope::WithoutEtcd;
+    // Past its pre-pull (which reads every node's installer, control planes' too).
+    let mut run = workers_first("1.12.0", &obs);
+    run.gates.prepull.done_at = Some(t0());
+    let workers_done = workers_done("1.12.0", &obs);
+    let mut cp_in_flight = decide(&workers_done, &settings(), &obs, t0()).run;
+    // The last control plane in flight: none is left to start.
+    for node in ["cp-1", "cp-2"] {
+        set_step(
+            &mut cp_in_flight,
+            node,
+            NodeStep::Done {
+                at: t0(),
+                started_at: Some(t0()),
+            },
+        );
+    }
+    answered(&mut cp_in_flight, "cp-3");
+    let mut finished = workers_done.clone();
+    finished.outcome = Some(Outcome::Completed { at: t0() });
+
+    // (case, run, observation, etcd looked at before deciding?)
+    let cases: [(&str, &Run, &Observation, bool); 5] = [
+        ("the workers go first", &run, &without_etcd, false),
+        (
+            "a control plane may start",
+            &workers_done,
+            &without_etcd,
+            true,
+        ),
+        (
+            "a control plane in flight",
+            &cp_in_flight,
+            &without_etcd,
+            true,
+        ),
+        ("a finished run", &finished, &without_etcd, false),
+        ("etcd was looked at", &workers_done, &obs, false),
+    ];
+    for (case, run, observation, etcd) in cases {
+        let further = Talos::before_deciding(run, &settings(), observation);
+        assert_eq!(
+            further.contains(&Further::Etcd),
+            etcd,
+            "{case}: {further:?}"
+        );
+    }
+
+    // The look at etcd completes the look.
+    let mut look = without_etcd.clone();
+    Talos::merge(&mut look, FurtherLooked::Etcd(obs.etcd.clone()));
+    assert_eq!(look, obs);
+}
+
+fn set_step(run: &mut Run, name: &str, step: NodeStep) {
+    run.nodes
+        .iter_mut()
+        .find(|n| n.name == name)
+        .expect("node in run")
+        .step = step;
 }

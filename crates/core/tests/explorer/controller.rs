@@ -75,6 +75,25 @@ impl Io<Talos> for TalosIo {
         let mut observation = w.talos_observation(&reading);
         // The shell asks only the nodes in flight then, and keeps the others' last look: the
         // core treats the look as such (and looks at everything again before anything moves on).
+        // etcd is asked only when a control plane is among the nodes that may start, as the shell
+        // does: the core looks at it before deciding where it needs it.
+        let control_plane_starts = reading.iter().any(|name| {
+            named.iter().any(|(n, role)| {
+                n == name && *role == talos_upgrade_core::run::NodeRole::ControlPlane
+            })
+        });
+        let etcd_asked = match request {
+            talos::StartingNodes::Every => true,
+            talos::StartingNodes::Named(_) => control_plane_starts,
+            talos::StartingNodes::InFlight { .. } => false,
+        };
+        if !etcd_asked {
+            observation.etcd = talos::EtcdObservation {
+                problem: Some("etcd was not looked at in this pass".to_string()),
+                leader: None,
+            };
+            observation.scope = talos::Scope::WithoutEtcd;
+        }
         if let talos::StartingNodes::InFlight { .. } = request {
             observation.scope = talos::Scope::InFlight;
         }
