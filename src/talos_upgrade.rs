@@ -56,6 +56,10 @@ pub struct TalosIo<'a> {
     /// nodes: a follower started later replays what changed since.
     seen: Vec<(String, bool, bool)>,
     observed_at: Option<Instant>,
+    /// What a look at the nodes in flight alone asked of them in this reconcile: the look at
+    /// everything that follows it at once when one is back (the core's `Further::Refresh`) does not
+    /// ask them again.
+    in_flight_asked: Vec<(String, TalosState)>,
     /// Wakes this cluster's reconcile when a call ends that the next pass follows at once.
     wake: Waker,
     /// What the gates before each node are observed with (see [`holds`]).
@@ -80,6 +84,7 @@ impl<'a> TalosIo<'a> {
             now,
             seen: Vec::new(),
             observed_at: None,
+            in_flight_asked: Vec::new(),
             wake,
             gates,
             silences: None,
@@ -146,6 +151,7 @@ impl<'a> TalosIo<'a> {
         // A pass that can start no node asks only the nodes in flight; the others are as the last
         // look saw them (see `kept_looks`). A node never asked yet is asked all the same.
         let kept = crate::kept_looks::of(fleet);
+        let just_asked = std::mem::take(&mut self.in_flight_asked);
         let kept_states: Vec<Option<TalosState>> = match starting {
             StartingNodes::InFlight { nodes } => inventory
                 .iter()
@@ -155,8 +161,18 @@ impl<'a> TalosIo<'a> {
                         .flatten()
                 })
                 .collect(),
-            StartingNodes::Named(_) | StartingNodes::Every => vec![None; inventory.len()],
+            // The nodes in flight just asked in this pass, unless their installer is read now.
+            StartingNodes::Named(_) | StartingNodes::Every => inventory
+                .iter()
+                .map(|node| {
+                    just_asked
+                        .iter()
+                        .find(|(name, _)| *name == node.name && !reading_images.contains(name))
+                        .map(|(_, state)| state.clone())
+                })
+                .collect(),
         };
+        let in_flight_only = matches!(starting, StartingNodes::InFlight { .. });
         // etcd only where a control plane may start (the core looks at it before deciding where
         // it needs it otherwise: `Scope::WithoutEtcd`).
         let asks_etcd = match starting {
@@ -167,7 +183,7 @@ impl<'a> TalosIo<'a> {
             }),
             StartingNodes::InFlight { .. } => false,
         };
-        let scope = if kept_states.iter().any(Option::is_some) {
+        let scope = if in_flight_only && kept_states.iter().any(Option::is_some) {
             Scope::InFlight
         } else if !asks_etcd {
             Scope::WithoutEtcd
@@ -212,6 +228,15 @@ impl<'a> TalosIo<'a> {
                 .filter(|(_, kept)| kept.is_none())
                 .map(|((node, state), _)| (node.name.as_str(), state)),
         );
+        if in_flight_only {
+            self.in_flight_asked = inventory
+                .iter()
+                .zip(&states)
+                .zip(&kept_states)
+                .filter(|(_, kept)| kept.is_none())
+                .map(|((node, state), _)| (node.name.clone(), state.clone()))
+                .collect();
+        }
         access.note_talos_versions(
             states
                 .iter()
