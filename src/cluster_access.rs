@@ -341,14 +341,17 @@ impl<'a> SharedAccess<'a> {
     }
 }
 
-/// The workload Nodes: from the followers' watch of them while it runs (a Talos node in flight), or
-/// listed.
+/// The workload Nodes: from the followers' watch of them while it runs (a Talos node in flight; a
+/// watch just started is given a moment for its first list), or listed.
 async fn workload_nodes(
     workload: &Client,
     watched: &WatchedNodes,
     addresses: AddressNeed,
 ) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
-    match watched.current(addresses) {
+    match watched
+        .current_soon(addresses, inventory::FIRST_LIST_WAIT)
+        .await
+    {
         Some(current) => current,
         None => inventory::from_workload_nodes(workload.clone(), addresses).await,
     }

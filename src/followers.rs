@@ -189,6 +189,9 @@ impl Wakeups {
                         .map(|node| (node.name.clone(), node.seen))
                         .collect(),
                 ));
+                // Its first list is on its way from now on: a reconcile that comes before it is in
+                // waits for it rather than list the Nodes too.
+                first.nodes.record(NodeChange::Relist);
                 let task = tokio::spawn(watch_workload_nodes(
                     first.workload.clone(),
                     first.nodes.clone(),

@@ -403,6 +403,8 @@ struct NodesView {
     listed: bool,
     nodes: BTreeMap<String, SeenNode>,
     relisting: Option<BTreeMap<String, SeenNode>>,
+    /// The watch failed since it last (re)started listing.
+    failed: bool,
 }
 
 /// A cluster's workload Nodes as a watch sees them, while one runs: the followers watch every Node of a
@@ -411,7 +413,14 @@ struct NodesView {
 #[derive(Default)]
 pub struct WatchedNodes {
     view: Mutex<NodesView>,
+    /// Told when the first list is in, or the watch broke or stopped.
+    settled: tokio::sync::Notify,
 }
+
+/// How long a reconcile waits for a watch's first list of the Nodes before listing them itself: the
+/// watch starts as the reconcile that started a node ends, and the next reconcile (the node's
+/// install ending wakes it) can come before that list is in.
+pub const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl WatchedNodes {
     fn view(&self) -> std::sync::MutexGuard<'_, NodesView> {
@@ -437,6 +446,30 @@ impl WatchedNodes {
         })
     }
 
+    /// [`current`](Self::current), waiting up to `wait` for a watch whose first list is on its way.
+    pub async fn current_soon(
+        &self,
+        addresses: AddressNeed,
+        wait: std::time::Duration,
+    ) -> Option<Result<Vec<WorkloadNodeInfo>, InventoryError>> {
+        let settled = self.settled.notified();
+        let mut settled = std::pin::pin!(settled);
+        // Registered before the state is looked at, so a list that comes in between is not missed.
+        settled.as_mut().enable();
+        if let Some(current) = self.current(addresses) {
+            return Some(current);
+        }
+        let listing = {
+            let view = self.view();
+            !view.listed && view.relisting.is_some() && !view.failed
+        };
+        if !listing {
+            return None;
+        }
+        let _ = tokio::time::timeout(wait, settled).await;
+        self.current(addresses)
+    }
+
     /// The Node `name` as last seen, while the watch is synced.
     pub fn node(&self, name: &str) -> Option<SeenNode> {
         let view = self.view();
@@ -448,8 +481,12 @@ impl WatchedNodes {
 
     /// Takes in one change.
     pub fn record(&self, change: NodeChange) {
-        let mut view = self.view();
-        let view = &mut *view;
+        let settles = matches!(
+            change,
+            NodeChange::Listed | NodeChange::Broken | NodeChange::Stopped
+        );
+        let mut guard = self.view();
+        let view = &mut *guard;
         // A watch that delivers a change after an error resumed where it stopped (one that cannot
         // resume relists instead), so nothing was missed.
         let resumed = |view: &mut NodesView| {
@@ -458,7 +495,10 @@ impl WatchedNodes {
             }
         };
         match change {
-            NodeChange::Relist => view.relisting = Some(BTreeMap::new()),
+            NodeChange::Relist => {
+                view.relisting = Some(BTreeMap::new());
+                view.failed = false;
+            }
             NodeChange::Present { name, seen } => {
                 view.relisting
                     .as_mut()
@@ -480,8 +520,15 @@ impl WatchedNodes {
                 view.synced = true;
                 view.listed = true;
             }
-            NodeChange::Broken => view.synced = false,
+            NodeChange::Broken => {
+                view.synced = false;
+                view.failed = true;
+            }
             NodeChange::Stopped => *view = NodesView::default(),
+        }
+        drop(guard);
+        if settles {
+            self.settled.notify_waiters();
         }
     }
 }
@@ -520,6 +567,48 @@ mod tests {
                 .map(|n| (n.node.name, n.ready))
                 .collect()
         })
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_waits_for_a_first_list_on_its_way_and_for_nothing_else() {
+        let wait = std::time::Duration::from_secs(30);
+        let nodes = std::sync::Arc::new(WatchedNodes::default());
+        // No watch: listed by the reconcile at once.
+        assert!(
+            nodes
+                .current_soon(AddressNeed::Required, wait)
+                .await
+                .is_none()
+        );
+
+        // A watch whose first list is on its way: its list is used once in.
+        nodes.record(NodeChange::Relist);
+        let watch = {
+            let nodes = nodes.clone();
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                nodes.record(seen("w1", true));
+                nodes.record(NodeChange::Listed);
+            })
+        };
+        let listed = nodes
+            .current_soon(AddressNeed::Required, wait)
+            .await
+            .expect("the watch's list")
+            .expect("nodes");
+        assert_eq!(listed.len(), 1);
+        watch.await.expect("watch");
+
+        // A watch that failed while listing: not waited for.
+        let nodes = WatchedNodes::default();
+        nodes.record(NodeChange::Relist);
+        nodes.record(NodeChange::Broken);
+        assert!(
+            nodes
+                .current_soon(AddressNeed::Required, wait)
+                .await
+                .is_none()
+        );
     }
 
     #[test]
