@@ -44,7 +44,11 @@ use talos_upgrade_core::crd::KubernetesCluster;
 
 /// First pause before reconnecting to a node's event stream; doubled up to [`RECONNECT_MAX`].
 const RECONNECT_MIN: Duration = Duration::from_millis(200);
-const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// Every attempt while the node is away is a Talos call that fails (a node takes a minute or more
+/// to come back), so the pauses grow. A longer pause delays nothing: a reconnection replays every
+/// event since the node booted, and Talos reports the node ready only after its services, static
+/// pods and Node are up, seconds after apid answers again; the Node watch wakes the cluster too.
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// A follower gives up after this long even if no reconcile told it to stop (the controller lost its
 /// leadership; a deleted cluster's followers are stopped when the controller forgets it): the poll
 /// carries on without it.
