@@ -229,6 +229,27 @@ pub fn failure(node: &str, reason: &str) -> String {
     )
 }
 
+/// What a run records when the snapshot from `node` failed or could not be verified: the snapshot
+/// as failed and the run's outcome, failed naming that node. Talos and Kubernetes runs record the
+/// same pair, each in its own place.
+pub(crate) fn failed_records(
+    node: &str,
+    reason: &str,
+    now: Timestamp,
+) -> (Snapshot, crate::run::Outcome) {
+    let snapshot = Snapshot::Failed {
+        node: node.to_string(),
+        at: now,
+        reason: reason.to_string(),
+    };
+    let outcome = crate::run::Outcome::Failed {
+        at: now,
+        node: Some(node.to_string()),
+        reason: failure(node, reason),
+    };
+    (snapshot, outcome)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -446,16 +446,9 @@ pub fn snapshot_failed(run: &mut KubeRun, node: &str, reason: &str, now: Timesta
     if run.outcome.is_some() {
         return false;
     }
-    run.etcd_snapshot = Some(crate::etcd_snapshot::Snapshot::Failed {
-        node: node.to_string(),
-        at: now,
-        reason: reason.to_string(),
-    });
-    run.outcome = Some(Outcome::Failed {
-        at: now,
-        node: Some(node.to_string()),
-        reason: crate::etcd_snapshot::failure(node, reason),
-    });
+    let (snapshot, outcome) = crate::etcd_snapshot::failed_records(node, reason, now);
+    run.etcd_snapshot = Some(snapshot);
+    run.outcome = Some(outcome);
     true
 }
 

@@ -1665,16 +1665,9 @@ pub(crate) fn snapshot_stored(
 /// Records the snapshot failed: the run fails before any control plane, naming the node it was taken
 /// from. No node of the run is marked failed (none was touched by it).
 pub(crate) fn snapshot_failed(run: &mut Run, node: &str, reason: &str, now: Timestamp) {
-    run.gates.etcd_snapshot = Some(crate::etcd_snapshot::Snapshot::Failed {
-        node: node.to_string(),
-        at: now,
-        reason: reason.to_string(),
-    });
-    run.outcome = Some(Outcome::Failed {
-        at: now,
-        node: Some(node.to_string()),
-        reason: crate::etcd_snapshot::failure(node, reason),
-    });
+    let (snapshot, outcome) = crate::etcd_snapshot::failed_records(node, reason, now);
+    run.gates.etcd_snapshot = Some(snapshot);
+    run.outcome = Some(outcome);
 }
 
 /// Nodes this run upgraded (not those found on the target).
