@@ -1429,6 +1429,17 @@ fn stored() -> crate::etcd_snapshot::Stored {
     }
 }
 
+/// The pass that asks for the snapshot: the run is about to restart kube-apiserver on cp-1, the
+/// first control plane, with snapshots on.
+fn snapshot_asked(obs: &Observation) -> Decision {
+    advance(
+        &pending_at(obs, "kube-apiserver cp-1"),
+        &snapshotting(),
+        obs,
+        t0(),
+    )
+}
+
 fn taken() -> crate::etcd_snapshot::Snapshot {
     crate::etcd_snapshot::Snapshot::Taken {
         node: "cp-2".into(),
@@ -1674,12 +1685,7 @@ fn a_whole_run_takes_one_snapshot_before_the_control_planes() {
 fn a_failed_snapshot_fails_the_run_before_any_control_plane_and_resume_takes_it_again() {
     use crate::lifecycle::Kind as _;
     let obs = cluster("1.34.1");
-    let asked = advance(
-        &pending_at(&obs, "kube-apiserver cp-1"),
-        &snapshotting(),
-        &obs,
-        t0(),
-    );
+    let asked = snapshot_asked(&obs);
     assert_eq!(labels(&asked.actions), ["snapshot cp-2"]);
     let mut run = asked.run;
     let cleanup = Kubernetes::refused(
@@ -1740,12 +1746,7 @@ fn a_failed_snapshot_fails_the_run_before_any_control_plane_and_resume_takes_it_
 fn a_stored_snapshot_is_announced_once_and_the_held_step_goes_in_the_same_pass() {
     use crate::lifecycle::{Answered, Kind as _};
     let obs = cluster("1.34.1");
-    let asked = advance(
-        &pending_at(&obs, "kube-apiserver cp-1"),
-        &snapshotting(),
-        &obs,
-        t0(),
-    );
+    let asked = snapshot_asked(&obs);
     let mut run = asked.run;
     let answered = Kubernetes::stored(&mut run, &asked.actions[0], &stored(), &obs, t0());
     assert_eq!(answered, Answered::DecideAgain);
