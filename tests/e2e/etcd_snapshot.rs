@@ -119,6 +119,11 @@ async fn world_with(prefix: &str, run: &RunOf, destination: Destination, keep: u
     world
 }
 
+/// [`world_with`] storing snapshots in `scratch`, keeping three.
+async fn world_in(prefix: &str, run: &RunOf, scratch: &Scratch) -> World {
+    world_with(prefix, run, Destination::Dir(scratch.0.clone()), 3).await
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     ring::digest::digest(&ring::digest::SHA256, bytes)
         .as_ref()
@@ -308,7 +313,7 @@ async fn run_failing_at_the_snapshot(
     scratch: &Scratch,
     fault: Fault,
 ) -> (World, CallRecord) {
-    let world = world_with(prefix, run, Destination::Dir(scratch.0.clone()), 3).await;
+    let world = world_in(prefix, run, scratch).await;
     for cp in ["cp-1", "cp-2", "cp-3"] {
         world
             .sim
@@ -410,13 +415,7 @@ async fn a_snapshot_the_node_refuses_stops_the_run_naming_the_node() {
 #[tokio::test]
 async fn a_kubernetes_run_with_talos_and_kubernetes_takes_one_before_its_first_control_plane() {
     let scratch = Scratch::new("k8s");
-    let world = world_with(
-        "es-k8s",
-        &KUBERNETES_RUN,
-        Destination::Dir(scratch.0.clone()),
-        3,
-    )
-    .await;
+    let world = world_in("es-k8s", &KUBERNETES_RUN, &scratch).await;
     KUBERNETES_RUN.start(&world).await;
     KUBERNETES_RUN.wait_for(&world, "completed").await;
     assert_eq!(world.annotation("kubernetes-current").await, "1.35.0");
@@ -499,13 +498,7 @@ async fn a_kubernetes_run_whose_snapshot_fails_stops_before_any_control_plane() 
 #[tokio::test]
 async fn an_invalid_etcd_snapshot_value_starts_nothing() {
     let scratch = Scratch::new("invalid");
-    let world = world_with(
-        "es-invalid",
-        &TALOS_RUN,
-        Destination::Dir(scratch.0.clone()),
-        3,
-    )
-    .await;
+    let world = world_in("es-invalid", &TALOS_RUN, &scratch).await;
     world
         .wait_for_annotation("talos-current", "1.11.6", "60s")
         .await;
