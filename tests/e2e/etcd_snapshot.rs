@@ -124,6 +124,22 @@ async fn world_in(prefix: &str, run: &RunOf, scratch: &Scratch) -> World {
     world_with(prefix, run, Destination::Dir(scratch.0.clone()), 3).await
 }
 
+/// Asserts `message` is a `kind` ("Talos" or "Kubernetes") run's failure for a snapshot `node`
+/// refused (etcd could not read it); the endpoint in the node's answer varies, so it is not
+/// compared.
+fn assert_refused(message: &str, kind: &str, node: &str) {
+    let prefix = format!(
+        "{kind} upgrade failed: the etcd snapshot from control plane {node} failed: the node \
+         refused it: Talos endpoint "
+    );
+    assert!(message.starts_with(&prefix), "{message}");
+    assert!(
+        message.contains("failed reading etcd snapshot")
+            && message.ends_with("(none was touched): fix the node or the snapshot destination, then set resume to take it again"),
+        "{message}"
+    );
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     ring::digest::digest(&ring::digest::SHA256, bytes)
         .as_ref()
@@ -394,17 +410,7 @@ async fn a_snapshot_the_node_refuses_stops_the_run_naming_the_node() {
             .await;
     let node = &snapshot.node;
     assert!(snapshot.result.starts_with("Unknown"), "{snapshot:?}");
-    let message = world.annotation("talos-message").await;
-    let prefix = format!(
-        "Talos upgrade failed: the etcd snapshot from control plane {node} failed: the node \
-         refused it: Talos endpoint "
-    );
-    assert!(message.starts_with(&prefix), "{message}");
-    assert!(
-        message.contains("failed reading etcd snapshot")
-            && message.ends_with("(none was touched): fix the node or the snapshot destination, then set resume to take it again"),
-        "{message}"
-    );
+    assert_refused(&world.annotation("talos-message").await, "Talos", node);
     world.stop_controller().await;
 }
 
@@ -457,16 +463,7 @@ async fn a_kubernetes_run_whose_snapshot_fails_stops_before_any_control_plane() 
         world.sim.record_json()
     );
     let message = world.annotation("kubernetes-message").await;
-    let prefix = format!(
-        "Kubernetes upgrade failed: the etcd snapshot from control plane {node} failed: the node \
-         refused it: Talos endpoint "
-    );
-    assert!(message.starts_with(&prefix), "{message}");
-    assert!(
-        message.contains("failed reading etcd snapshot")
-            && message.ends_with("(none was touched): fix the node or the snapshot destination, then set resume to take it again"),
-        "{message}"
-    );
+    assert_refused(&message, "Kubernetes", node);
     assert_eq!(world.annotation("failed-nodes").await, "");
     assert_eq!(world.event_messages("UpgradeFailed").await, vec![message]);
     assert_eq!(
