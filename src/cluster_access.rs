@@ -242,7 +242,7 @@ impl Access {
                     })
                     .collect();
                 let asked = nodes_to_ask(&told, || {
-                    crate::kept_looks::of(&self.fleet).next_turn(self.inventory.len())
+                    self.fleet.kept_looks().next_turn(self.inventory.len())
                 });
                 let answers = futures::future::join_all(asked.iter().map(|&index| async move {
                     let node = &self.inventory[index];

@@ -1,5 +1,5 @@
 //! What a cluster's Talos looks leave for the next reconcile, kept with the cluster's connections
-//! (until its credentials Secret changes): each node's state as last asked, and whose turn it is to
+//! (its `TalosFleet`, until its credentials Secret changes): each node's state as last asked, and whose turn it is to
 //! answer the idle refresh's one `Version` call.
 //!
 //! A pass that can start no node asks only the nodes in flight (`StartingNodes::InFlight`, decided
@@ -7,36 +7,13 @@
 //! looks at everything again before any node starts or the run finishes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::Mutex;
 
 use talos_upgrade_core::talos::TalosState;
 
-use crate::talos_fleet::TalosFleet;
-
-/// The kept looks of every cluster, by its Talos fleet: they last as long as the fleet does (the
-/// cluster's connections, rebuilt when its credentials Secret changes or the cluster is forgotten),
-/// so new credentials start from a look at everything.
-static KEPT: LazyLock<Mutex<Vec<KeptFor>>> = LazyLock::new(Mutex::default);
-
-/// One cluster's kept looks, with the fleet they are kept for.
-type KeptFor = (Weak<TalosFleet>, Arc<KeptLooks>);
-
-/// The kept looks of the cluster whose Talos fleet is `fleet` (empty the first time).
-pub fn of(fleet: &Arc<TalosFleet>) -> Arc<KeptLooks> {
-    let mut all = KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    // Those of fleets gone are let go.
-    all.retain(|(kept_for, _)| kept_for.strong_count() > 0);
-    if let Some((_, kept)) = all
-        .iter()
-        .find(|(kept_for, _)| std::ptr::eq(kept_for.as_ptr(), Arc::as_ptr(fleet)))
-    {
-        return kept.clone();
-    }
-    let kept = Arc::new(KeptLooks::default());
-    all.push((Arc::downgrade(fleet), kept.clone()));
-    kept
-}
-
+/// One cluster's kept looks. Held by the cluster's [`crate::talos_fleet::TalosFleet`], so they last
+/// as long as its connections (rebuilt when its credentials Secret changes or the cluster is
+/// forgotten): new credentials start from a look at everything.
 #[derive(Default)]
 pub struct KeptLooks {
     kept: Mutex<Kept>,

@@ -15,6 +15,7 @@ use semver::Version;
 use serde::Deserialize as _;
 
 use crate::inventory::InventoryNode;
+use crate::kept_looks::KeptLooks;
 use talos_api::{
     ConnectOptions, TalosClient, TalosCredentials, TalosError, TalosTls, Target, resources,
 };
@@ -50,6 +51,8 @@ pub struct TalosFleet {
     /// Shared with the task that closes unused connections ([`close_unused`]), which holds it weakly
     /// and so ends with the fleet.
     connections: Arc<Mutex<Connections>>,
+    /// What the last looks asked of each node, for the passes that ask only the nodes in flight.
+    looks: KeptLooks,
 }
 
 /// How long a direct connection to a node is kept after its last use.
@@ -154,7 +157,13 @@ impl TalosFleet {
             options,
             tls: OnceLock::new(),
             connections: Arc::default(),
+            looks: KeptLooks::default(),
         }
+    }
+
+    /// What this cluster's last looks asked of its nodes (see [`crate::kept_looks`]).
+    pub fn kept_looks(&self) -> &KeptLooks {
+        &self.looks
     }
 
     #[cfg(test)]

@@ -150,7 +150,7 @@ impl<'a> TalosIo<'a> {
         let reading_images = &starting.names(&named);
         // A pass that can start no node asks only the nodes in flight; the others are as the last
         // look saw them (see `kept_looks`). A node never asked yet is asked all the same.
-        let kept = crate::kept_looks::of(fleet);
+        let kept = fleet.kept_looks();
         let just_asked = std::mem::take(&mut self.in_flight_asked);
         let kept_states: Vec<Option<TalosState>> = match starting {
             StartingNodes::InFlight { nodes } => inventory
@@ -220,22 +220,17 @@ impl<'a> TalosIo<'a> {
             },
             holds::observe(&self.gates, access, starting),
         );
-        kept.keep_nodes(
-            inventory
-                .iter()
-                .zip(&states)
-                .zip(&kept_states)
-                .filter(|(_, kept)| kept.is_none())
-                .map(|((node, state), _)| (node.name.as_str(), state)),
-        );
+        // The nodes this look asked (not taken from a kept look).
+        let asked: Vec<(String, TalosState)> = inventory
+            .iter()
+            .zip(&states)
+            .zip(&kept_states)
+            .filter(|(_, kept)| kept.is_none())
+            .map(|((node, state), _)| (node.name.clone(), state.clone()))
+            .collect();
+        kept.keep_nodes(asked.iter().map(|(name, state)| (name.as_str(), state)));
         if in_flight_only {
-            self.in_flight_asked = inventory
-                .iter()
-                .zip(&states)
-                .zip(&kept_states)
-                .filter(|(_, kept)| kept.is_none())
-                .map(|((node, state), _)| (node.name.clone(), state.clone()))
-                .collect();
+            self.in_flight_asked = asked;
         }
         access.note_talos_versions(
             states
