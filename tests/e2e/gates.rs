@@ -32,6 +32,18 @@ fn metric(world: &World, name: &str, gate: &str) -> Option<String> {
         .and_then(|l| l.rsplit(' ').next().map(str::to_string))
 }
 
+/// Waits until the metric `name` of `gate` reads `value`: metrics are exported after the annotations
+/// are written and the Events published, so a test that has just seen an annotation polls for them.
+async fn wait_for_metric(world: &World, name: &str, gate: &str, value: &str) {
+    world
+        .poll(
+            PATIENCE,
+            &format!("{name} of {gate} to be {value}"),
+            || async { metric(world, name, gate).as_deref() == Some(value) },
+        )
+        .await;
+}
+
 #[tokio::test]
 async fn a_run_waits_for_its_maintenance_window_across_a_restart_and_starts_inside_it() {
     let world = World::start("gates-window", small()).await;
@@ -51,14 +63,14 @@ async fn a_run_waits_for_its_maintenance_window_across_a_restart_and_starts_insi
         .await;
     assert_eq!(world.annotation("talos-status").await, "in-progress");
     world.wait_for_event("UpgradeWaiting", Some(expected)).await;
-    assert_eq!(
-        metric(&world, "talos_upgrade_hold", "maintenance-window").as_deref(),
-        Some("1")
-    );
-    assert_eq!(
-        metric(&world, "talos_upgrade_holds_total", "maintenance-window").as_deref(),
-        Some("1")
-    );
+    wait_for_metric(&world, "talos_upgrade_hold", "maintenance-window", "1").await;
+    wait_for_metric(
+        &world,
+        "talos_upgrade_holds_total",
+        "maintenance-window",
+        "1",
+    )
+    .await;
 
     // Held across a restart, and looked at again without a new Event or a node started.
     world.restart_controller().await;
@@ -141,10 +153,7 @@ async fn a_soak_holds_each_next_node_and_says_until_when() {
         .await;
     world.assert_each_node_upgraded_once(3);
     // One hold per node but the last: after each of the two workers.
-    assert_eq!(
-        metric(&world, "talos_upgrade_holds_total", "soak").as_deref(),
-        Some("2")
-    );
+    wait_for_metric(&world, "talos_upgrade_holds_total", "soak", "2").await;
 }
 
 #[tokio::test]
@@ -270,11 +279,10 @@ async fn a_soak_holds_across_a_restart_until_the_clock_passes_its_end() {
     world
         .wait_for_annotation_matching("talos-message", PATIENCE, "an hour's soak", soaking)
         .await;
+    // The Event is published after the annotation: the restart below must not come in between.
+    world.wait_for_event("UpgradeWaiting", None).await;
     assert_eq!(world.upgrade_calls().len(), 1);
-    assert_eq!(
-        metric(&world, "talos_upgrade_hold", "soak").as_deref(),
-        Some("1")
-    );
+    wait_for_metric(&world, "talos_upgrade_hold", "soak", "1").await;
     assert!(
         world
             .metrics
@@ -307,10 +315,7 @@ async fn a_soak_holds_across_a_restart_until_the_clock_passes_its_end() {
         .wait_for_annotation("talos-status", "completed", "180s")
         .await;
     world.assert_each_node_upgraded_once(3);
-    assert_eq!(
-        metric(&world, "talos_upgrade_hold", "soak").as_deref(),
-        Some("0")
-    );
+    wait_for_metric(&world, "talos_upgrade_hold", "soak", "0").await;
 }
 
 #[tokio::test]
