@@ -38,6 +38,7 @@ pub const FAULT_NAMES: &[&str] = &[
     "installer-exits",
     "etcd-snapshot-fails",
     "etcd-snapshot-truncated",
+    "no-one-to-many",
 ];
 
 /// Parses a fault name and its query parameters (`count` for `fail-next-calls`, `ms` for `ready-delay`,
@@ -68,6 +69,7 @@ pub fn parse_fault(name: &str, params: &HashMap<String, String>) -> Result<Fault
         "install-unavailable" => Fault::InstallUnavailable,
         "etcd-snapshot-fails" => Fault::EtcdSnapshotFails,
         "etcd-snapshot-truncated" => Fault::EtcdSnapshotTruncated,
+        "no-one-to-many" => Fault::NoOneToMany,
         "installer-exits" => {
             let code = number("code")?;
             if !(1..=255).contains(&code) {

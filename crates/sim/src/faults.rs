@@ -48,6 +48,10 @@ pub enum Fault {
     /// the end of the database and the SHA-256 etcd appends, which a client that verifies it notices.
     /// Stays until cleared.
     EtcdSnapshotTruncated,
+    /// This node's apid does not fan calls out to several nodes (the `nodes` metadata): it answers
+    /// `InvalidArgument`, as a Talos without one-to-many proxying would (deprecated in 1.14, marked
+    /// for removal in 2.0), while still proxying one-to-one (`node`). Stays until cleared.
+    NoOneToMany,
 }
 
 /// The `installer-exits` fault as it stands.
@@ -75,6 +79,7 @@ pub struct ActiveFaults {
     pub installer_exits: Option<InstallerExits>,
     pub etcd_snapshot_fails: bool,
     pub etcd_snapshot_truncated: bool,
+    pub no_one_to_many: bool,
 }
 
 /// A node's faults behind a watch channel, so waiting code (a node kept down, a delayed readiness)
@@ -113,6 +118,7 @@ impl FaultSet {
             }
             Fault::EtcdSnapshotFails => f.etcd_snapshot_fails = true,
             Fault::EtcdSnapshotTruncated => f.etcd_snapshot_truncated = true,
+            Fault::NoOneToMany => f.no_one_to_many = true,
         });
     }
 

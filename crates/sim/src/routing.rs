@@ -99,14 +99,37 @@ impl ApiContext {
         let meta = req.metadata();
         let nodes = header_values(meta, "nodes")?;
         if !nodes.is_empty() {
+            // A worker has no apid client certificate to forward with: `Director` refuses the whole
+            // call (`aggregateDirector` without a backend factory), unless it is asked about itself
+            // alone, which it answers as a call with no header.
+            if !self.endpoint.role.is_control_plane() {
+                return match nodes.as_slice() {
+                    [one]
+                        if self
+                            .cluster
+                            .resolve(one)
+                            .is_some_and(|node| node.index == self.endpoint.index) =>
+                    {
+                        check_injected_failure(&self.endpoint)?;
+                        Ok(Targets::One(self.endpoint.clone()))
+                    }
+                    _ => Err(Status::permission_denied("no request forwarding")),
+                };
+            }
+            if self.endpoint.faults.current().no_one_to_many {
+                return Err(Status::invalid_argument(format!(
+                    "one-2-many proxying is not supported for method {method}"
+                )));
+            }
+            // apid's explicit list of services it fans out; COSI (`/cosi.resource.State/…`) is not
+            // in it.
             return match proxy {
-                Proxy::Cosi => Err(Status::invalid_argument(
-                    "one-2-many proxying is not supported for COSI methods",
-                )),
-                Proxy::Streaming if !one_to_many_allowed(method) => Err(Status::invalid_argument(
-                    format!("one-2-many proxying is not supported for method {method}"),
-                )),
-                Proxy::Streaming | Proxy::Unary => Ok(Targets::Many(
+                Proxy::Cosi | Proxy::Streaming if !one_to_many_allowed(method) => {
+                    Err(Status::invalid_argument(format!(
+                        "one-2-many proxying is not supported for method {method}"
+                    )))
+                }
+                Proxy::Cosi | Proxy::Streaming | Proxy::Unary => Ok(Targets::Many(
                     nodes
                         .into_iter()
                         .map(|n| {

@@ -269,6 +269,21 @@ async fn node_header_proxies_through_control_planes_only() {
         w.version(req).await.unwrap_err().code(),
         Code::PermissionDenied
     );
+    // Nor fan out (talos v1.14.1 director.go `aggregateDirector`: the whole call is refused), unless
+    // the one node named is the worker itself.
+    let mut req = tonic::Request::new(());
+    req.metadata_mut()
+        .insert("nodes", "worker-1,worker-2".parse().unwrap());
+    let refused = w.version(req).await.unwrap_err();
+    assert_eq!(
+        (refused.code(), refused.message()),
+        (Code::PermissionDenied, "no request forwarding")
+    );
+    let mut req = tonic::Request::new(());
+    req.metadata_mut()
+        .insert("nodes", "worker-1".parse().unwrap());
+    let own = w.version(req).await.unwrap().into_inner();
+    assert_eq!(own.messages.len(), 1);
 
     // One-to-many: aggregated replies stamped with the target, errors inline.
     let mut req = tonic::Request::new(());
