@@ -13,7 +13,9 @@
 //!
 //! Only changes that can move the upgrade on wake it, and only those after the reconcile that started
 //! the follower looked at the node: every wake-up costs a reconcile, and a reconcile that finds
-//! nothing to do still reads the cluster's state from the API server.
+//! nothing to do still reads the cluster's state from the API server. A wake-up that comes while the
+//! cluster's reconcile runs waits for its end, and goes out only if that reconcile still follows the
+//! node ([`FollowerWakes`]): one that saw the node done needs no second look.
 //!
 //! The end of a Talos >= 1.13 install (`LifecycleService.Upgrade`, a call that lasts the whole install)
 //! wakes it the same way ([`Waker`], from `talos_upgrade`): the node's drain and reboot come next, and
@@ -23,7 +25,7 @@
 //! usual. The poll stays as the safety net (relaxed while every node in flight is rebooting and
 //! followed: `Revisit::AwaitingReboots` in the core), so a lost stream costs time, never correctness.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -107,15 +109,89 @@ pub struct Wakeups {
     sender: mpsc::UnboundedSender<ObjectRef<KubernetesCluster>>,
     receiver: Mutex<Option<mpsc::UnboundedReceiver<ObjectRef<KubernetesCluster>>>>,
     followed: Mutex<HashMap<ObjectRef<KubernetesCluster>, ClusterFollowers>>,
+    /// Where the followers' wake-ups go: held while their cluster's reconcile runs.
+    wakes: Arc<FollowerWakes>,
 }
 
 impl Default for Wakeups {
     fn default() -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         Wakeups {
-            sender,
+            sender: sender.clone(),
             receiver: Mutex::new(Some(receiver)),
             followed: Mutex::new(HashMap::new()),
+            wakes: Arc::new(FollowerWakes {
+                sender,
+                running: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+/// The followers' wake-ups. One that comes while its cluster's reconcile runs is held until that
+/// reconcile ends, and sent then only if the node it is about is still followed: both followers of a
+/// node (its Talos events and its Node) wake the cluster when it is back, usually within
+/// milliseconds of each other, so the second wake-up comes while the reconcile woken by the first
+/// runs. When that reconcile saw the node done it no longer follows it, and another reconcile would
+/// find nothing new (at the end of a run it is the whole idle look again: the Nodes and the mirror
+/// Pods listed, the nodes asked their version). A node still in flight is still followed: its
+/// wake-up goes out, and the next reconcile looks again, as before.
+struct FollowerWakes {
+    sender: mpsc::UnboundedSender<ObjectRef<KubernetesCluster>>,
+    /// The clusters whose reconcile runs → the nodes whose followers woke them meanwhile.
+    running: Mutex<HashMap<ObjectRef<KubernetesCluster>, BTreeSet<String>>>,
+}
+
+impl FollowerWakes {
+    fn running(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<KubernetesCluster>, BTreeSet<String>>> {
+        self.running
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The follower of `node` has news for `cluster`'s reconcile.
+    fn wake(&self, cluster: &ObjectRef<KubernetesCluster>, node: &str) {
+        if let Some(held) = self.running().get_mut(cluster) {
+            held.insert(node.to_string());
+            return;
+        }
+        // The receiver is gone only when the controller stops; nothing is left to wake then.
+        let _ = self.sender.send(cluster.clone());
+    }
+}
+
+/// A reconcile of one cluster running: the followers' wake-ups meanwhile are held (see
+/// [`FollowerWakes`]) and, as it ends (however it ends), sent on if a node they are about is still
+/// followed.
+pub struct Reconciling<'a> {
+    wakeups: &'a Wakeups,
+    cluster: ObjectRef<KubernetesCluster>,
+}
+
+impl Drop for Reconciling<'_> {
+    fn drop(&mut self) {
+        let Some(held) = self.wakeups.wakes.running().remove(&self.cluster) else {
+            return;
+        };
+        let still_followed = {
+            let followed = self
+                .wakeups
+                .followed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            followed
+                .get(&self.cluster)
+                .is_some_and(|current| held.iter().any(|node| current.talos.contains_key(node)))
+        };
+        if still_followed {
+            let _ = self.wakeups.sender.send(self.cluster.clone());
+        } else if !held.is_empty() {
+            tracing::debug!(
+                nodes = ?held,
+                "wake-ups during the reconcile about nodes it no longer follows: not reconciling again"
+            );
         }
     }
 }
@@ -144,6 +220,18 @@ impl Wakeups {
         }
     }
 
+    /// A reconcile of `cluster` starts; it ends when the returned guard is dropped (see
+    /// [`Reconciling`]). The controller never runs two reconciles of one cluster at once.
+    pub fn reconciling(&self, cluster: &ObjectRef<KubernetesCluster>) -> Reconciling<'_> {
+        self.wakes
+            .running()
+            .insert(cluster.clone(), BTreeSet::new());
+        Reconciling {
+            wakeups: self,
+            cluster: cluster.clone(),
+        }
+    }
+
     /// Follow exactly `nodes` of `cluster` from now on: new ones are followed, ones no longer listed are
     /// let go. An empty list stops following the cluster.
     pub fn follow(&self, cluster: &ObjectRef<KubernetesCluster>, nodes: Vec<FollowedNode>) {
@@ -165,10 +253,11 @@ impl Wakeups {
             }
             let task = tokio::spawn(follow_node(
                 cluster.clone(),
+                node.name.clone(),
                 node.talos.clone(),
                 node.address,
                 node.observed_at,
-                self.sender.clone(),
+                self.wakes.clone(),
             ));
             current
                 .talos
@@ -200,7 +289,8 @@ impl Wakeups {
                     first.workload.clone(),
                     first.nodes.clone(),
                     followed.clone(),
-                    self.waker(cluster),
+                    cluster.clone(),
+                    self.wakes.clone(),
                 ));
                 NodeWatch {
                     nodes: first.nodes.clone(),
@@ -226,7 +316,7 @@ impl Wakeups {
                 if let Some(state) = state
                     && worth_a_look(node.seen, state)
                 {
-                    self.waker(cluster).wake();
+                    self.wakes.wake(cluster, &node.name);
                 }
                 followed.insert(node.name.clone(), state.or(node.seen));
             }
@@ -253,15 +343,13 @@ impl Waker {
 /// change.
 async fn follow_node(
     cluster: ObjectRef<KubernetesCluster>,
+    name: String,
     talos: Arc<TalosFleet>,
     address: IpAddr,
     observed_at: Instant,
-    wake: mpsc::UnboundedSender<ObjectRef<KubernetesCluster>>,
+    wakes: Arc<FollowerWakes>,
 ) {
-    let wake_up = || {
-        // The receiver is gone only when the controller stops; nothing is left to wake then.
-        let _ = wake.send(cluster.clone());
-    };
+    let wake_up = || wakes.wake(&cluster, &name);
     let _ = tokio::time::timeout(
         FOLLOW_AT_MOST,
         follow_talos_events(&talos, address, observed_at, &wake_up),
@@ -343,7 +431,8 @@ async fn watch_workload_nodes(
     workload: kube::Client,
     nodes: Arc<WatchedNodes>,
     followed: FollowedNodes,
-    waker: Waker,
+    cluster: ObjectRef<KubernetesCluster>,
+    wakes: Arc<FollowerWakes>,
 ) {
     let _stops = StopsWatching(nodes.clone());
     let api: Api<Node> = Api::all(workload);
@@ -394,7 +483,7 @@ async fn watch_workload_nodes(
                         ?state,
                         "workload node ready: waking its cluster"
                     );
-                    waker.wake();
+                    wakes.wake(&cluster, &name);
                 }
                 *last = Some(state);
             }
@@ -417,7 +506,72 @@ fn worth_a_look(last: Option<(bool, bool)>, now: (bool, bool)) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::worth_a_look;
+    use super::*;
+
+    /// The next wake-up already sent, if any.
+    fn sent(
+        triggers: &mut (impl Stream<Item = ObjectRef<KubernetesCluster>> + Unpin),
+    ) -> Option<ObjectRef<KubernetesCluster>> {
+        futures::FutureExt::now_or_never(triggers.next()).flatten()
+    }
+
+    /// Marks `nodes` of `cluster` followed (by followers that do nothing).
+    fn followed(wakeups: &Wakeups, cluster: &ObjectRef<KubernetesCluster>, nodes: &[&str]) {
+        let mut followed = wakeups.followed.lock().expect("followed");
+        let current = followed.entry(cluster.clone()).or_default();
+        current.talos = nodes
+            .iter()
+            .map(|node| {
+                let task = tokio::spawn(std::future::pending::<()>());
+                (node.to_string(), Follower(task.abort_handle()))
+            })
+            .collect();
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_during_a_reconcile_goes_out_after_it_only_for_a_node_still_followed() {
+        let wakeups = Wakeups::default();
+        let mut triggers = Box::pin(wakeups.triggers());
+        let cluster = ObjectRef::new("c1").within("ns");
+        let other = ObjectRef::new("c2").within("ns");
+        followed(&wakeups, &cluster, &["w1", "w2"]);
+
+        // No reconcile running: at once.
+        wakeups.wakes.wake(&cluster, "w1");
+        assert_eq!(sent(&mut triggers), Some(cluster.clone()));
+        assert_eq!(sent(&mut triggers), None);
+
+        // During a reconcile that goes on following the node: once, after it ends.
+        let reconciling = wakeups.reconciling(&cluster);
+        wakeups.wakes.wake(&cluster, "w1");
+        wakeups.wakes.wake(&cluster, "w2");
+        // Another cluster's is not held.
+        wakeups.wakes.wake(&other, "x1");
+        assert_eq!(sent(&mut triggers), Some(other.clone()));
+        assert_eq!(sent(&mut triggers), None, "held during the reconcile");
+        drop(reconciling);
+        assert_eq!(sent(&mut triggers), Some(cluster.clone()));
+        assert_eq!(sent(&mut triggers), None, "one wake-up for both");
+
+        // During a reconcile that saw the node done (it follows the next one, or none): dropped.
+        let reconciling = wakeups.reconciling(&cluster);
+        wakeups.wakes.wake(&cluster, "w1");
+        followed(&wakeups, &cluster, &["w2"]);
+        drop(reconciling);
+        assert_eq!(sent(&mut triggers), None, "w1 no longer followed");
+
+        let reconciling = wakeups.reconciling(&cluster);
+        wakeups.wakes.wake(&cluster, "w2");
+        wakeups.follow(&cluster, Vec::new());
+        drop(reconciling);
+        assert_eq!(sent(&mut triggers), None, "the run ended");
+
+        // A reconcile during which nothing woke it sends nothing; afterwards wake-ups go out at once.
+        drop(wakeups.reconciling(&cluster));
+        assert_eq!(sent(&mut triggers), None);
+        wakeups.wakes.wake(&cluster, "w2");
+        assert_eq!(sent(&mut triggers), Some(cluster));
+    }
 
     #[test]
     fn only_a_node_becoming_ready_or_schedulable_wakes_the_cluster() {

@@ -449,10 +449,13 @@ pub async fn reconcile(
         cluster = %cluster.name_any(),
     );
     ctx.begin(&cluster);
+    // The followers' wake-ups meanwhile wait for its end (see `followers::Reconciling`).
+    let reconciling = ctx.wakeups.reconciling(&ObjectRef::from_obj(&*cluster));
     let result = reconcile_cluster(cluster.clone(), ctx.clone())
         .instrument(span)
         .await;
     ctx.end(&cluster);
+    drop(reconciling);
     result
 }
 
