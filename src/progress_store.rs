@@ -226,8 +226,21 @@ impl<'a> Records<'a> {
 }
 
 /// Progress records kept between reconciles, keyed by (namespace, ConfigMap name): a reconcile reuses
-/// the record the last one read or wrote while a watch of the progress ConfigMaps shows it unchanged.
-pub type ProgressCache = CachedReads<(String, String), Progress>;
+/// the record the last one read or wrote while a watch of the progress ConfigMaps shows it unchanged,
+/// and that there is none, for at most [`ABSENCE_REREAD`] (see [`ProgressStore::remember`]).
+pub type ProgressCache = CachedReads<(String, String), KeptProgress>;
+
+/// A progress record as kept between reconciles.
+#[derive(Debug, Clone)]
+pub struct KeptProgress {
+    progress: Progress,
+    /// When the record was read and found absent.
+    absent_since: Option<std::time::Instant>,
+}
+
+/// How long that a cluster has no progress record is reused at most: a record made by hand without
+/// the controller's label is not seen by the watch (see [`ProgressStore::remember`]).
+pub const ABSENCE_REREAD: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 /// Keeps `cache` current: follows the progress ConfigMaps in `namespace` (or everywhere), metadata only
 /// and by their label, until the controller stops.
@@ -286,21 +299,51 @@ impl ProgressStore {
 
     /// Keeps what was just read or written, as the ConfigMap at `progress.resource_version`.
     ///
-    /// That there is no record is not kept: the watch sees only ConfigMaps with the controller's label,
-    /// and a record someone creates by hand (a restore, a mistake) carries none, so only a read finds it.
-    /// A record the controller wrote keeps its label, and losing it looks like a deletion to the watch.
+    /// That there is no record is kept too, while the watch shows no ConfigMap of that name, and for at
+    /// most [`ABSENCE_REREAD`]: a cluster that never had a run would otherwise read its absent record at
+    /// every idle refresh and again when its first run starts. The watch sees only ConfigMaps with the
+    /// controller's label, and a record someone creates by hand (a restore, a mistake) may carry none;
+    /// such a record is still never written over: the first save creates the ConfigMap, which the API
+    /// server refuses when one exists (a conflict: the record is read again and decided on), and
+    /// otherwise it is read within the hour. A record the controller wrote keeps its label, and losing
+    /// it looks like a deletion to the watch.
     fn remember(&self, name: &str, progress: &Progress) {
         let Some(cache) = &self.cache else {
             return;
         };
-        match &progress.resource_version {
-            Some(version) => cache.keep(
-                self.cache_key(name),
-                Fingerprint::of([(name, version.as_str())]),
-                progress.clone(),
-            ),
-            None => self.forget(name),
-        }
+        let (read, absent_since) = match &progress.resource_version {
+            Some(version) => (Fingerprint::of([(name, version.as_str())]), None),
+            None => (Fingerprint::none(), Some(std::time::Instant::now())),
+        };
+        cache.keep(
+            self.cache_key(name),
+            read,
+            KeptProgress {
+                progress: progress.clone(),
+                absent_since,
+            },
+        );
+    }
+
+    /// Keeps what was just written over the ConfigMap at `replaced` (`None`: created): reused while
+    /// the watch shows it or, not having seen the write yet, what it replaced (see
+    /// [`CachedReads::keep_written`]). Under load the watch is often behind: a reconcile right after
+    /// a save (a node back, the next one started) would otherwise read the record again.
+    fn remember_written(&self, name: &str, replaced: Option<&str>, progress: &Progress) {
+        let (Some(cache), Some(version)) = (&self.cache, &progress.resource_version) else {
+            return self.remember(name, progress);
+        };
+        cache.keep_written(
+            self.cache_key(name),
+            replaced.map_or_else(Fingerprint::none, |replaced| {
+                Fingerprint::of([(name, replaced)])
+            }),
+            Fingerprint::of([(name, version.as_str())]),
+            KeptProgress {
+                progress: progress.clone(),
+                absent_since: None,
+            },
+        );
     }
 
     /// Drops the kept record (after a failed save: the next load reads).
@@ -326,8 +369,12 @@ impl ProgressStore {
             .cache
             .as_ref()
             .and_then(|cache| cache.get(&self.cache_key(&name)))
+            .filter(|kept| {
+                kept.absent_since
+                    .is_none_or(|since| since.elapsed() < ABSENCE_REREAD)
+            })
         {
-            return Ok(kept);
+            return Ok(kept.progress);
         }
         let progress = self.read(&name).await?;
         self.remember(&name, &progress);
@@ -437,9 +484,10 @@ impl ProgressStore {
         };
         match written {
             Ok(stored) => {
+                let replaced = progress.resource_version.take();
                 progress.resource_version = stored.metadata.resource_version;
                 progress.owner_uid = owner_uid;
-                self.remember(&name, progress);
+                self.remember_written(&name, replaced.as_deref(), progress);
                 Ok(())
             }
             // 409: replaced at a stale version, or created while someone else created it.

@@ -10,7 +10,10 @@
 //!
 //! The cache can never serve something the watch knows to be out of date; it can serve something a
 //! write not yet seen by the watch has changed, which is why progress is still written with
-//! `resourceVersion` (a stale read ends in a conflict, never in an overwrite).
+//! `resourceVersion` (a stale read ends in a conflict, never in an overwrite). A value this process
+//! wrote itself is served while the watch has not seen that write yet but still shows what it
+//! replaced ([`CachedReads::keep_written`]): under load the watch is behind, and a reconcile right
+//! after a save would otherwise read the record again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -210,7 +213,21 @@ impl<K: Hash + Eq + Clone> SeenVersions<K> {
 /// Reads of one kind kept per key `K`, each reused while [`SeenVersions`] says it is still current.
 pub struct CachedReads<K, V> {
     pub seen: SeenVersions<K>,
-    reads: Mutex<HashMap<K, (Fingerprint, V)>>,
+    reads: Mutex<HashMap<K, Kept<V>>>,
+}
+
+/// How many of its own writes in a row the watch may be behind before a kept write is read again.
+const OWN_WRITES_AHEAD: usize = 8;
+
+/// One kept read or write.
+struct Kept<V> {
+    /// The objects as read or written.
+    read: Fingerprint,
+    value: V,
+    /// What this process itself replaced to come to `read`, in a chain of its own writes since the
+    /// last read (oldest first): while the watch still shows one of them it is only behind these
+    /// writes, and `value` is still the newest (see [`CachedReads::keep_written`]).
+    replaced: Vec<Fingerprint>,
 }
 
 impl<K, V> Default for CachedReads<K, V> {
@@ -223,19 +240,26 @@ impl<K, V> Default for CachedReads<K, V> {
 }
 
 impl<K: Hash + Eq + Clone, V: Clone> CachedReads<K, V> {
-    fn reads(&self) -> std::sync::MutexGuard<'_, HashMap<K, (Fingerprint, V)>> {
+    fn reads(&self) -> std::sync::MutexGuard<'_, HashMap<K, Kept<V>>> {
         self.reads
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The value last read for `key`, if the objects it was read from are unchanged. A read that is no
-    /// longer current is dropped.
+    /// The value last read for `key`, if the objects it was read from are unchanged (or, for a value
+    /// this process wrote, if the watch has not seen anything since but what that write replaced). A
+    /// read that is no longer current is dropped.
     pub fn get(&self, key: &K) -> Option<V> {
         let mut reads = self.reads();
-        let (read, value) = reads.get(key)?;
-        if self.seen.still_current(key, *read) {
-            return Some(value.clone());
+        let kept = reads.get_mut(key)?;
+        let seen = self.seen.fingerprint(key);
+        if seen == Some(kept.read) {
+            // The watch has caught up with the writes.
+            kept.replaced.clear();
+            return Some(kept.value.clone());
+        }
+        if seen.is_some_and(|seen| kept.replaced.contains(&seen)) {
+            return Some(kept.value.clone());
         }
         reads.remove(key);
         None
@@ -243,7 +267,51 @@ impl<K: Hash + Eq + Clone, V: Clone> CachedReads<K, V> {
 
     /// Keeps `value`, read (or written) from objects whose fingerprint is `read`.
     pub fn keep(&self, key: K, read: Fingerprint, value: V) {
-        self.reads().insert(key, (read, value));
+        self.reads().insert(
+            key,
+            Kept {
+                read,
+                value,
+                replaced: Vec::new(),
+            },
+        );
+    }
+
+    /// Keeps `value`, just written by this process over the objects at `replaced` (with
+    /// resourceVersion preconditions), now at `written`. Under load the watch shows a write a while
+    /// after its answer, often after the next reconcile's read; until then it still shows what the
+    /// write replaced, or an earlier write of this process's own chain, and that is no reason to read
+    /// again. Anything else it shows (someone else's write, a deletion) drops the value as before.
+    /// Served before the watch caught up, the value can be older than a write of someone else's not
+    /// yet seen: the next write at its resourceVersion then ends in a conflict, as after any stale
+    /// read (see the module documentation).
+    ///
+    /// A write that created the objects (`replaced` is [`Fingerprint::none`]) is kept as a read is:
+    /// a version, once replaced, never comes back, but absence does (a deletion after the write), and
+    /// the watch showing it then must not serve the deleted value.
+    pub fn keep_written(&self, key: K, replaced: Fingerprint, written: Fingerprint, value: V) {
+        if replaced == Fingerprint::none() {
+            self.keep(key, written, value);
+            return;
+        }
+        let mut reads = self.reads();
+        let mut chain = match reads.remove(&key) {
+            // A chain of this process's own writes: each replaced what the one before wrote.
+            Some(kept) if kept.read == replaced => kept.replaced,
+            _ => Vec::new(),
+        };
+        chain.push(replaced);
+        if chain.len() > OWN_WRITES_AHEAD {
+            chain.remove(0);
+        }
+        reads.insert(
+            key,
+            Kept {
+                read: written,
+                value,
+                replaced: chain,
+            },
+        );
     }
 
     /// Drops what is kept for `key` (after a conflict: someone else wrote).
@@ -378,7 +446,7 @@ mod tests {
 
         reads.keep(key.clone(), Fingerprint::of([("cm", "5")]), "as read at 5");
         assert_eq!(reads.get(&key), Some("as read at 5"));
-        // Written at 6 by this controller, before the watch has seen the write: not reused yet.
+        // Kept as a read at 6 while the watch shows 5: not reused.
         reads.keep(
             key.clone(),
             Fingerprint::of([("cm", "6")]),
@@ -405,5 +473,71 @@ mod tests {
         );
         reads.forget(&key);
         assert_eq!(reads.get(&key), None);
+    }
+
+    #[test]
+    fn an_own_write_is_reused_while_the_watch_shows_only_what_it_replaced() {
+        let fp = |version: &str| Fingerprint::of([("cm", version)]);
+        let key = "c".to_string();
+        let listed_at = |version: &str| {
+            let reads = CachedReads::<String, &str>::default();
+            reads.seen.record(Seen::Relist);
+            reads.seen.record(present("c", "cm", version));
+            reads.seen.record(Seen::Listed);
+            reads
+        };
+
+        // Read at 5, then written at 6 and 7 by this process: reused while the watch shows 5 or 6.
+        let reads = listed_at("5");
+        reads.keep(key.clone(), fp("5"), "read at 5");
+        reads.keep_written(key.clone(), fp("5"), fp("6"), "written at 6");
+        assert_eq!(reads.get(&key), Some("written at 6"), "the watch at 5");
+        reads.keep_written(key.clone(), fp("6"), fp("7"), "written at 7");
+        assert_eq!(reads.get(&key), Some("written at 7"), "still at 5");
+        reads.seen.record(present("c", "cm", "6"));
+        assert_eq!(reads.get(&key), Some("written at 7"), "at 6");
+        reads.seen.record(present("c", "cm", "7"));
+        assert_eq!(reads.get(&key), Some("written at 7"), "caught up");
+        // Someone else's write after it: dropped.
+        reads.seen.record(present("c", "cm", "8"));
+        assert_eq!(reads.get(&key), None, "someone else wrote 8");
+
+        // Someone else's write (or a deletion) seen before this process's own: dropped.
+        for (name, seen) in [("someone else wrote", Some("9")), ("deleted", None::<&str>)] {
+            let reads = listed_at("5");
+            reads.keep(key.clone(), fp("5"), "read at 5");
+            reads.keep_written(key.clone(), fp("5"), fp("6"), "written at 6");
+            match seen {
+                Some(version) => reads.seen.record(present("c", "cm", version)),
+                None => reads.seen.record(Seen::Deleted {
+                    key: key.clone(),
+                    name: "cm".into(),
+                }),
+            }
+            assert_eq!(reads.get(&key), None, "{name}");
+        }
+
+        // A write over a version the kept value was not at starts no chain from it.
+        let reads = listed_at("5");
+        reads.keep(key.clone(), fp("4"), "read at 4");
+        reads.keep_written(key.clone(), fp("5"), fp("6"), "written at 6 over 5");
+        reads.seen.record(present("c", "cm", "4"));
+        assert_eq!(reads.get(&key), None, "4 was not replaced by this process");
+
+        // A create is kept as a read: absence can come back (a deletion) and must not serve it.
+        let reads = CachedReads::<String, &str>::default();
+        reads.seen.record(Seen::Relist);
+        reads.seen.record(Seen::Listed);
+        reads.keep_written(key.clone(), Fingerprint::none(), fp("3"), "created at 3");
+        assert_eq!(reads.get(&key), None, "the watch has not seen the create");
+        reads.keep_written(key.clone(), Fingerprint::none(), fp("3"), "created at 3");
+        reads.seen.record(present("c", "cm", "3"));
+        assert_eq!(reads.get(&key), Some("created at 3"));
+
+        // The watch broken: nothing is reused, own writes or not.
+        let reads = listed_at("5");
+        reads.keep_written(key.clone(), fp("5"), fp("6"), "written at 6");
+        reads.seen.record(Seen::Broken);
+        assert_eq!(reads.get(&key), None, "broken");
     }
 }
