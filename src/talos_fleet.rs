@@ -17,7 +17,8 @@ use serde::Deserialize as _;
 use crate::inventory::InventoryNode;
 use crate::kept_looks::KeptLooks;
 use talos_api::{
-    ConnectOptions, TalosClient, TalosCredentials, TalosError, TalosTls, Target, resources,
+    ConnectOptions, EtcdMember, EtcdMemberStatus, TalosClient, TalosCredentials, TalosError,
+    TalosTls, Target, resources,
 };
 use talos_upgrade_core::run::NodeRole;
 use talos_upgrade_core::talos::{EtcdObservation, InstallSource, TalosState};
@@ -101,6 +102,8 @@ struct Connections {
     relay: Option<IpAddr>,
     /// Control planes that failed to relay, and when.
     failed_relays: HashMap<IpAddr, Instant>,
+    /// When a relay last refused to fan a call out to several nodes (see [`TalosFleet::fan_out`]).
+    fan_out_refused: Option<Instant>,
     /// Whether the task closing unused connections runs.
     closing_unused: bool,
     kept_idle: KeptIdle,
@@ -143,6 +146,10 @@ impl Connections {
             })
     }
 }
+
+/// How long the fleet asks node by node after a relay refused to fan a call out (a Talos that no
+/// longer has one-to-many proxying, deprecated in 1.14 for removal in 2.0), before trying again.
+pub const FAN_OUT_REFUSED_FOR: Duration = Duration::from_secs(600);
 
 /// How a call reaches a node: the client to use, and the relay it goes through (if any).
 struct Route {
@@ -336,6 +343,192 @@ impl TalosFleet {
         direct
     }
 
+    /// The relay and its own client, to fan a call out through: `None` without a relay, or for a
+    /// while after a relay refused to fan a call out.
+    fn fanning_relay(&self) -> Option<(IpAddr, TalosClient)> {
+        let now = Instant::now();
+        let mut connections = self.lock();
+        if connections
+            .fan_out_refused
+            .is_some_and(|refused| now.duration_since(refused) < FAN_OUT_REFUSED_FOR)
+        {
+            return None;
+        }
+        if connections.relay.is_none() {
+            connections.relay = connections.choose_relay(None, now);
+        }
+        let relay = connections.relay?;
+        let client = self.direct_locked(&mut connections, relay, now).ok()?;
+        Some((relay, client))
+    }
+
+    /// One call the relay's apid fans out to every node in `addresses` (the `nodes` metadata, as
+    /// `talosctl -n a,b,c` sends it): each node's answer in `addresses`' order, or `None` when the
+    /// call as a whole failed. A relay that refuses to fan out (rather than one that does not answer)
+    /// is not asked to again for [`FAN_OUT_REFUSED_FOR`].
+    async fn fan_out<T, Fut>(
+        &self,
+        client: TalosClient,
+        addresses: &[IpAddr],
+        call: impl FnOnce(TalosClient, Vec<IpAddr>) -> Fut,
+    ) -> Option<Vec<Result<T, TalosError>>>
+    where
+        Fut: std::future::Future<Output = Result<Vec<(IpAddr, Result<T, TalosError>)>, TalosError>>,
+    {
+        match call(client, addresses.to_vec()).await {
+            Ok(answers) => Some(answers.into_iter().map(|(_, answer)| answer).collect()),
+            Err(error) => {
+                if !error.is_transient() {
+                    tracing::debug!(%error, "a Talos relay did not fan a call out; asking node by node");
+                    self.lock().fan_out_refused = Some(Instant::now());
+                }
+                None
+            }
+        }
+    }
+
+    /// A node the relay's fan-out (or its relayed read) got no answer from is asked directly, and
+    /// that answer counts, as [`TalosFleet::ask`] does for a relayed read that failed: a relay that
+    /// cannot reach a node never makes the node look unreachable, and one that failed where the node
+    /// answered is passed over for the next control plane.
+    async fn ask_directly_after<T, F, Fut>(
+        &self,
+        relay: IpAddr,
+        address: IpAddr,
+        read: F,
+    ) -> Result<T, TalosError>
+    where
+        F: FnOnce(TalosClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, TalosError>>,
+    {
+        let direct = read(self.direct_client(address)?).await;
+        if direct.is_ok() && relay != address {
+            tracing::debug!(%relay, node = %address, "a fanned-out read failed, the direct read answered");
+            self.relay_failed(relay);
+        }
+        direct
+    }
+
+    /// What each node's Talos API says now, in `nodes`' order (with `true`: how it was installed too,
+    /// for the nodes a pass may start; see [`TalosFleet::observe_node_installed`]).
+    ///
+    /// Through a relay, `Version` and the boot id of every node are asked in one call each, which the
+    /// relay's apid fans out (one call per look instead of one per node); the machine status (and the
+    /// machine config) is COSI, which apid does not fan out, so it is asked node by node through the
+    /// relay. A node whose answers are not all there (the fan-out or its relayed read reports an
+    /// error) is asked all of them directly, and that answer counts, as for any relayed read that
+    /// failed ([`TalosFleet::ask`]). Without a relay, with one node, or when the fanned-out calls fail
+    /// as a whole, each node is asked on its own as before ([`TalosFleet::observe_node`]).
+    pub async fn observe_nodes(&self, nodes: &[(&InventoryNode, bool)]) -> Vec<TalosState> {
+        let one_by_one = || {
+            join_all(nodes.iter().map(|(node, installed)| async move {
+                if *installed {
+                    self.observe_node_installed(node).await
+                } else {
+                    self.observe_node(node).await
+                }
+            }))
+        };
+        let relay = (nodes.len() > 1).then(|| self.fanning_relay()).flatten();
+        let Some((relay, client)) = relay else {
+            return one_by_one().await;
+        };
+        let addresses: Vec<IpAddr> = nodes.iter().map(|(node, _)| node.address).collect();
+        let statuses = join_all(nodes.iter().map(|(node, installed)| async move {
+            let client = self.client(node.address)?;
+            let (status, config) = futures::try_join!(client.machine_status(), async {
+                if *installed {
+                    client.machine_config().await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            })?;
+            Ok::<_, TalosError>((status, config))
+        }));
+        let (versions, boot_ids, statuses) = tokio::join!(
+            self.fan_out(client.clone(), &addresses, |client, nodes| async move {
+                client.versions_of(&nodes).await
+            }),
+            self.fan_out(client, &addresses, |client, nodes| async move {
+                client.boot_ids_of(&nodes).await
+            }),
+            statuses,
+        );
+        let (Some(versions), Some(boot_ids)) = (versions, boot_ids) else {
+            return one_by_one().await;
+        };
+        join_all(
+            nodes
+                .iter()
+                .zip(versions.into_iter().zip(boot_ids).zip(statuses))
+                .map(
+                    |((node, installed), ((version, boot_id), status))| async move {
+                        let answered = (|| {
+                            let version = version?;
+                            let (status, config) = status?;
+                            Ok::<_, TalosError>((version, boot_id?, status, config))
+                        })();
+                        let answered = match answered {
+                            Ok(answered) => Ok(answered),
+                            Err(_) => {
+                                self.ask_directly_after(relay, node.address, |client| async move {
+                                    let (version, boot_id, status, config) = futures::try_join!(
+                                        client.version(),
+                                        client.boot_id(),
+                                        client.machine_status(),
+                                        async {
+                                            if *installed {
+                                                client.machine_config().await.map(Some)
+                                            } else {
+                                                Ok(None)
+                                            }
+                                        }
+                                    )?;
+                                    Ok((version, boot_id, status, config))
+                                })
+                                .await
+                            }
+                        };
+                        self.node_state(node, answered)
+                    },
+                ),
+        )
+        .await
+    }
+
+    /// A node's state from its answers (`Version`, boot id, machine status, and the machine config
+    /// where it was read), or unreachable with the reason, as [`TalosFleet::observe_node`] and
+    /// [`TalosFleet::observe_node_installed`] make it.
+    fn node_state(
+        &self,
+        node: &InventoryNode,
+        answered: Result<
+            (
+                talos_api::VersionInfo,
+                String,
+                talos_api::proto::talos::resource::definitions::runtime::MachineStatusSpec,
+                Option<talos_api::MachineConfigBytes>,
+            ),
+            TalosError,
+        >,
+    ) -> TalosState {
+        let state = answered.and_then(|(version, boot_id, status, config)| {
+            let tag = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
+                endpoint: std::net::SocketAddr::new(node.address, self.options.port).to_string(),
+                message: reason,
+            })?;
+            Ok(TalosState::Up {
+                version: tag,
+                boot_id,
+                ready: resources::machine_status::is_running_and_ready(&status),
+                install: config.map(|config| install_source(config.as_bytes(), version.platform)),
+            })
+        });
+        state.unwrap_or_else(|error| TalosState::Unreachable {
+            reason: error.to_string(),
+        })
+    }
+
     /// What the node's Talos API says now. Any failure to ask makes the node unreachable, with the reason.
     pub async fn observe_node(&self, node: &InventoryNode) -> TalosState {
         match self.try_observe_node(node).await {
@@ -423,14 +616,13 @@ impl TalosFleet {
 
     /// etcd's health as the control planes report it: every member answers without errors, the control
     /// planes agree on the member list, and quorum survives one more member going down.
+    ///
+    /// Through a relay, every control plane's member list and status are asked in one call each,
+    /// which the relay's apid fans out; a control plane the fan-out reports an error for is asked
+    /// both directly, and that answer counts ([`TalosFleet::ask`]). Without a relay, with one control
+    /// plane, or when a fanned-out call fails as a whole, each is asked on its own.
     pub async fn observe_etcd(&self, control_planes: &[InventoryNode]) -> EtcdObservation {
-        let answers = join_all(control_planes.iter().map(|node| async move {
-            self.ask(node.address, |client| async move {
-                futures::try_join!(client.etcd_member_list(), client.etcd_status())
-            })
-            .await
-        }))
-        .await;
+        let answers = self.ask_etcd(control_planes).await;
 
         let mut problems = Vec::new();
         let mut member_lists: Vec<BTreeSet<u64>> = Vec::new();
@@ -473,6 +665,58 @@ impl TalosFleet {
             // "cannot forfeit leadership, only one member"), so there is no leader to move.
             leader: leader.filter(|_| members_total > 1),
         }
+    }
+}
+
+impl TalosFleet {
+    /// Each control plane's etcd member list and status, in `control_planes`' order.
+    async fn ask_etcd(
+        &self,
+        control_planes: &[InventoryNode],
+    ) -> Vec<Result<(Vec<EtcdMember>, EtcdMemberStatus), TalosError>> {
+        let one_by_one = || {
+            join_all(control_planes.iter().map(|node| async move {
+                self.ask(node.address, |client| async move {
+                    futures::try_join!(client.etcd_member_list(), client.etcd_status())
+                })
+                .await
+            }))
+        };
+        let relay = (control_planes.len() > 1)
+            .then(|| self.fanning_relay())
+            .flatten();
+        let Some((relay, client)) = relay else {
+            return one_by_one().await;
+        };
+        let addresses: Vec<IpAddr> = control_planes.iter().map(|node| node.address).collect();
+        let (members, statuses) = tokio::join!(
+            self.fan_out(client.clone(), &addresses, |client, nodes| async move {
+                client.etcd_member_lists_of(&nodes).await
+            }),
+            self.fan_out(client, &addresses, |client, nodes| async move {
+                client.etcd_statuses_of(&nodes).await
+            }),
+        );
+        let (Some(members), Some(statuses)) = (members, statuses) else {
+            return one_by_one().await;
+        };
+        join_all(
+            control_planes
+                .iter()
+                .zip(members.into_iter().zip(statuses))
+                .map(|(node, (members, status))| async move {
+                    match (members, status) {
+                        (Ok(members), Ok(status)) => Ok((members, status)),
+                        _ => {
+                            self.ask_directly_after(relay, node.address, |client| async move {
+                                futures::try_join!(client.etcd_member_list(), client.etcd_status())
+                            })
+                            .await
+                        }
+                    }
+                }),
+        )
+        .await
     }
 }
 
@@ -650,6 +894,195 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never: {what}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Every Talos call a fleet makes, as `(method, code)`: what `talos_upgrade_talos_api_calls_total`
+    /// counts (the controller hands the same observer to its fleets).
+    type Calls = Arc<Mutex<Vec<(&'static str, &'static str)>>>;
+
+    fn count(calls: &Calls, method: &str, code: &str) -> usize {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, c)| *m == method && *c == code)
+            .count()
+    }
+
+    /// A simulated cluster of three control planes and two workers, and a fleet for it relaying
+    /// through its control planes, counting its calls.
+    async fn five_nodes(
+        name: &str,
+    ) -> (talos_sim::Simulator, TalosFleet, Vec<InventoryNode>, Calls) {
+        use talos_sim::config::{NodeConfig, SimConfig, Timings};
+        let mut config = SimConfig::new(name).with_timings(Timings::fast());
+        for cp in ["cp-1", "cp-2", "cp-3"] {
+            config = config.with_node(NodeConfig::control_plane(cp, "1.11.6", "1.34.1"));
+        }
+        for worker in ["w-1", "w-2"] {
+            config = config.with_node(NodeConfig::worker(worker, "1.11.6", "1.34.1"));
+        }
+        let sim = talos_sim::Simulator::start(config)
+            .await
+            .expect("simulator");
+        let credentials =
+            talos_api::Talosconfig::from_yaml(&sim.talosconfig(talos_sim::pki::ClientRole::Admin))
+                .and_then(|config| config.current_context()?.credentials())
+                .expect("credentials");
+        let calls: Calls = Arc::default();
+        let observed = calls.clone();
+        let options = ConnectOptions {
+            port: sim.nodes()[0].port,
+            observer: Some(talos_api::CallObserver::new(move |method, code| {
+                observed.lock().unwrap().push((method, code));
+            })),
+            ..ConnectOptions::default()
+        };
+        let inventory: Vec<InventoryNode> = sim
+            .nodes()
+            .into_iter()
+            .map(|node| InventoryNode {
+                role: if node.name.starts_with("cp-") {
+                    NodeRole::ControlPlane
+                } else {
+                    NodeRole::Worker
+                },
+                name: node.name,
+                address: IpAddr::V4(node.address),
+                held: false,
+            })
+            .collect();
+        let fleet = TalosFleet::new(credentials, options);
+        fleet.relay_through(control_planes(&inventory).iter().map(|node| node.address));
+        (sim, fleet, inventory, calls)
+    }
+
+    /// A look at every node through the relay asks `Version` and the boot id of all of them in one
+    /// call each (apid's one-to-many proxying), and the machine status (COSI, which apid does not
+    /// fan out) of each; etcd is one `EtcdMemberList` and one `EtcdStatus` for every control plane.
+    /// A node the fan-out reports an error for is asked again directly, alone, and is unreachable
+    /// naming itself, as when asked node by node.
+    #[tokio::test]
+    async fn a_look_asks_every_node_in_one_call_per_question_the_relay_fans_out() {
+        let (sim, fleet, inventory, calls) = five_nodes("fan-out").await;
+        let asked: Vec<(&InventoryNode, bool)> = inventory
+            .iter()
+            .map(|node| (node, node.name == "w-1"))
+            .collect();
+        let states = fleet.observe_nodes(&asked).await;
+        for (node, state) in inventory.iter().zip(&states) {
+            let TalosState::Up {
+                version,
+                boot_id,
+                ready,
+                install,
+            } = state
+            else {
+                panic!("{} not up: {state:?}", node.name);
+            };
+            assert_eq!(*version, Version::new(1, 11, 6), "{}", node.name);
+            assert_eq!(
+                *boot_id,
+                sim.node_snapshot(&node.name).unwrap().boot_id,
+                "each node's own boot id"
+            );
+            assert!(*ready, "{}", node.name);
+            // The install source only where it was asked for.
+            assert_eq!(install.is_some(), node.name == "w-1", "{}", node.name);
+        }
+        // One call for the five nodes' versions and one for their boot ids; the machine status of
+        // each (five) and the machine config of the one that may start.
+        assert_eq!(count(&calls, "Version", "OK"), 1);
+        assert_eq!(count(&calls, "Read", "OK"), 1);
+        assert_eq!(count(&calls, "COSI Get", "OK"), 5 + 1);
+        assert_eq!(calls.lock().unwrap().len(), 1 + 1 + 6, "{calls:?}");
+
+        calls.lock().unwrap().clear();
+        let etcd = fleet.observe_etcd(&control_planes(&inventory)).await;
+        assert_eq!(etcd.problem, None);
+        assert!(etcd.leader.is_some(), "{etcd:?}");
+        assert_eq!(count(&calls, "EtcdMemberList", "OK"), 1);
+        assert_eq!(count(&calls, "EtcdStatus", "OK"), 1);
+        assert_eq!(calls.lock().unwrap().len(), 2, "{calls:?}");
+
+        // w-2 answers nothing (every call routed to it fails): the others are as before, and w-2 is
+        // unreachable after being asked directly; nothing else is asked twice. (How many of w-2's
+        // direct reads are counted depends on which fails first: the others are dropped then.)
+        calls.lock().unwrap().clear();
+        sim.inject_fault("w-2", talos_sim::Fault::FailNextCalls(1000))
+            .unwrap();
+        let asked: Vec<(&InventoryNode, bool)> =
+            inventory.iter().map(|node| (node, false)).collect();
+        let states = fleet.observe_nodes(&asked).await;
+        for (node, state) in inventory.iter().zip(&states) {
+            match (node.name.as_str(), state) {
+                ("w-2", TalosState::Unreachable { reason }) => {
+                    assert!(reason.contains(&node.address.to_string()), "{reason}")
+                }
+                (_, TalosState::Up { .. }) if node.name != "w-2" => {}
+                _ => panic!("{}: {state:?}", node.name),
+            }
+        }
+        assert_eq!(count(&calls, "Version", "OK"), 1);
+        assert_eq!(count(&calls, "Read", "OK"), 1);
+        assert_eq!(count(&calls, "COSI Get", "OK"), 4);
+        // w-2's relayed machine status, then its direct reads.
+        let failed = calls.lock().unwrap().len() - (2 + 4);
+        assert!((2..=1 + 3).contains(&failed), "{calls:?}");
+        sim.clear_faults("w-2").unwrap();
+
+        // cp-3's etcd does not answer: it is asked directly, and named in the problem.
+        calls.lock().unwrap().clear();
+        sim.inject_fault("cp-3", talos_sim::Fault::FailNextCalls(1000))
+            .unwrap();
+        let etcd = fleet.observe_etcd(&control_planes(&inventory)).await;
+        let problem = etcd.problem.expect("cp-3 does not answer");
+        assert!(
+            problem.contains("control plane cp-3 does not answer for etcd"),
+            "{problem}"
+        );
+        assert_eq!(count(&calls, "EtcdMemberList", "OK"), 1);
+        assert_eq!(count(&calls, "EtcdStatus", "OK"), 1);
+        let failed = calls.lock().unwrap().len() - 2;
+        assert!((1..=2).contains(&failed), "{calls:?}");
+    }
+
+    /// A relay that refuses to fan calls out (a Talos without one-to-many proxying, which Talos
+    /// deprecated in 1.14 for removal in 2.0) is not asked to again for a while: the nodes are asked
+    /// one by one through it, as before, and every node still answers.
+    #[tokio::test]
+    async fn a_relay_that_refuses_to_fan_out_leaves_the_nodes_asked_one_by_one() {
+        let (sim, fleet, inventory, calls) = five_nodes("no-fan-out").await;
+        for cp in ["cp-1", "cp-2", "cp-3"] {
+            sim.inject_fault(cp, talos_sim::Fault::NoOneToMany).unwrap();
+        }
+        let asked: Vec<(&InventoryNode, bool)> =
+            inventory.iter().map(|node| (node, false)).collect();
+        let up = |states: &[TalosState]| {
+            states
+                .iter()
+                .all(|state| matches!(state, TalosState::Up { .. }))
+        };
+        let states = fleet.observe_nodes(&asked).await;
+        assert!(up(&states), "{states:?}");
+        assert_eq!(count(&calls, "Version", "InvalidArgument"), 1, "{calls:?}");
+        assert_eq!(count(&calls, "Version", "OK"), 5, "{calls:?}");
+        assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
+        let relay = fleet.relay();
+        assert!(relay.is_some());
+
+        // The next look does not try to fan out: each node is asked on its own, through the same
+        // relay.
+        calls.lock().unwrap().clear();
+        let states = fleet.observe_nodes(&asked).await;
+        assert!(up(&states), "{states:?}");
+        assert_eq!(count(&calls, "Version", "OK"), 5, "{calls:?}");
+        assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
+        assert_eq!(count(&calls, "COSI Get", "OK"), 5, "{calls:?}");
+        assert_eq!(calls.lock().unwrap().len(), 15, "{calls:?}");
+        assert_eq!(fleet.relay(), relay);
+        let etcd = fleet.observe_etcd(&control_planes(&inventory)).await;
+        assert_eq!(etcd.problem, None);
     }
 
     #[tokio::test]

@@ -194,18 +194,16 @@ impl<'a> TalosIo<'a> {
         // machine configs (installer images) of the nodes this pass may start are read in it too.
         let observed_at = Instant::now();
         // The gates are asked beside the nodes (an alert query, health checks), not after them.
-        let (states, etcd, gates) = tokio::join!(
-            futures::future::join_all(inventory.iter().zip(&kept_states).map(
-                |(node, kept)| async move {
-                    if let Some(kept) = kept {
-                        kept.clone()
-                    } else if reading_images.contains(&node.name) {
-                        fleet.observe_node_installed(node).await
-                    } else {
-                        fleet.observe_node(node).await
-                    }
-                }
-            )),
+        // The nodes asked (those not taken from a kept look) are asked together: through the relay,
+        // one `Version` and one boot id call for all of them (`TalosFleet::observe_nodes`).
+        let to_ask: Vec<(&InventoryNode, bool)> = inventory
+            .iter()
+            .zip(&kept_states)
+            .filter(|(_, kept)| kept.is_none())
+            .map(|(node, _)| (node, reading_images.contains(&node.name)))
+            .collect();
+        let (asked_states, etcd, gates) = tokio::join!(
+            fleet.observe_nodes(&to_ask),
             async {
                 if asks_etcd {
                     fleet.observe_etcd(&control_planes).await
@@ -220,6 +218,19 @@ impl<'a> TalosIo<'a> {
             },
             holds::observe(&self.gates, access, starting),
         );
+        let mut asked_states = asked_states.into_iter();
+        let states: Vec<TalosState> = kept_states
+            .iter()
+            .map(|kept| match kept {
+                Some(kept) => kept.clone(),
+                // `observe_nodes` answers each node it is given, in order.
+                None => asked_states
+                    .next()
+                    .unwrap_or_else(|| TalosState::Unreachable {
+                        reason: "was not asked".to_string(),
+                    }),
+            })
+            .collect();
         // The nodes this look asked (not taken from a kept look).
         let asked: Vec<(String, TalosState)> = inventory
             .iter()

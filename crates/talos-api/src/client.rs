@@ -260,6 +260,181 @@ impl TalosClient {
         })
     }
 
+    // ----- one-to-many (apid's `nodes` metadata) -----
+    //
+    // A call sent to a control plane's apid with the `nodes` metadata is made by that apid on every
+    // node named, and its reply holds one message per node stamped with `metadata.hostname` (the
+    // name as sent) and, for a node that could not answer, `metadata.error` and `metadata.status`
+    // (talos v1.14.1 `internal/app/apid/pkg/director/director.go` `Director` / `aggregateDirector`,
+    // `internal/app/apid/pkg/backend/apid.go` `AppendInfo` / `BuildError`). apid allows it for
+    // MachineService and ClusterService (and a few others), never for COSI. Talos deprecated it in
+    // 1.14 (`common.Metadata` is marked for removal in v2.0), so a reply that does not answer each
+    // node named once is refused here as a whole ([`TalosError::Decode`]) and the caller asks node
+    // by node instead.
+
+    /// `Version` of each node in `nodes`, in one call this client's apid fans out. `Err` when the
+    /// call as a whole failed or was not fanned out; otherwise each node's own answer or error (named
+    /// `node <ip> via <this endpoint>`, as a relayed client names it).
+    pub async fn versions_of(
+        &self,
+        nodes: &[IpAddr],
+    ) -> Result<Vec<(IpAddr, Result<VersionInfo>)>> {
+        let request = self.many_request((), nodes)?;
+        let resp = self
+            .unary("Version", self.machine().version(request))
+            .await?;
+        self.each_once("Version", nodes, resp.messages, |_, message| {
+            Ok(VersionInfo::from(message))
+        })
+    }
+
+    /// `EtcdStatus` of each control plane in `nodes`, in one call (see [`TalosClient::versions_of`]).
+    pub async fn etcd_statuses_of(
+        &self,
+        nodes: &[IpAddr],
+    ) -> Result<Vec<(IpAddr, Result<EtcdMemberStatus>)>> {
+        let request = self.many_request((), nodes)?;
+        let resp = self
+            .unary("EtcdStatus", self.machine().etcd_status(request))
+            .await?;
+        self.each_once("EtcdStatus", nodes, resp.messages, |node, status| {
+            status
+                .member_status
+                .map(EtcdMemberStatus::from)
+                .ok_or_else(|| node.decode_error("EtcdStatus: reply without member_status"))
+        })
+    }
+
+    /// `EtcdMemberList` as each control plane in `nodes` reports it, in one call (see
+    /// [`TalosClient::versions_of`]).
+    pub async fn etcd_member_lists_of(
+        &self,
+        nodes: &[IpAddr],
+    ) -> Result<Vec<(IpAddr, Result<Vec<EtcdMember>>)>> {
+        let req = machine::EtcdMemberListRequest { query_local: false };
+        let request = self.many_request(req, nodes)?;
+        let resp = self
+            .unary("EtcdMemberList", self.machine().etcd_member_list(request))
+            .await?;
+        self.each_once("EtcdMemberList", nodes, resp.messages, |_, members| {
+            Ok(members.members.into_iter().map(EtcdMember::from).collect())
+        })
+    }
+
+    /// The boot id of each node in `nodes` (`MachineService.Read`, streamed), in one call this
+    /// client's apid fans out: each node's chunks come stamped with its name, and a node that cannot
+    /// be read adds one message carrying only the error. See [`TalosClient::versions_of`].
+    pub async fn boot_ids_of(&self, nodes: &[IpAddr]) -> Result<Vec<(IpAddr, Result<String>)>> {
+        let req = machine::ReadRequest {
+            path: BOOT_ID_PATH.to_owned(),
+        };
+        let request = self.many_request(req, nodes)?;
+        let read = async {
+            let mut stream = self.open(self.machine().read(request)).await?;
+            let mut chunks = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                chunks.push(chunk.map_err(|st| TalosError::from_status(&self.endpoint, &st))?);
+            }
+            Ok(chunks)
+        };
+        let chunks = self.within("Read", self.request_timeout, read).await?;
+        let mut read: Vec<(IpAddr, TalosClient, Result<Vec<u8>>)> = nodes
+            .iter()
+            .map(|node| Ok((*node, self.relayed_to(*node)?, Ok(Vec::new()))))
+            .collect::<Result<_>>()?;
+        for chunk in chunks {
+            let Some(index) = self.answering(nodes, chunk.metadata.as_ref()) else {
+                return Err(self.not_fanned_out("Read", nodes.len()));
+            };
+            let (_, node, bytes) = &mut read[index];
+            match node.check_metadata(chunk.metadata.as_ref()) {
+                Err(error) => *bytes = Err(error),
+                Ok(()) => {
+                    if let Ok(bytes) = bytes {
+                        bytes.extend_from_slice(&chunk.bytes);
+                    }
+                }
+            }
+        }
+        Ok(read
+            .into_iter()
+            .map(|(address, node, bytes)| {
+                (address, bytes.and_then(|bytes| node.boot_id_from(bytes)))
+            })
+            .collect())
+    }
+
+    /// A request naming `nodes` for apid to fan out to, sent to this client's own apid (never
+    /// through a relay: apid does not fan a call it was asked to forward).
+    fn many_request<T>(&self, message: T, nodes: &[IpAddr]) -> Result<tonic::Request<T>> {
+        if self.node.is_some() || nodes.is_empty() {
+            return Err(TalosError::InvalidArgument {
+                endpoint: self.endpoint.to_string(),
+                message: "a call fanned out to several nodes goes to a control plane's own apid, \
+                          naming at least one node"
+                    .into(),
+            });
+        }
+        let mut req = tonic::Request::new(message);
+        // One header field per node, as grpc-go's `metadata.AppendToOutgoingContext` sends them
+        // (talosctl's `client.WithNodes`): apid reads the key's values, it does not split on commas.
+        for node in nodes {
+            let value =
+                node_header(&node.to_string()).map_err(|message| TalosError::InvalidArgument {
+                    endpoint: self.endpoint.to_string(),
+                    message,
+                })?;
+            req.metadata_mut().append("nodes", value);
+        }
+        req.set_timeout(self.request_timeout);
+        Ok(req)
+    }
+
+    /// Which of `nodes` a fanned-out message answers for, by its `metadata.hostname` (the node as it
+    /// was named in the request).
+    fn answering(&self, nodes: &[IpAddr], metadata: Option<&common::Metadata>) -> Option<usize> {
+        let hostname: IpAddr = metadata?.hostname.trim().parse().ok()?;
+        nodes.iter().position(|node| *node == hostname)
+    }
+
+    /// Each node's answer in a fanned-out unary reply, which must hold exactly one message for each
+    /// node named (anything else is not a fan-out this client understands: the whole call fails).
+    fn each_once<M: Reply, T>(
+        &self,
+        op: &str,
+        nodes: &[IpAddr],
+        messages: Vec<M>,
+        decode: impl Fn(&TalosClient, M) -> Result<T>,
+    ) -> Result<Vec<(IpAddr, Result<T>)>> {
+        let mut answers: Vec<Option<M>> = nodes.iter().map(|_| None).collect();
+        for message in messages {
+            let Some(index) = self.answering(nodes, message.metadata()) else {
+                return Err(self.not_fanned_out(op, nodes.len()));
+            };
+            if answers[index].replace(message).is_some() {
+                return Err(self.not_fanned_out(op, nodes.len()));
+            }
+        }
+        nodes
+            .iter()
+            .zip(answers)
+            .map(|(address, message)| {
+                let node = self.relayed_to(*address)?;
+                let message = message.ok_or_else(|| self.not_fanned_out(op, nodes.len()))?;
+                let answer = node
+                    .check_metadata(message.metadata())
+                    .and_then(|()| decode(&node, message));
+                Ok((*address, answer))
+            })
+            .collect()
+    }
+
+    fn not_fanned_out(&self, op: &str, nodes: usize) -> TalosError {
+        self.decode_error(&format!(
+            "{op}: the reply to a call fanned out to {nodes} nodes does not answer each of them once"
+        ))
+    }
+
     // ----- MachineService -----
 
     /// Talos version, platform and features of the node.
@@ -397,6 +572,10 @@ impl TalosClient {
             Ok(bytes)
         };
         let bytes = self.within("Read", self.request_timeout, read).await?;
+        self.boot_id_from(bytes)
+    }
+
+    fn boot_id_from(&self, bytes: Vec<u8>) -> Result<String> {
         let text =
             String::from_utf8(bytes).map_err(|_| self.decode_error("boot id is not UTF-8 text"))?;
         let id = text.trim();
@@ -869,7 +1048,8 @@ impl TalosClient {
             .next()
             .ok_or_else(|| self.decode_error(&format!("{op}: reply has no messages")))?;
         if count > 1 {
-            // Only one-to-many proxying (header `nodes`) produces more; we never ask for it.
+            // Only one-to-many proxying (header `nodes`) produces more, which the single-node calls
+            // never ask for (the `*_of` calls read those replies).
             tracing::debug!(endpoint = %self.endpoint, op, count, "ignoring extra reply messages");
         }
         self.check_metadata(first.metadata())?;

@@ -541,6 +541,30 @@ async fn version_over_mtls_with_ip_san() {
     assert_eq!(client.endpoint(), apid.addr.to_string());
 }
 
+/// An apid that does not fan a call out (this one ignores `nodes` and answers for itself, as a
+/// Talos without one-to-many proxying might) is not taken for one that did: the call fails as a
+/// whole, so the caller asks node by node, rather than taking one node's answer for another's.
+#[tokio::test]
+async fn a_reply_that_does_not_answer_each_node_named_is_refused_as_a_whole() {
+    let apid = start_apid().await;
+    let client = apid.client().await;
+    let nodes: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "10.0.0.6".parse().unwrap()];
+    let error = client.versions_of(&nodes).await.unwrap_err();
+    assert!(matches!(error, TalosError::Decode { .. }), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("does not answer each of them once"),
+        "{error}"
+    );
+    // A relayed client cannot fan out: apid fans out only what it was sent directly.
+    let relayed = client.relayed_to(nodes[0]).unwrap();
+    assert!(matches!(
+        relayed.versions_of(&nodes).await,
+        Err(TalosError::InvalidArgument { .. })
+    ));
+}
+
 #[tokio::test]
 async fn lazy_client_connects_on_first_call() {
     let apid = start_apid().await;
