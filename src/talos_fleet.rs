@@ -363,9 +363,11 @@ impl TalosFleet {
     }
 
     /// One call the relay's apid fans out to every node in `addresses` (the `nodes` metadata, as
-    /// `talosctl -n a,b,c` sends it): each node's answer in `addresses`' order, or `None` when the
-    /// call as a whole failed. A relay that refuses to fan out (rather than one that does not answer)
-    /// is not asked to again for [`FAN_OUT_REFUSED_FOR`].
+    /// `talosctl -n a,b,c` sends it before 1.14): each node's answer in `addresses`' order; `None`
+    /// when the relay refused to fan it out (rather than did not answer), after which it is not asked
+    /// to for [`FAN_OUT_REFUSED_FOR`]. A call that got no answer as a whole (the relay down, or the
+    /// request timeout spent waiting on a node that vanished without closing its connection, which
+    /// holds up apid's whole reply) leaves every node without an answer, each then asked directly.
     async fn fan_out<T, Fut>(
         &self,
         client: TalosClient,
@@ -377,11 +379,20 @@ impl TalosFleet {
     {
         match call(client, addresses.to_vec()).await {
             Ok(answers) => Some(answers.into_iter().map(|(_, answer)| answer).collect()),
+            Err(error) if error.is_transient() => Some(
+                addresses
+                    .iter()
+                    .map(|_| {
+                        Err(TalosError::Unreachable {
+                            endpoint: error.endpoint().unwrap_or_default().to_string(),
+                            reason: error.to_string(),
+                        })
+                    })
+                    .collect(),
+            ),
             Err(error) => {
-                if !error.is_transient() {
-                    tracing::debug!(%error, "a Talos relay did not fan a call out; asking node by node");
-                    self.lock().fan_out_refused = Some(Instant::now());
-                }
+                tracing::debug!(%error, "a Talos relay did not fan a call out; asking node by node");
+                self.lock().fan_out_refused = Some(Instant::now());
                 None
             }
         }
@@ -416,9 +427,10 @@ impl TalosFleet {
     /// relay's apid fans out (one call per look instead of one per node); the machine status (and the
     /// machine config) is COSI, which apid does not fan out, so it is asked node by node through the
     /// relay. A node whose answers are not all there (the fan-out or its relayed read reports an
-    /// error) is asked all of them directly, and that answer counts, as for any relayed read that
-    /// failed ([`TalosFleet::ask`]). Without a relay, with one node, or when the fanned-out calls fail
-    /// as a whole, each node is asked on its own as before ([`TalosFleet::observe_node`]).
+    /// error, or the fanned-out call got no answer at all) is asked all of them directly, and that
+    /// answer counts, as for any relayed read that failed ([`TalosFleet::ask`]). Without a relay,
+    /// with one node, or when the relay refuses to fan calls out, each node is asked on its own as
+    /// before ([`TalosFleet::observe_node`]).
     pub async fn observe_nodes(&self, nodes: &[(&InventoryNode, bool)]) -> Vec<TalosState> {
         let one_by_one = || {
             join_all(nodes.iter().map(|(node, installed)| async move {
@@ -620,7 +632,7 @@ impl TalosFleet {
     /// Through a relay, every control plane's member list and status are asked in one call each,
     /// which the relay's apid fans out; a control plane the fan-out reports an error for is asked
     /// both directly, and that answer counts ([`TalosFleet::ask`]). Without a relay, with one control
-    /// plane, or when a fanned-out call fails as a whole, each is asked on its own.
+    /// plane, or when the relay refuses to fan calls out, each is asked on its own.
     pub async fn observe_etcd(&self, control_planes: &[InventoryNode]) -> EtcdObservation {
         let answers = self.ask_etcd(control_planes).await;
 
@@ -1083,6 +1095,38 @@ mod tests {
         assert_eq!(fleet.relay(), relay);
         let etcd = fleet.observe_etcd(&control_planes(&inventory)).await;
         assert_eq!(etcd.problem, None);
+    }
+
+    /// A relay that does not answer at all leaves every node asked directly, each answering for
+    /// itself; the relay is passed over for the next control plane, where the next look fans out.
+    #[tokio::test]
+    async fn a_relay_that_does_not_answer_leaves_each_node_asked_directly() {
+        let (_sim, fleet, inventory, calls) = five_nodes("relay-down").await;
+        // Nothing listens there: the relay's connection is refused.
+        let gone: IpAddr = "127.0.0.254".parse().unwrap();
+        let control_planes: Vec<IpAddr> = control_planes(&inventory)
+            .iter()
+            .map(|node| node.address)
+            .collect();
+        fleet.relay_through(std::iter::once(gone).chain(control_planes.iter().copied()));
+        let asked: Vec<(&InventoryNode, bool)> =
+            inventory.iter().map(|node| (node, false)).collect();
+        let up = |states: &[TalosState]| {
+            states
+                .iter()
+                .all(|state| matches!(state, TalosState::Up { .. }))
+        };
+        let states = fleet.observe_nodes(&asked).await;
+        assert!(up(&states), "{states:?}");
+        assert_eq!(count(&calls, "Version", "OK"), 5, "{calls:?}");
+        assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
+        assert_eq!(fleet.relay(), Some(control_planes[0]));
+
+        calls.lock().unwrap().clear();
+        let states = fleet.observe_nodes(&asked).await;
+        assert!(up(&states), "{states:?}");
+        assert_eq!(count(&calls, "Version", "OK"), 1, "{calls:?}");
+        assert_eq!(count(&calls, "Read", "OK"), 1, "{calls:?}");
     }
 
     #[tokio::test]
