@@ -21,6 +21,9 @@ pub struct KubernetesIo<'a> {
     /// talos-and-kubernetes`, see [`crate::etcd_snapshot`]), and the reconcile's time (its name).
     snapshots: Option<crate::etcd_snapshot::SnapshotContext<'a>>,
     now: jiff::Timestamp,
+    /// The cluster was looked at in this reconcile already: a later look (after a step) lists the
+    /// Nodes again instead of taking them from the access, listed when the reconcile began.
+    looked: bool,
 }
 
 impl<'a> KubernetesIo<'a> {
@@ -30,6 +33,7 @@ impl<'a> KubernetesIo<'a> {
             manifests: ManifestMode::Legacy,
             snapshots: None,
             now,
+            looked: false,
         }
     }
 
@@ -82,11 +86,16 @@ impl KindIo<Kubernetes> for KubernetesIo<'_> {
 
     async fn look_at_cluster(&mut self, request: &Request) -> Looked<Observation> {
         let access = self.access.get().await.map_err(|e| e.to_string())?;
+        // The first look takes the Nodes the access listed as the reconcile began (a Kubernetes run
+        // listed them twice per reconcile before); a later one, after a step, lists them again.
+        let listed = (!self.looked).then_some(access.workload_nodes.as_slice());
+        self.looked = true;
         let observation = super::observe(
             &access.fleet,
             &access.inventory,
             &access.workload,
             request.etcd,
+            listed,
         )
         .await;
         // By the lowest Talos among the nodes that answered (none: the legacy mode).

@@ -71,13 +71,17 @@ pub enum ExecuteError {
 /// pods (so the decision waits), and a warning is logged.
 ///
 /// [`TalosApi::Unreachable`]: talos_upgrade_core::kubernetes::TalosApi::Unreachable
+///
+/// `listed`: the workload Nodes as listed a moment ago in this reconcile, if they may stand in for a
+/// list (see `observe::observe_kube`).
 pub async fn observe(
     fleet: &TalosFleet,
     inventory: &[InventoryNode],
     workload: &kube::Client,
     etcd: bool,
+    listed: Option<&[crate::inventory::WorkloadNodeInfo]>,
 ) -> Observation {
-    observe::observe(fleet, inventory, workload, etcd).await
+    observe::observe(fleet, inventory, workload, etcd, listed).await
 }
 
 /// Observes only the versions of a cluster with no Kubernetes upgrade in flight (for

@@ -70,6 +70,7 @@ pub(super) async fn observe(
     inventory: &[InventoryNode],
     workload: &kube::Client,
     etcd: bool,
+    listed: Option<&[WorkloadNodeInfo]>,
 ) -> Observation {
     let talos = join_all(inventory.iter().map(|node| observe_talos(fleet, node)));
     // etcd beside the nodes, in the same round trip, and only when the decision reads it: a run
@@ -81,7 +82,7 @@ pub(super) async fn observe(
             Default::default()
         }
     };
-    let (talos, kube, etcd) = tokio::join!(talos, observe_kube(workload), etcd);
+    let (talos, kube, etcd) = tokio::join!(talos, observe_kube(workload, inventory, listed), etcd);
     let nodes = inventory
         .iter()
         .zip(talos)
@@ -101,19 +102,7 @@ pub(super) async fn observe_versions(
 ) -> Observation {
     // The Nodes were listed already (with the inventory); only the mirror pods are read here.
     let kube = KubeSide {
-        nodes: workload_nodes
-            .iter()
-            .map(|n| {
-                let facts = NodeFacts {
-                    kubelet_version: n
-                        .kubelet_version
-                        .as_deref()
-                        .and_then(|v| KubernetesVersion::parse(v).ok()),
-                    ready: n.ready,
-                };
-                (n.node.name.clone(), facts)
-            })
-            .collect(),
+        nodes: node_facts(workload_nodes),
         pods: list_static_pods(workload).await,
     };
     let nodes = inventory
@@ -284,7 +273,26 @@ async fn config_version(
 /// Nodes and control-plane mirror pods, one list each. A failed list leaves its part empty (no
 /// kubelet versions, not Ready, no pods): the decision then waits rather than acts, and the next
 /// observation tries again.
-async fn observe_kube(client: &kube::Client) -> KubeSide {
+///
+/// `listed`: the Nodes as this reconcile's access listed them a moment ago (its first look), taken
+/// instead of listing them again when they hold every inventory node (a Node without an IPv4
+/// address is not among them; then they are listed here).
+async fn observe_kube(
+    client: &kube::Client,
+    inventory: &[InventoryNode],
+    listed: Option<&[WorkloadNodeInfo]>,
+) -> KubeSide {
+    let listed = listed.filter(|listed| {
+        inventory
+            .iter()
+            .all(|node| listed.iter().any(|n| n.node.name == node.name))
+    });
+    if let Some(listed) = listed {
+        return KubeSide {
+            nodes: node_facts(listed),
+            pods: list_static_pods(client).await,
+        };
+    }
     let nodes: Api<Node> = Api::all(client.clone());
     let params = ListParams::default();
     let (nodes, pods) = tokio::join!(nodes.list(&params), list_static_pods(client));
@@ -300,6 +308,23 @@ async fn observe_kube(client: &kube::Client) -> KubeSide {
         }
     };
     KubeSide { nodes, pods }
+}
+
+/// What the upgrade needs of each Node, from the Nodes as the access listed them.
+fn node_facts(workload_nodes: &[WorkloadNodeInfo]) -> HashMap<String, NodeFacts> {
+    workload_nodes
+        .iter()
+        .map(|n| {
+            let facts = NodeFacts {
+                kubelet_version: n
+                    .kubelet_version
+                    .as_deref()
+                    .and_then(|v| KubernetesVersion::parse(v).ok()),
+                ready: n.ready,
+            };
+            (n.node.name.clone(), facts)
+        })
+        .collect()
 }
 
 /// The control-plane components' pods in kube-system (mirror pods among them); none when the list

@@ -130,7 +130,7 @@ impl Cluster {
 
     /// As a pass whose run has its etcd snapshot due (`etcd`) looks.
     async fn observe_with_etcd(&self, etcd: bool) -> Observation {
-        kubernetes_upgrade::observe(&self.fleet, &self.inventory, &self.ns.client, etcd).await
+        kubernetes_upgrade::observe(&self.fleet, &self.inventory, &self.ns.client, etcd, None).await
     }
 
     async fn execute(&self, action: &Action, mode: ManifestMode) -> Result<(), ExecuteError> {
@@ -311,6 +311,58 @@ async fn a_fresh_cluster_is_observed_as_it_is_and_an_unreachable_node_alone() {
         );
         assert!(node.images.kubelet.is_some(), "{}", node.name);
     }
+}
+
+/// The Nodes the reconcile's access listed a moment ago stand in for a list when they hold every
+/// inventory node; otherwise the observation lists them itself.
+#[tokio::test]
+async fn the_nodes_the_access_listed_stand_in_for_a_list_when_they_hold_every_node() {
+    use talos_upgrade_controller::inventory::{self, AddressNeed};
+    let cluster = Cluster::start("k8sio-listed").await;
+    cluster.settled().await;
+    // The API server is shared: only this cluster's Nodes (by the inventory's names).
+    let mut listed: Vec<_> =
+        inventory::from_workload_nodes(cluster.ns.client.clone(), AddressNeed::Optional)
+            .await
+            .expect("the Nodes")
+            .into_iter()
+            .filter(|n| {
+                cluster
+                    .inventory
+                    .iter()
+                    .any(|node| node.name == n.node.name)
+            })
+            .collect();
+    assert_eq!(listed.len(), 5);
+    // Marked, to tell the access's list from a new one.
+    listed[0].kubelet_version = Some("1.33.9".to_string());
+    let marked = listed[0].node.name.clone();
+    let kubelet_of = |observation: &Observation| {
+        observation
+            .nodes
+            .iter()
+            .find(|node| node.name == marked)
+            .and_then(|node| node.kubelet_version.clone())
+    };
+    let observe = |listed| {
+        kubernetes_upgrade::observe(
+            &cluster.fleet,
+            &cluster.inventory,
+            &cluster.ns.client,
+            false,
+            listed,
+        )
+    };
+    assert_eq!(
+        kubelet_of(&observe(Some(&listed)).await),
+        Some(k8s("1.33.9"))
+    );
+    // One inventory node missing from them: listed again.
+    assert_eq!(
+        kubelet_of(&observe(Some(&listed[..4])).await),
+        Some(k8s("1.34.1"))
+    );
+    assert_eq!(kubelet_of(&observe(None).await), Some(k8s("1.34.1")));
 }
 
 #[tokio::test]
