@@ -167,6 +167,11 @@ impl<K: Hash + Eq + Clone> SeenVersions<K> {
 
     /// Follows `api`'s objects until the controller stops, grouping them by `key_of` (objects it returns
     /// `None` for are not kept). Metadata only: `Api<PartialObjectMeta<_>>` asks for nothing else.
+    ///
+    /// After an error the watch starts over with a list, after a pause. kube's watcher would resume
+    /// from where it stopped and say nothing when it is back, so the view stayed broken until the next
+    /// change: for the Machines, which rarely change, every reconcile of every cluster listed them
+    /// again after one broken watch (a 1-cluster run with the guide's timings: 11 Machine lists).
     pub async fn follow<R>(
         &self,
         api: Api<PartialObjectMeta<R>>,
@@ -176,39 +181,57 @@ impl<K: Hash + Eq + Clone> SeenVersions<K> {
     ) where
         R: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
-        let events = kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(api, config));
-        futures::pin_mut!(events);
-        while let Some(event) = events.next().await {
-            let present = |object: &PartialObjectMeta<R>| {
-                key_of(object).map(|key| Seen::Present {
-                    key,
-                    name: object.name_any(),
-                    version: object.resource_version().unwrap_or_default(),
-                })
-            };
-            let seen = match event {
-                Ok(watcher::Event::Init) => Some(Seen::Relist),
-                Ok(watcher::Event::InitApply(object) | watcher::Event::Apply(object)) => {
-                    present(&object)
+        let mut pause = WATCH_RETRY_MIN;
+        loop {
+            let started = std::time::Instant::now();
+            let events = watcher::watcher(api.clone(), config.clone());
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                let present = |object: &PartialObjectMeta<R>| {
+                    key_of(object).map(|key| Seen::Present {
+                        key,
+                        name: object.name_any(),
+                        version: object.resource_version().unwrap_or_default(),
+                    })
+                };
+                let seen = match event {
+                    Ok(watcher::Event::Init) => Some(Seen::Relist),
+                    Ok(watcher::Event::InitApply(object) | watcher::Event::Apply(object)) => {
+                        present(&object)
+                    }
+                    Ok(watcher::Event::Delete(object)) => {
+                        key_of(&object).map(|key| Seen::Deleted {
+                            key,
+                            name: object.name_any(),
+                        })
+                    }
+                    Ok(watcher::Event::InitDone) => Some(Seen::Listed),
+                    Err(error) => {
+                        // Debug only: a kind that is not installed (no Machine CRD) fails this way
+                        // for good, and reads then simply go to the API server every time.
+                        tracing::debug!(%error, what, "metadata watch failed; reading without it until it is back");
+                        self.record(Seen::Broken);
+                        break;
+                    }
+                };
+                if let Some(seen) = seen {
+                    self.record(seen);
                 }
-                Ok(watcher::Event::Delete(object)) => key_of(&object).map(|key| Seen::Deleted {
-                    key,
-                    name: object.name_any(),
-                }),
-                Ok(watcher::Event::InitDone) => Some(Seen::Listed),
-                Err(error) => {
-                    // Debug only: a kind that is not installed (no Machine CRD) fails this way for good,
-                    // and reads then simply go to the API server every time.
-                    tracing::debug!(%error, what, "metadata watch failed; reading without it until it is back");
-                    Some(Seen::Broken)
-                }
-            };
-            if let Some(seen) = seen {
-                self.record(seen);
             }
+            // A watch that ran a while starts again soon; one that keeps failing, ever later.
+            pause = if started.elapsed() > WATCH_RETRY_MAX {
+                WATCH_RETRY_MIN
+            } else {
+                (pause * 2).min(WATCH_RETRY_MAX)
+            };
+            tokio::time::sleep(pause).await;
         }
     }
 }
+
+/// The pauses before a metadata watch starts over after an error (see [`SeenVersions::follow`]).
+const WATCH_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(500);
+const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Reads of one kind kept per key `K`, each reused while [`SeenVersions`] says it is still current.
 pub struct CachedReads<K, V> {
