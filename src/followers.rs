@@ -438,7 +438,8 @@ async fn watch_workload_nodes(
     let api: Api<Node> = Api::all(workload);
     let changes = kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(
         api,
-        watcher::Config::default(),
+        // A renewal is a request to the workload API server; see the constant for why longer.
+        watcher::Config::default().timeout(crate::read_cache::WATCH_TIMEOUT_SECS),
     ));
     let watching = async {
         let mut changes = std::pin::pin!(changes);

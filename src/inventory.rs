@@ -110,10 +110,16 @@ impl MachineInventories {
         };
         self.reads
             .seen
-            .follow(api, Default::default(), "Machines", |machine| {
-                let cluster = machine.labels().get(MACHINE_CLUSTER_LABEL)?;
-                Some((machine.namespace().unwrap_or_default(), cluster.clone()))
-            })
+            .follow(
+                api,
+                kube::runtime::watcher::Config::default()
+                    .timeout(crate::read_cache::WATCH_TIMEOUT_SECS),
+                "Machines",
+                |machine| {
+                    let cluster = machine.labels().get(MACHINE_CLUSTER_LABEL)?;
+                    Some((machine.namespace().unwrap_or_default(), cluster.clone()))
+                },
+            )
             .await;
     }
 }

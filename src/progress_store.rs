@@ -250,7 +250,9 @@ pub async fn follow_progress(cache: &ProgressCache, client: kube::Client, namesp
         None => Api::all(client),
     };
     let selector = format!("app.kubernetes.io/managed-by={MANAGED_BY}");
-    let config = kube::runtime::watcher::Config::default().labels(&selector);
+    let config = kube::runtime::watcher::Config::default()
+        .labels(&selector)
+        .timeout(crate::read_cache::WATCH_TIMEOUT_SECS);
     cache
         .seen
         .follow(api, config, "progress ConfigMaps", |configmap| {

@@ -229,6 +229,14 @@ impl<K: Hash + Eq + Clone> SeenVersions<K> {
     }
 }
 
+/// How long each watch request of the controller's own watches lasts (kube's default: 290 s, under
+/// kube's 295 s read timeout). Every renewal is a request; client-go's reflectors ask for 5 to 10
+/// minutes. The connections are HTTP/2 with pings (see [`crate::api_client`]) and the API server sends
+/// a bookmark about every minute, so a longer watch does not run into the read timeout; a watch that
+/// something in between cuts short is renewed (closed) or started over (an error, see
+/// [`SeenVersions::follow`]), as before.
+pub const WATCH_TIMEOUT_SECS: u32 = 600;
+
 /// The pauses before a metadata watch starts over after an error (see [`SeenVersions::follow`]).
 const WATCH_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(500);
 const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
