@@ -2,6 +2,10 @@
 //! (its `TalosFleet`, until its credentials Secret changes): each node's state as last asked, and whose turn it is to
 //! answer the idle refresh's one `Version` call.
 //!
+//! A node's version (and platform) is kept with the boot it was asked in: a running system's version
+//! changes only with a new boot, so a look that finds a node on the same boot does not ask `Version`
+//! again ([`KeptLooks::running`]).
+//!
 //! A pass that can start no node asks only the nodes in flight (`StartingNodes::InFlight`, decided
 //! in the core by `talos::only_in_flight_may_change`) and takes the other nodes from here; the core
 //! looks at everything again before any node starts or the run finishes.
@@ -19,6 +23,15 @@ pub struct KeptLooks {
     kept: Mutex<Kept>,
 }
 
+/// A node's running Talos version and the platform it reports (`MachineService.Version`), both fixed
+/// for a boot: Talos changes its system only through a reboot (the upgrade installs into the other
+/// boot slot), which changes the boot id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    pub version: semver::Version,
+    pub platform: String,
+}
+
 #[derive(Default)]
 struct Kept {
     /// Each node's Talos state as last asked, by node name, without its installer image (read again
@@ -26,6 +39,8 @@ struct Kept {
     nodes: HashMap<String, TalosState>,
     /// Counts the idle refreshes that asked one node only: the next is asked at this index.
     turn: usize,
+    /// Each node's platform as last asked, with the boot it was asked in.
+    platforms: HashMap<String, (String, String)>,
 }
 
 impl KeptLooks {
@@ -44,13 +59,24 @@ impl KeptLooks {
                     version,
                     boot_id,
                     ready,
-                    ..
-                } => TalosState::Up {
-                    version: version.clone(),
-                    boot_id: boot_id.clone(),
-                    ready: *ready,
-                    install: None,
-                },
+                    install,
+                } => {
+                    if let Some(install) = install {
+                        kept.platforms.insert(
+                            name.to_string(),
+                            (
+                                boot_id.clone(),
+                                install.platform.clone().unwrap_or_default(),
+                            ),
+                        );
+                    }
+                    TalosState::Up {
+                        version: version.clone(),
+                        boot_id: boot_id.clone(),
+                        ready: *ready,
+                        install: None,
+                    }
+                }
                 unreachable @ TalosState::Unreachable { .. } => unreachable.clone(),
             };
             kept.nodes.insert(name.to_string(), state);
@@ -60,6 +86,36 @@ impl KeptLooks {
     /// The node's state as last asked, if it was.
     pub fn node(&self, name: &str) -> Option<TalosState> {
         self.lock().nodes.get(name).cloned()
+    }
+
+    /// The node's running version (and, with `platform`, the platform it reports) when the last
+    /// look that asked it found it on `boot_id`: the same system is still running.
+    pub fn running(&self, name: &str, boot_id: &str, platform: bool) -> Option<Running> {
+        let kept = self.lock();
+        let TalosState::Up {
+            version,
+            boot_id: kept_boot,
+            ..
+        } = kept.nodes.get(name)?
+        else {
+            return None;
+        };
+        if kept_boot != boot_id {
+            return None;
+        }
+        let platform = if platform {
+            let (platform_boot, platform) = kept.platforms.get(name)?;
+            if platform_boot != boot_id {
+                return None;
+            }
+            platform.clone()
+        } else {
+            String::new()
+        };
+        Some(Running {
+            version: version.clone(),
+            platform,
+        })
     }
 
     /// Which of `count` nodes answers this idle refresh's one `Version` call: each in turn.

@@ -15,7 +15,7 @@ use semver::Version;
 use serde::Deserialize as _;
 
 use crate::inventory::InventoryNode;
-use crate::kept_looks::KeptLooks;
+use crate::kept_looks::{KeptLooks, Running};
 use talos_api::{
     ConnectOptions, EtcdMember, EtcdMemberStatus, TalosClient, TalosCredentials, TalosError,
     TalosTls, Target, resources,
@@ -423,8 +423,9 @@ impl TalosFleet {
     /// What each node's Talos API says now, in `nodes`' order (with `true`: how it was installed too,
     /// for the nodes a pass may start; see [`TalosFleet::observe_node_installed`]).
     ///
-    /// Through a relay, `Version` and the boot id of every node are asked in one call each, which the
-    /// relay's apid fans out (one call per look instead of one per node); the machine status (and the
+    /// Through a relay, the boot id of every node is asked in one call, which the relay's apid fans
+    /// out (one call per look instead of one per node), and so is `Version` of the nodes whose
+    /// version is not known for that boot ([`KeptLooks::running`]); the machine status (and the
     /// machine config) is COSI, which apid does not fan out, so it is asked node by node through the
     /// relay. A node whose answers are not all there (the fan-out or its relayed read reports an
     /// error, or the fanned-out call got no answer at all) is asked all of them directly, and that
@@ -433,13 +434,11 @@ impl TalosFleet {
     /// before ([`TalosFleet::observe_node`]).
     pub async fn observe_nodes(&self, nodes: &[(&InventoryNode, bool)]) -> Vec<TalosState> {
         let one_by_one = || {
-            join_all(nodes.iter().map(|(node, installed)| async move {
-                if *installed {
-                    self.observe_node_installed(node).await
-                } else {
-                    self.observe_node(node).await
-                }
-            }))
+            join_all(
+                nodes
+                    .iter()
+                    .map(|(node, installed)| self.observe_one(node, *installed)),
+            )
         };
         let relay = (nodes.len() > 1).then(|| self.fanning_relay()).flatten();
         let Some((relay, client)) = relay else {
@@ -448,133 +447,155 @@ impl TalosFleet {
         let addresses: Vec<IpAddr> = nodes.iter().map(|(node, _)| node.address).collect();
         let statuses = join_all(nodes.iter().map(|(node, installed)| async move {
             let client = self.client(node.address)?;
-            let (status, config) = futures::try_join!(client.machine_status(), async {
+            futures::try_join!(client.machine_status(), async {
                 if *installed {
                     client.machine_config().await.map(Some)
                 } else {
                     Ok(None)
                 }
-            })?;
-            Ok::<_, TalosError>((status, config))
+            })
         }));
-        let (versions, boot_ids, statuses) = tokio::join!(
+        let (boot_ids, statuses) = tokio::join!(
             self.fan_out(client.clone(), &addresses, |client, nodes| async move {
-                client.versions_of(&nodes).await
-            }),
-            self.fan_out(client, &addresses, |client, nodes| async move {
                 client.boot_ids_of(&nodes).await
             }),
             statuses,
         );
-        let (Some(versions), Some(boot_ids)) = (versions, boot_ids) else {
+        let Some(boot_ids) = boot_ids else {
             return one_by_one().await;
         };
+        // The version of a boot is known from the last look that asked it: only the nodes booted
+        // since (or never asked) are asked `Version`, a round trip later.
+        let mut known: Vec<Option<Running>> = nodes
+            .iter()
+            .zip(&boot_ids)
+            .map(|((node, installed), boot_id)| {
+                let boot_id = boot_id.as_ref().ok()?;
+                self.looks.running(&node.name, boot_id, *installed)
+            })
+            .collect();
+        let unknown: Vec<usize> = (0..nodes.len())
+            .filter(|&index| known[index].is_none() && boot_ids[index].is_ok())
+            .collect();
+        let mut asked: Vec<Option<Result<Running, TalosError>>> =
+            nodes.iter().map(|_| None).collect();
+        match unknown.as_slice() {
+            [] => {}
+            [one] => {
+                let node = nodes[*one].0;
+                let version = match self.client(node.address) {
+                    Ok(client) => client.version().await,
+                    Err(error) => Err(error),
+                };
+                asked[*one] = Some(version.and_then(|version| self.running(node, version)));
+            }
+            several => {
+                let unknown_addresses: Vec<IpAddr> =
+                    several.iter().map(|&index| addresses[index]).collect();
+                let versions = self
+                    .fan_out(client, &unknown_addresses, |client, nodes| async move {
+                        client.versions_of(&nodes).await
+                    })
+                    .await;
+                for (position, &index) in several.iter().enumerate() {
+                    asked[index] = Some(match &versions {
+                        Some(versions) => match &versions[position] {
+                            Ok(version) => self.running(nodes[index].0, version.clone()),
+                            Err(error) => Err(error.clone()),
+                        },
+                        // Refused: asked directly below, with the node's other questions.
+                        None => Err(TalosError::Decode {
+                            endpoint: unknown_addresses[position].to_string(),
+                            message: "Version was not fanned out".to_string(),
+                        }),
+                    });
+                }
+            }
+        }
         join_all(
             nodes
                 .iter()
-                .zip(versions.into_iter().zip(boot_ids).zip(statuses))
-                .map(
-                    |((node, installed), ((version, boot_id), status))| async move {
+                .zip(boot_ids.into_iter().zip(statuses))
+                .zip(known.iter_mut().zip(asked))
+                .map(|(((node, installed), (boot_id, status)), (known, asked))| {
+                    let running = known.take().map(Ok).or(asked);
+                    async move {
                         let answered = (|| {
-                            let version = version?;
+                            let running = running.ok_or_else(|| TalosError::Decode {
+                                endpoint: node.address.to_string(),
+                                message: "no version".to_string(),
+                            })??;
                             let (status, config) = status?;
-                            Ok::<_, TalosError>((version, boot_id?, status, config))
+                            Ok::<_, TalosError>((running, boot_id?, status, config))
                         })();
                         let answered = match answered {
                             Ok(answered) => Ok(answered),
                             Err(_) => {
-                                self.ask_directly_after(relay, node.address, |client| async move {
-                                    let (version, boot_id, status, config) = futures::try_join!(
-                                        client.version(),
-                                        client.boot_id(),
-                                        client.machine_status(),
-                                        async {
-                                            if *installed {
-                                                client.machine_config().await.map(Some)
-                                            } else {
-                                                Ok(None)
-                                            }
-                                        }
-                                    )?;
-                                    Ok((version, boot_id, status, config))
+                                self.ask_directly_after(relay, node.address, |client| {
+                                    self.read_node(client, node, *installed)
                                 })
                                 .await
                             }
                         };
-                        self.node_state(node, answered)
-                    },
-                ),
+                        node_state(answered)
+                    }
+                }),
         )
         .await
     }
 
-    /// A node's state from its answers (`Version`, boot id, machine status, and the machine config
-    /// where it was read), or unreachable with the reason, as [`TalosFleet::observe_node`] and
-    /// [`TalosFleet::observe_node_installed`] make it.
-    fn node_state(
+    /// `Version`'s answer as the node's running version and platform.
+    fn running(
         &self,
         node: &InventoryNode,
-        answered: Result<
-            (
-                talos_api::VersionInfo,
-                String,
-                talos_api::proto::talos::resource::definitions::runtime::MachineStatusSpec,
-                Option<talos_api::MachineConfigBytes>,
-            ),
-            TalosError,
-        >,
-    ) -> TalosState {
-        let state = answered.and_then(|(version, boot_id, status, config)| {
-            let tag = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
-                endpoint: std::net::SocketAddr::new(node.address, self.options.port).to_string(),
-                message: reason,
-            })?;
-            Ok(TalosState::Up {
-                version: tag,
-                boot_id,
-                ready: resources::machine_status::is_running_and_ready(&status),
-                install: config.map(|config| install_source(config.as_bytes(), version.platform)),
-            })
-        });
-        state.unwrap_or_else(|error| TalosState::Unreachable {
-            reason: error.to_string(),
+        version: talos_api::VersionInfo,
+    ) -> Result<Running, TalosError> {
+        let tag = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
+            endpoint: std::net::SocketAddr::new(node.address, self.options.port).to_string(),
+            message: reason,
+        })?;
+        Ok(Running {
+            version: tag,
+            platform: version.platform,
         })
+    }
+
+    /// One node's answers through `client`: its boot id, machine status (and machine config with
+    /// `installed`), then `Version` unless the version of that boot is known.
+    async fn read_node(
+        &self,
+        client: TalosClient,
+        node: &InventoryNode,
+        installed: bool,
+    ) -> Result<Answered, TalosError> {
+        let (boot_id, status, config) =
+            futures::try_join!(client.boot_id(), client.machine_status(), async {
+                if installed {
+                    client.machine_config().await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            })?;
+        let running = match self.looks.running(&node.name, &boot_id, installed) {
+            Some(running) => running,
+            None => self.running(node, client.version().await?)?,
+        };
+        Ok((running, boot_id, status, config))
+    }
+
+    /// One node on its own (through the relay, else directly; see [`TalosFleet::ask`]).
+    async fn observe_one(&self, node: &InventoryNode, installed: bool) -> TalosState {
+        node_state(
+            self.ask(node.address, |client| {
+                self.read_node(client, node, installed)
+            })
+            .await,
+        )
     }
 
     /// What the node's Talos API says now. Any failure to ask makes the node unreachable, with the reason.
     pub async fn observe_node(&self, node: &InventoryNode) -> TalosState {
-        match self.try_observe_node(node).await {
-            Ok(state) => state,
-            Err(error) => TalosState::Unreachable {
-                reason: error.to_string(),
-            },
-        }
-    }
-
-    async fn try_observe_node(&self, node: &InventoryNode) -> Result<TalosState, TalosError> {
-        let (version, boot_id, status) = self
-            .ask(node.address, |client| async move {
-                let (version, boot_id, status) = futures::try_join!(
-                    client.version(),
-                    client.boot_id(),
-                    client.machine_status()
-                )?;
-                let version =
-                    parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
-                        endpoint: client.endpoint().to_string(),
-                        message: reason,
-                    })?;
-                Ok((version, boot_id, status))
-            })
-            .await?;
-        let ready = resources::machine_status::is_running_and_ready(&status);
-        Ok(TalosState::Up {
-            version,
-            boot_id,
-            ready,
-            // Read only for the nodes a run may start next (`observe_node_installed`).
-            install: None,
-        })
+        self.observe_one(node, false).await
     }
 
     /// What the node's Talos API says now, with how it was installed: [`TalosFleet::observe_node`]
@@ -582,32 +603,7 @@ impl TalosFleet {
     /// `platform` is the install source's). A node up whose config cannot be read cannot be upgraded:
     /// it counts as unreachable, with the reason (as `with_installer_image` has it).
     pub async fn observe_node_installed(&self, node: &InventoryNode) -> TalosState {
-        let observed = self
-            .ask(node.address, |client| async move {
-                let (version, boot_id, status, config) = futures::try_join!(
-                    client.version(),
-                    client.boot_id(),
-                    client.machine_status(),
-                    client.machine_config()
-                )?;
-                let tag = parse_talos_tag(&version.tag).map_err(|reason| TalosError::Decode {
-                    endpoint: client.endpoint().to_string(),
-                    message: reason,
-                })?;
-                Ok((tag, version.platform, boot_id, status, config))
-            })
-            .await;
-        match observed {
-            Ok((version, platform, boot_id, status, config)) => TalosState::Up {
-                version,
-                boot_id,
-                ready: resources::machine_status::is_running_and_ready(&status),
-                install: Some(install_source(config.as_bytes(), platform)),
-            },
-            Err(error) => TalosState::Unreachable {
-                reason: error.to_string(),
-            },
-        }
+        self.observe_one(node, true).await
     }
 
     /// How the node was installed: the install image of its running config (empty when the config has
@@ -729,6 +725,29 @@ impl TalosFleet {
                 }),
         )
         .await
+    }
+}
+
+/// A node's answers: its running version, boot id, machine status, and machine config where read.
+type Answered = (
+    Running,
+    String,
+    talos_api::proto::talos::resource::definitions::runtime::MachineStatusSpec,
+    Option<talos_api::MachineConfigBytes>,
+);
+
+/// A node's state from its answers, or unreachable with the reason.
+fn node_state(answered: Result<Answered, TalosError>) -> TalosState {
+    match answered {
+        Ok((running, boot_id, status, config)) => TalosState::Up {
+            version: running.version,
+            boot_id,
+            ready: resources::machine_status::is_running_and_ready(&status),
+            install: config.map(|config| install_source(config.as_bytes(), running.platform)),
+        },
+        Err(error) => TalosState::Unreachable {
+            reason: error.to_string(),
+        },
     }
 }
 
@@ -1077,7 +1096,7 @@ mod tests {
         };
         let states = fleet.observe_nodes(&asked).await;
         assert!(up(&states), "{states:?}");
-        assert_eq!(count(&calls, "Version", "InvalidArgument"), 1, "{calls:?}");
+        assert_eq!(count(&calls, "Read", "InvalidArgument"), 1, "{calls:?}");
         assert_eq!(count(&calls, "Version", "OK"), 5, "{calls:?}");
         assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
         let relay = fleet.relay();
@@ -1095,6 +1114,59 @@ mod tests {
         assert_eq!(fleet.relay(), relay);
         let etcd = fleet.observe_etcd(&control_planes(&inventory)).await;
         assert_eq!(etcd.problem, None);
+    }
+
+    /// A node's version is asked once per boot: a look that finds every node on the boot the last
+    /// look saw asks no `Version` (the boot ids, one call, say the same systems run), and one after
+    /// a node rebooted asks that node alone.
+    #[tokio::test]
+    async fn a_version_is_asked_once_per_boot() {
+        let (sim, fleet, inventory, calls) = five_nodes("per-boot").await;
+        let asked: Vec<(&InventoryNode, bool)> = inventory
+            .iter()
+            .map(|node| (node, node.name == "w-1"))
+            .collect();
+        let first = fleet.observe_nodes(&asked).await;
+        // What `TalosIo` keeps after each look.
+        let keep = |states: &[TalosState]| {
+            fleet.kept_looks().keep_nodes(
+                inventory
+                    .iter()
+                    .zip(states)
+                    .map(|(node, state)| (node.name.as_str(), state)),
+            )
+        };
+        keep(&first);
+
+        calls.lock().unwrap().clear();
+        let second = fleet.observe_nodes(&asked).await;
+        assert_eq!(second, first, "the same systems, installed the same way");
+        assert_eq!(count(&calls, "Version", "OK"), 0, "{calls:?}");
+        assert_eq!(count(&calls, "Read", "OK"), 1, "{calls:?}");
+        keep(&second);
+
+        let w2 = inventory.iter().find(|n| n.name == "w-2").unwrap();
+        fleet
+            .client(w2.address)
+            .unwrap()
+            .reboot(talos_api::RebootMode::Default)
+            .await
+            .expect("reboot");
+        sim.wait_for("w-2", Duration::from_secs(20), |s| s.down)
+            .await
+            .expect("down");
+        sim.wait_for("w-2", Duration::from_secs(20), |s| !s.down && s.ready)
+            .await
+            .expect("back");
+        calls.lock().unwrap().clear();
+        let third = fleet.observe_nodes(&asked).await;
+        let boot = |states: &[TalosState]| match &states[4] {
+            TalosState::Up { boot_id, .. } => boot_id.clone(),
+            other => panic!("w-2: {other:?}"),
+        };
+        assert_ne!(boot(&third), boot(&second));
+        assert_eq!(&third[..4], &second[..4]);
+        assert_eq!(count(&calls, "Version", "OK"), 1, "w-2's alone: {calls:?}");
     }
 
     /// A relay that does not answer at all leaves every node asked directly, each answering for

@@ -195,7 +195,8 @@ impl<'a> TalosIo<'a> {
         let observed_at = Instant::now();
         // The gates are asked beside the nodes (an alert query, health checks), not after them.
         // The nodes asked (those not taken from a kept look) are asked together: through the relay,
-        // one `Version` and one boot id call for all of them (`TalosFleet::observe_nodes`).
+        // one boot id call for all of them, and one `Version` call for those booted since the last
+        // look asked them (`TalosFleet::observe_nodes`).
         let to_ask: Vec<(&InventoryNode, bool)> = inventory
             .iter()
             .zip(&kept_states)
