@@ -179,6 +179,13 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
         ok("COSI Get") >= ok("Read") + 6 * 4,
         "boot ids asked node by node:\n{metrics}"
     );
+    // A node's version is asked once per boot (a system changes only with a reboot): at most ten
+    // boots here, each node's old system and its new one, where asking at every look made it one
+    // `Version` call per look (16 in this test before).
+    assert!(
+        ok("Version") <= 2 * 5,
+        "Version asked more than once per boot:\n{metrics}"
+    );
 
     // The story in Events, as `kubectl describe` shows it: one for the run, one per node started and
     // done, each naming its node.
