@@ -70,6 +70,40 @@ pub fn writers(cluster: &KubernetesCluster) -> Vec<FieldWriter> {
         .collect()
 }
 
+/// Reduces each `managedFields` entry of a watched cluster to what [`writers`] reads: the names of its
+/// annotation keys and of its keyed conditions, each with an empty value. The watch's store keeps
+/// every cluster (and a reconcile in flight an older copy too), and the rest of a FieldsV1 tree
+/// (spec, status, labels, each node a JSON map) was most of their size. The object is only read: the
+/// controller writes clusters with patches, never by sending a stored copy back.
+pub fn keep_what_is_read(cluster: &mut KubernetesCluster) {
+    for entry in cluster.metadata.managed_fields.iter_mut().flatten() {
+        let Some(fields) = entry.fields_v1.as_mut() else {
+            continue;
+        };
+        let names = |set: &serde_json::Value, prefix: &'static str| -> serde_json::Map<_, _> {
+            children(set, prefix)
+                .map(|name| (format!("{prefix}{name}"), serde_json::json!({})))
+                .collect()
+        };
+        let mut kept = serde_json::Map::new();
+        let annotations = names(&fields.0["f:metadata"]["f:annotations"], "f:");
+        if !annotations.is_empty() {
+            kept.insert(
+                "f:metadata".into(),
+                serde_json::json!({ "f:annotations": annotations }),
+            );
+        }
+        let conditions = names(&fields.0["f:status"]["f:conditions"], "k:");
+        if !conditions.is_empty() {
+            kept.insert(
+                "f:status".into(),
+                serde_json::json!({ "f:conditions": conditions }),
+            );
+        }
+        fields.0 = serde_json::Value::Object(kept);
+    }
+}
+
 /// The names of a FieldsV1 set's members of one kind (`f:<field>`, `k:<key JSON>`).
 fn children<'a>(
     set: &'a serde_json::Value,
@@ -197,6 +231,56 @@ mod tests {
                     manager: "atomic".into(),
                     ..FieldWriter::default()
                 },
+            ]
+        );
+    }
+
+    /// The watch keeps of managedFields only what `writers` reads: the same writers come out, and
+    /// the spec, labels and status fields are gone.
+    #[test]
+    fn the_watch_keeps_what_writers_read() {
+        let mut cluster = KubernetesCluster::new("c", Default::default());
+        cluster.metadata.managed_fields = Some(vec![
+            entry(
+                "provisioner",
+                serde_json::json!({
+                    "f:metadata": {"f:labels": {".": {}, "f:team": {}}, "f:annotations": {
+                        ".": {}, "f:upgrade.vitistack.io/talos-target": {}
+                    }},
+                    "f:spec": {".": {}, "f:data": {"f:clusterId": {}, "f:nodes": {}}},
+                }),
+            ),
+            entry(
+                "talos-upgrade-controller",
+                serde_json::json!({"f:status": {
+                    "f:phase": {},
+                    "f:conditions": {".": {}, "k:{\"type\":\"TalosUpgrade\"}": {
+                        ".": {}, "f:status": {}, "f:message": {}
+                    }},
+                }}),
+            ),
+            entry("spec-only", serde_json::json!({"f:spec": {"f:data": {}}})),
+        ]);
+        let before = writers(&cluster);
+        keep_what_is_read(&mut cluster);
+        assert_eq!(writers(&cluster), before);
+        let kept: Vec<serde_json::Value> = cluster
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .map(|entry| entry.fields_v1.as_ref().unwrap().0.clone())
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                serde_json::json!({"f:metadata": {"f:annotations": {
+                    "f:upgrade.vitistack.io/talos-target": {}
+                }}}),
+                serde_json::json!({"f:status": {"f:conditions": {
+                    "k:{\"type\":\"TalosUpgrade\"}": {}
+                }}}),
+                serde_json::json!({}),
             ]
         );
     }

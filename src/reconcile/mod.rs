@@ -1028,6 +1028,8 @@ pub async fn run(
             }
         },
     );
+    // The store keeps of each cluster's managedFields only what the coexistence check reads.
+    let stream = kube::runtime::WatchStreamExt::modify(stream, coexist::keep_what_is_read);
     // A deleted cluster is forgotten as the store lets it go (see `forget` for why here).
     let watched = ctx.clone();
     let stream = kube::runtime::WatchStreamExt::reflect(stream, writer).inspect(move |event| {
