@@ -198,6 +198,9 @@ struct RunArgs {
     /// How many snapshots of a cluster are kept (older ones of that cluster are deleted).
     #[arg(long, env = "TUC_ETCD_SNAPSHOT_KEEP", default_value_t = 5)]
     etcd_snapshot_keep: usize,
+    /// How many clusters are reconciled at once; the others wait their turn (0: no bound).
+    #[arg(long, env = "TUC_MAX_CONCURRENT_RECONCILES", default_value_t = 0)]
+    max_concurrent_reconciles: u16,
 }
 
 /// `--etcd-snapshot-*`: where the etcd snapshots go, if anywhere.
@@ -378,6 +381,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         gates,
         silences,
         etcd_snapshots,
+        max_concurrent_reconciles: args.max_concurrent_reconciles,
         ..reconcile::Settings::default()
     };
     // The pod name in a cluster; elsewhere the host name and process id, so that two processes on one

@@ -141,6 +141,8 @@ pub struct Settings {
     /// `--etcd-snapshot-dir` or `--etcd-snapshot-s3-*`: where the etcd snapshot before the control
     /// planes goes (`None`: no snapshot; see [`crate::etcd_snapshot`]).
     pub etcd_snapshots: Option<crate::etcd_snapshot::SnapshotConfig>,
+    /// `--max-concurrent-reconciles`: how many clusters are reconciled at once (0: no bound).
+    pub max_concurrent_reconciles: u16,
 }
 
 impl Default for Settings {
@@ -158,6 +160,7 @@ impl Default for Settings {
             maintenance_window: None,
             silences: None,
             etcd_snapshots: None,
+            max_concurrent_reconciles: 0,
         }
     }
 }
@@ -1048,7 +1051,12 @@ pub async fn run(
     // A catalog with new releases (live sources) is shown on every cluster at once, not at each one's
     // idle refresh.
     let releases = ctx.settings.catalog.release_changes();
+    // At most `max_concurrent_reconciles` at once (0: no bound); the others wait for a free place
+    // in the controller's queue, each cluster once.
+    let config = kube::runtime::controller::Config::default()
+        .concurrency(ctx.settings.max_concurrent_reconciles);
     let controller = Controller::for_stream(stream, reader)
+        .with_config(config)
         .reconcile_on(ctx.wakeups.triggers())
         .reconcile_all_on(releases);
     controller
