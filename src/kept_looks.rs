@@ -4,16 +4,20 @@
 //!
 //! A node's version (and platform) is kept with the boot it was asked in: a running system's version
 //! changes only with a new boot, so a look that finds a node on the same boot does not ask `Version`
-//! again ([`KeptLooks::running`]).
+//! again ([`KeptLooks::running`]). The relay's version, looked up by its address, decides whether
+//! its apid is asked to fan calls out ([`KeptLooks::version_at`]).
 //!
 //! A pass that can start no node asks only the nodes in flight (`StartingNodes::InFlight`, decided
 //! in the core by `talos::only_in_flight_may_change`) and takes the other nodes from here; the core
 //! looks at everything again before any node starts or the run finishes.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 use talos_upgrade_core::talos::TalosState;
+
+use crate::inventory::InventoryNode;
 
 /// One cluster's kept looks. Held by the cluster's [`crate::talos_fleet::TalosFleet`], so they last
 /// as long as its connections (rebuilt when its credentials Secret changes or the cluster is
@@ -41,6 +45,9 @@ struct Kept {
     turn: usize,
     /// Each node's platform as last asked, with the boot it was asked in.
     platforms: HashMap<String, (String, String)>,
+    /// The version of the node last asked at each address where it answered: the fleet knows its
+    /// relay by address only.
+    versions_at: HashMap<IpAddr, semver::Version>,
 }
 
 impl KeptLooks {
@@ -51,9 +58,13 @@ impl KeptLooks {
     }
 
     /// Keeps what a look asked of these nodes.
-    pub fn keep_nodes<'a>(&self, asked: impl IntoIterator<Item = (&'a str, &'a TalosState)>) {
+    pub fn keep_nodes<'a>(
+        &self,
+        asked: impl IntoIterator<Item = (&'a InventoryNode, &'a TalosState)>,
+    ) {
         let mut kept = self.lock();
-        for (name, state) in asked {
+        for (node, state) in asked {
+            let name = node.name.as_str();
             let state = match state {
                 TalosState::Up {
                     version,
@@ -61,6 +72,7 @@ impl KeptLooks {
                     ready,
                     install,
                 } => {
+                    kept.versions_at.insert(node.address, version.clone());
                     if let Some(install) = install {
                         kept.platforms.insert(
                             name.to_string(),
@@ -77,7 +89,10 @@ impl KeptLooks {
                         install: None,
                     }
                 }
-                unreachable @ TalosState::Unreachable { .. } => unreachable.clone(),
+                unreachable @ TalosState::Unreachable { .. } => {
+                    kept.versions_at.remove(&node.address);
+                    unreachable.clone()
+                }
             };
             kept.nodes.insert(name.to_string(), state);
         }
@@ -118,6 +133,14 @@ impl KeptLooks {
         })
     }
 
+    /// The version the node at `address` ran when a look last asked it (`None` when none did, or
+    /// it did not answer): what the fleet knows of its relay's Talos ([`crate::talos_fleet::fans_out`]).
+    /// A node rebooted into another Talos is taken for the old one until a look asks it again; one
+    /// the controller reboots is seen down (unknown) in between.
+    pub fn version_at(&self, address: IpAddr) -> Option<semver::Version> {
+        self.lock().versions_at.get(&address).cloned()
+    }
+
     /// Which of `count` nodes answers this idle refresh's one `Version` call: each in turn.
     pub fn next_turn(&self, count: usize) -> usize {
         let mut kept = self.lock();
@@ -131,6 +154,45 @@ impl KeptLooks {
 mod tests {
     use super::*;
 
+    fn node(name: &str, address: &str) -> InventoryNode {
+        InventoryNode {
+            name: name.into(),
+            address: address.parse().unwrap(),
+            role: talos_upgrade_core::run::NodeRole::ControlPlane,
+            held: false,
+        }
+    }
+
+    /// The fleet knows its relay by address: the version a look found there while it answered.
+    #[test]
+    fn the_version_at_an_address_is_known_while_the_node_there_answered() {
+        let kept = KeptLooks::default();
+        let cp1 = node("cp-1", "10.5.0.2");
+        let up = |minor| TalosState::Up {
+            version: semver::Version::new(1, minor, 0),
+            boot_id: format!("b{minor}"),
+            ready: true,
+            install: None,
+        };
+        assert_eq!(kept.version_at(cp1.address), None, "never asked");
+        kept.keep_nodes([(&cp1, &up(13))]);
+        assert_eq!(
+            kept.version_at(cp1.address),
+            Some(semver::Version::new(1, 13, 0))
+        );
+        assert_eq!(kept.version_at("10.5.0.3".parse().unwrap()), None);
+        let down = TalosState::Unreachable {
+            reason: "rebooting".into(),
+        };
+        kept.keep_nodes([(&cp1, &down)]);
+        assert_eq!(kept.version_at(cp1.address), None, "not known while down");
+        kept.keep_nodes([(&cp1, &up(14))]);
+        assert_eq!(
+            kept.version_at(cp1.address),
+            Some(semver::Version::new(1, 14, 0))
+        );
+    }
+
     #[test]
     fn a_kept_state_leaves_out_the_installer_image_and_turns_go_round() {
         let kept = KeptLooks::default();
@@ -143,7 +205,7 @@ mod tests {
                 Some("metal"),
             )),
         };
-        kept.keep_nodes([("w-1", &up)]);
+        kept.keep_nodes([(&node("w-1", "10.5.0.4"), &up)]);
         assert_eq!(
             kept.node("w-1"),
             Some(TalosState::Up {

@@ -151,6 +151,23 @@ impl Connections {
 /// longer has one-to-many proxying, deprecated in 1.14 for removal in 2.0), before trying again.
 pub const FAN_OUT_REFUSED_FOR: Duration = Duration::from_secs(600);
 
+/// The first Talos whose apid logs every call fanned out through it as deprecated: talos v1.14.1
+/// `internal/app/apid/pkg/director/director.go` (`Router.Director`) logs "request for method … using
+/// deprecated nodes proxying" for each call with the `nodes` metadata, and still fans it out
+/// (`common.Metadata`, which carries each node's answer, is marked for removal in v2.0;
+/// talos-1.14.md §6: "Use per-node connections"). Only the relay's apid routes on `nodes`: the
+/// calls it forwards carry `proxyfrom` instead (`backend/apid.go`), so the nodes it reaches log
+/// nothing.
+const FAN_OUT_DEPRECATED_IN: Version = Version::new(1, 14, 0);
+
+/// Whether a relay running this Talos is asked to fan calls out: only before 1.14, where apid's
+/// one-to-many proxying is not deprecated; a 1.14 pre-release (1.14.0-beta.1, which semver orders
+/// before 1.14.0) has the 1.14 apid and counts as 1.14. Talos 1.14 fleets are asked node by node,
+/// as talosctl 1.14 asks them, rather than have their relay log a deprecation at every look.
+pub(crate) fn fans_out(relay: &Version) -> bool {
+    Version::new(relay.major, relay.minor, relay.patch) < FAN_OUT_DEPRECATED_IN
+}
+
 /// How a call reaches a node: the client to use, and the relay it goes through (if any).
 struct Route {
     client: TalosClient,
@@ -343,8 +360,9 @@ impl TalosFleet {
         direct
     }
 
-    /// The relay and its own client, to fan a call out through: `None` without a relay, or for a
-    /// while after a relay refused to fan a call out.
+    /// The relay and its own client, to fan a call out through: `None` without a relay, when the
+    /// relay runs Talos 1.14 or later or its version is not known (no look kept it: [`fans_out`],
+    /// [`KeptLooks::version_at`]), or for a while after a relay refused to fan a call out.
     fn fanning_relay(&self) -> Option<(IpAddr, TalosClient)> {
         let now = Instant::now();
         let mut connections = self.lock();
@@ -358,6 +376,13 @@ impl TalosFleet {
             connections.relay = connections.choose_relay(None, now);
         }
         let relay = connections.relay?;
+        if !self
+            .looks
+            .version_at(relay)
+            .is_some_and(|version| fans_out(&version))
+        {
+            return None;
+        }
         let client = self.direct_locked(&mut connections, relay, now).ok()?;
         Some((relay, client))
     }
@@ -423,15 +448,16 @@ impl TalosFleet {
     /// What each node's Talos API says now, in `nodes`' order (with `true`: how it was installed too,
     /// for the nodes a pass may start; see [`TalosFleet::observe_node_installed`]).
     ///
-    /// Through a relay, the boot id of every node is asked in one call, which the relay's apid fans
-    /// out (one call per look instead of one per node), and so is `Version` of the nodes whose
+    /// Through a relay on a Talos before 1.14 ([`TalosFleet::fanning_relay`]), the boot id of every
+    /// node is asked in one call, which the relay's apid fans out (one call per look instead of one
+    /// per node), and so is `Version` of the nodes whose
     /// version is not known for that boot ([`KeptLooks::running`]); the machine status (and the
     /// machine config) is COSI, which apid does not fan out, so it is asked node by node through the
     /// relay. A node whose answers are not all there (the fan-out or its relayed read reports an
     /// error, or the fanned-out call got no answer at all) is asked all of them directly, and that
     /// answer counts, as for any relayed read that failed ([`TalosFleet::ask`]). Without a relay,
-    /// with one node, or when the relay refuses to fan calls out, each node is asked on its own as
-    /// before ([`TalosFleet::observe_node`]).
+    /// through one on 1.14 or later (or not known yet), with one node, or when the relay refuses to
+    /// fan calls out, each node is asked on its own ([`TalosFleet::observe_node`]).
     pub async fn observe_nodes(&self, nodes: &[(&InventoryNode, bool)]) -> Vec<TalosState> {
         let one_by_one = || {
             join_all(
@@ -625,10 +651,11 @@ impl TalosFleet {
     /// etcd's health as the control planes report it: every member answers without errors, the control
     /// planes agree on the member list, and quorum survives one more member going down.
     ///
-    /// Through a relay, every control plane's member list and status are asked in one call each,
-    /// which the relay's apid fans out; a control plane the fan-out reports an error for is asked
-    /// both directly, and that answer counts ([`TalosFleet::ask`]). Without a relay, with one control
-    /// plane, or when the relay refuses to fan calls out, each is asked on its own.
+    /// Through a relay on a Talos before 1.14, every control plane's member list and status are
+    /// asked in one call each, which the relay's apid fans out; a control plane the fan-out reports
+    /// an error for is asked both directly, and that answer counts ([`TalosFleet::ask`]). Without a
+    /// relay, through one on 1.14 or later (or not known yet), with one control plane, or when the
+    /// relay refuses to fan calls out, each is asked on its own.
     pub async fn observe_etcd(&self, control_planes: &[InventoryNode]) -> EtcdObservation {
         let answers = self.ask_etcd(control_planes).await;
 
@@ -896,6 +923,25 @@ mod tests {
     }
 
     #[test]
+    fn only_a_relay_before_talos_1_14_fans_calls_out() {
+        for (relay, fans) in [
+            ("1.11.6", true),
+            ("1.12.0", true),
+            ("1.13.0-beta.1", true),
+            ("1.13.9", true),
+            // Pre-releases of 1.14 have its apid, which logs each fanned-out call as deprecated.
+            ("1.14.0-alpha.0", false),
+            ("1.14.0-beta.1", false),
+            ("1.14.0", false),
+            ("1.14.1", false),
+            ("1.15.0", false),
+            ("2.0.0", false),
+        ] {
+            assert_eq!(fans_out(&Version::parse(relay).unwrap()), fans, "{relay}");
+        }
+    }
+
+    #[test]
     fn talos_tags_parse_with_or_without_v() {
         assert_eq!(parse_talos_tag("v1.11.6"), Ok(Version::new(1, 11, 6)));
         assert_eq!(parse_talos_tag("1.12.0"), Ok(Version::new(1, 12, 0)));
@@ -940,18 +986,27 @@ mod tests {
             .count()
     }
 
-    /// A simulated cluster of three control planes and two workers, and a fleet for it relaying
-    /// through its control planes, counting its calls.
+    /// A simulated cluster of three control planes and two workers on Talos 1.11.6, and a fleet
+    /// for it relaying through its control planes, counting its calls.
     async fn five_nodes(
         name: &str,
+    ) -> (talos_sim::Simulator, TalosFleet, Vec<InventoryNode>, Calls) {
+        five_nodes_on(name, "1.11.6", "1.34.1").await
+    }
+
+    /// [`five_nodes`] on Talos `talos` and Kubernetes `kubernetes`.
+    async fn five_nodes_on(
+        name: &str,
+        talos: &str,
+        kubernetes: &str,
     ) -> (talos_sim::Simulator, TalosFleet, Vec<InventoryNode>, Calls) {
         use talos_sim::config::{NodeConfig, SimConfig, Timings};
         let mut config = SimConfig::new(name).with_timings(Timings::fast());
         for cp in ["cp-1", "cp-2", "cp-3"] {
-            config = config.with_node(NodeConfig::control_plane(cp, "1.11.6", "1.34.1"));
+            config = config.with_node(NodeConfig::control_plane(cp, talos, kubernetes));
         }
         for worker in ["w-1", "w-2"] {
-            config = config.with_node(NodeConfig::worker(worker, "1.11.6", "1.34.1"));
+            config = config.with_node(NodeConfig::worker(worker, talos, kubernetes));
         }
         let sim = talos_sim::Simulator::start(config)
             .await
@@ -988,6 +1043,22 @@ mod tests {
         (sim, fleet, inventory, calls)
     }
 
+    /// Keeps a look's states, as `TalosIo` does after each look.
+    fn keep(fleet: &TalosFleet, nodes: &[InventoryNode], states: &[TalosState]) {
+        fleet.kept_looks().keep_nodes(nodes.iter().zip(states))
+    }
+
+    /// Looks at the relay (the first control plane) alone and keeps what it says, so that its
+    /// Talos version is known ([`TalosFleet::fanning_relay`]); forgets the calls it made.
+    async fn relay_known(fleet: &TalosFleet, inventory: &[InventoryNode], calls: &Calls) {
+        let relay = &control_planes(inventory)[0];
+        let state = fleet.observe_node(relay).await;
+        assert!(matches!(state, TalosState::Up { .. }), "{state:?}");
+        keep(fleet, std::slice::from_ref(relay), &[state]);
+        assert_eq!(fleet.relay(), Some(relay.address));
+        calls.lock().unwrap().clear();
+    }
+
     /// A look at every node through the relay asks `Version` and the boot id of all of them in one
     /// call each (apid's one-to-many proxying), and the machine status (COSI, which apid does not
     /// fan out) of each; etcd is one `EtcdMemberList` and one `EtcdStatus` for every control plane.
@@ -996,6 +1067,7 @@ mod tests {
     #[tokio::test]
     async fn a_look_asks_every_node_in_one_call_per_question_the_relay_fans_out() {
         let (sim, fleet, inventory, calls) = five_nodes("fan-out").await;
+        relay_known(&fleet, &inventory, &calls).await;
         let asked: Vec<(&InventoryNode, bool)> = inventory
             .iter()
             .map(|node| (node, node.name == "w-1"))
@@ -1021,8 +1093,9 @@ mod tests {
             // The install source only where it was asked for.
             assert_eq!(install.is_some(), node.name == "w-1", "{}", node.name);
         }
-        // One call for the five nodes' versions and one for their boot ids; the machine status of
-        // each (five) and the machine config of the one that may start.
+        // One call for the versions (of the four nodes besides the relay, whose boot's is kept) and
+        // one for the five boot ids; the machine status of each (five) and the machine config of the
+        // one that may start.
         assert_eq!(count(&calls, "Version", "OK"), 1);
         assert_eq!(count(&calls, "Read", "OK"), 1);
         assert_eq!(count(&calls, "COSI Get", "OK"), 5 + 1);
@@ -1084,6 +1157,7 @@ mod tests {
     #[tokio::test]
     async fn a_relay_that_refuses_to_fan_out_leaves_the_nodes_asked_one_by_one() {
         let (sim, fleet, inventory, calls) = five_nodes("no-fan-out").await;
+        relay_known(&fleet, &inventory, &calls).await;
         for cp in ["cp-1", "cp-2", "cp-3"] {
             sim.inject_fault(cp, talos_sim::Fault::NoOneToMany).unwrap();
         }
@@ -1097,7 +1171,8 @@ mod tests {
         let states = fleet.observe_nodes(&asked).await;
         assert!(up(&states), "{states:?}");
         assert_eq!(count(&calls, "Read", "InvalidArgument"), 1, "{calls:?}");
-        assert_eq!(count(&calls, "Version", "OK"), 5, "{calls:?}");
+        // The relay's own version is kept for its boot: the four others are asked theirs.
+        assert_eq!(count(&calls, "Version", "OK"), 4, "{calls:?}");
         assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
         let relay = fleet.relay();
         assert!(relay.is_some());
@@ -1107,13 +1182,95 @@ mod tests {
         calls.lock().unwrap().clear();
         let states = fleet.observe_nodes(&asked).await;
         assert!(up(&states), "{states:?}");
-        assert_eq!(count(&calls, "Version", "OK"), 5, "{calls:?}");
+        assert_eq!(count(&calls, "Version", "OK"), 4, "{calls:?}");
         assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
         assert_eq!(count(&calls, "COSI Get", "OK"), 5, "{calls:?}");
-        assert_eq!(calls.lock().unwrap().len(), 15, "{calls:?}");
+        assert_eq!(calls.lock().unwrap().len(), 14, "{calls:?}");
         assert_eq!(fleet.relay(), relay);
         let etcd = fleet.observe_etcd(&control_planes(&inventory)).await;
         assert_eq!(etcd.problem, None);
+    }
+
+    /// Talos 1.14 deprecates apid's one-to-many proxying, and its apid logs every call fanned out
+    /// through it (talos v1.14.1 `internal/app/apid/pkg/director/director.go`): a relay on 1.14 is
+    /// asked node by node, as one whose version is not known yet (the first look) is, while one on
+    /// 1.12 fans the next look's calls out. The 1.14 relay would fan out (its apid still does, as
+    /// 1.14.1's does): asking node by node is the fleet's choice, not a refusal.
+    #[tokio::test]
+    async fn a_relay_on_talos_1_14_is_asked_node_by_node_and_one_on_1_12_fans_out() {
+        for (talos, kubernetes, fans) in [("1.12.5", "1.34.1", true), ("1.14.1", "1.36.2", false)] {
+            let (_sim, fleet, inventory, calls) =
+                five_nodes_on(&format!("gate-{talos}"), talos, kubernetes).await;
+            let asked: Vec<(&InventoryNode, bool)> =
+                inventory.iter().map(|node| (node, false)).collect();
+            let cps = control_planes(&inventory);
+            let look = || async {
+                let states = fleet.observe_nodes(&asked).await;
+                for (node, state) in inventory.iter().zip(&states) {
+                    assert!(
+                        matches!(state, TalosState::Up { version, .. } if version.to_string() == talos),
+                        "{talos} {}: {state:?}",
+                        node.name
+                    );
+                }
+                assert_eq!(fleet.observe_etcd(&cps).await.problem, None, "{talos}");
+                states
+            };
+
+            // The relay's version is not known yet: every node on its own, through the relay.
+            let first = look().await;
+            assert_eq!(count(&calls, "Read", "OK"), 5, "{talos}: {calls:?}");
+            assert_eq!(count(&calls, "Version", "OK"), 5, "{talos}: {calls:?}");
+            assert_eq!(
+                count(&calls, "EtcdMemberList", "OK"),
+                3,
+                "{talos}: {calls:?}"
+            );
+            assert_eq!(count(&calls, "EtcdStatus", "OK"), 3, "{talos}: {calls:?}");
+            keep(&fleet, &inventory, &first);
+
+            // Known now: on 1.12 one call per question for all the nodes; on 1.14 still one per
+            // node, and none refused. Every version is kept for its boot.
+            calls.lock().unwrap().clear();
+            look().await;
+            let per_node = |nodes: usize| if fans { 1 } else { nodes };
+            assert_eq!(
+                count(&calls, "Read", "OK"),
+                per_node(5),
+                "{talos}: {calls:?}"
+            );
+            assert_eq!(count(&calls, "Version", "OK"), 0, "{talos}: {calls:?}");
+            assert_eq!(count(&calls, "COSI Get", "OK"), 5, "{talos}: {calls:?}");
+            assert_eq!(
+                count(&calls, "EtcdMemberList", "OK"),
+                per_node(3),
+                "{talos}: {calls:?}"
+            );
+            assert_eq!(
+                count(&calls, "EtcdStatus", "OK"),
+                per_node(3),
+                "{talos}: {calls:?}"
+            );
+            assert_eq!(
+                calls.lock().unwrap().len(),
+                per_node(5) + 5 + 2 * per_node(3),
+                "{talos}: nothing refused or failed: {calls:?}"
+            );
+
+            let relay = fleet.relay().expect("a relay");
+            let addresses: Vec<IpAddr> = inventory.iter().map(|node| node.address).collect();
+            let fanned = fleet
+                .direct_client(relay)
+                .unwrap()
+                .boot_ids_of(&addresses)
+                .await
+                .expect("the relay's apid fans out");
+            assert_eq!(fanned.len(), 5, "{talos}");
+            assert!(
+                fanned.iter().all(|(_, boot_id)| boot_id.is_ok()),
+                "{talos}: {fanned:?}"
+            );
+        }
     }
 
     /// A node's version is asked once per boot: a look that finds every node on the boot the last
@@ -1127,23 +1284,17 @@ mod tests {
             .map(|node| (node, node.name == "w-1"))
             .collect();
         let first = fleet.observe_nodes(&asked).await;
-        // What `TalosIo` keeps after each look.
-        let keep = |states: &[TalosState]| {
-            fleet.kept_looks().keep_nodes(
-                inventory
-                    .iter()
-                    .zip(states)
-                    .map(|(node, state)| (node.name.as_str(), state)),
-            )
-        };
-        keep(&first);
+        // What `TalosIo` keeps after each look. The first look asked node by node (the relay's
+        // version was not known yet).
+        assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
+        keep(&fleet, &inventory, &first);
 
         calls.lock().unwrap().clear();
         let second = fleet.observe_nodes(&asked).await;
         assert_eq!(second, first, "the same systems, installed the same way");
         assert_eq!(count(&calls, "Version", "OK"), 0, "{calls:?}");
         assert_eq!(count(&calls, "Read", "OK"), 1, "{calls:?}");
-        keep(&second);
+        keep(&fleet, &inventory, &second);
 
         let w2 = inventory.iter().find(|n| n.name == "w-2").unwrap();
         fleet
@@ -1176,10 +1327,23 @@ mod tests {
         let (_sim, fleet, inventory, calls) = five_nodes("relay-down").await;
         // Nothing listens there: the relay's connection is refused.
         let gone: IpAddr = "127.0.0.254".parse().unwrap();
-        let control_planes: Vec<IpAddr> = control_planes(&inventory)
-            .iter()
-            .map(|node| node.address)
-            .collect();
+        let control_planes: Vec<InventoryNode> = control_planes(&inventory);
+        // As an earlier look found them: the gone relay and cp-1 on 1.11, which fan out.
+        let earlier = TalosState::Up {
+            version: Version::new(1, 11, 6),
+            boot_id: "an earlier boot".into(),
+            ready: true,
+            install: None,
+        };
+        let gone_node = InventoryNode {
+            name: "cp-0".into(),
+            address: gone,
+            ..control_planes[0].clone()
+        };
+        fleet
+            .kept_looks()
+            .keep_nodes([(&gone_node, &earlier), (&control_planes[0], &earlier)]);
+        let control_planes: Vec<IpAddr> = control_planes.iter().map(|node| node.address).collect();
         fleet.relay_through(std::iter::once(gone).chain(control_planes.iter().copied()));
         let asked: Vec<(&InventoryNode, bool)> =
             inventory.iter().map(|node| (node, false)).collect();

@@ -233,16 +233,19 @@ impl<'a> TalosIo<'a> {
             })
             .collect();
         // The nodes this look asked (not taken from a kept look).
-        let asked: Vec<(String, TalosState)> = inventory
+        let asked: Vec<(&InventoryNode, &TalosState)> = inventory
             .iter()
             .zip(&states)
             .zip(&kept_states)
             .filter(|(_, kept)| kept.is_none())
-            .map(|((node, state), _)| (node.name.clone(), state.clone()))
+            .map(|((node, state), _)| (node, state))
             .collect();
-        kept.keep_nodes(asked.iter().map(|(name, state)| (name.as_str(), state)));
+        kept.keep_nodes(asked.iter().copied());
         if in_flight_only {
-            self.in_flight_asked = asked;
+            self.in_flight_asked = asked
+                .iter()
+                .map(|(node, state)| (node.name.clone(), (*state).clone()))
+                .collect();
         }
         access.note_talos_versions(
             states

@@ -181,9 +181,12 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
     );
     // A node's version is asked once per boot (a system changes only with a reboot): at most ten
     // boots here, each node's old system and its new one, where asking at every look made it one
-    // `Version` call per look (16 in this test before).
+    // `Version` call per look (16 in this test before). The run's first look asks the five old ones
+    // node by node (the relay's version is not known yet, so its apid is not asked to fan out: the
+    // fan-out is only for a relay before Talos 1.14); the idle looks before and after the run ask one
+    // node in turn besides (`Access::talos_versions`, not kept per boot).
     assert!(
-        ok("Version") <= 2 * 5,
+        ok("Version") <= 2 * 5 + 2,
         "Version asked more than once per boot:\n{metrics}"
     );
 
