@@ -977,6 +977,17 @@ mod tests {
     /// counts (the controller hands the same observer to its fleets).
     type Calls = Arc<Mutex<Vec<(&'static str, &'static str)>>>;
 
+    /// Every node of the inventory, none of them starting (what a look asks of a cluster at rest).
+    fn ask_every_node(inventory: &[InventoryNode]) -> Vec<(&InventoryNode, bool)> {
+        inventory.iter().map(|node| (node, false)).collect()
+    }
+
+    fn all_up(states: &[TalosState]) -> bool {
+        states
+            .iter()
+            .all(|state| matches!(state, TalosState::Up { .. }))
+    }
+
     fn count(calls: &Calls, method: &str, code: &str) -> usize {
         calls
             .lock()
@@ -1115,8 +1126,7 @@ mod tests {
         calls.lock().unwrap().clear();
         sim.inject_fault("w-2", talos_sim::Fault::FailNextCalls(1000))
             .unwrap();
-        let asked: Vec<(&InventoryNode, bool)> =
-            inventory.iter().map(|node| (node, false)).collect();
+        let asked = ask_every_node(&inventory);
         let states = fleet.observe_nodes(&asked).await;
         for (node, state) in inventory.iter().zip(&states) {
             match (node.name.as_str(), state) {
@@ -1161,15 +1171,9 @@ mod tests {
         for cp in ["cp-1", "cp-2", "cp-3"] {
             sim.inject_fault(cp, talos_sim::Fault::NoOneToMany).unwrap();
         }
-        let asked: Vec<(&InventoryNode, bool)> =
-            inventory.iter().map(|node| (node, false)).collect();
-        let up = |states: &[TalosState]| {
-            states
-                .iter()
-                .all(|state| matches!(state, TalosState::Up { .. }))
-        };
+        let asked = ask_every_node(&inventory);
         let states = fleet.observe_nodes(&asked).await;
-        assert!(up(&states), "{states:?}");
+        assert!(all_up(&states), "{states:?}");
         assert_eq!(count(&calls, "Read", "InvalidArgument"), 1, "{calls:?}");
         // The relay's own version is kept for its boot: the four others are asked theirs.
         assert_eq!(count(&calls, "Version", "OK"), 4, "{calls:?}");
@@ -1181,7 +1185,7 @@ mod tests {
         // relay.
         calls.lock().unwrap().clear();
         let states = fleet.observe_nodes(&asked).await;
-        assert!(up(&states), "{states:?}");
+        assert!(all_up(&states), "{states:?}");
         assert_eq!(count(&calls, "Version", "OK"), 4, "{calls:?}");
         assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
         assert_eq!(count(&calls, "COSI Get", "OK"), 5, "{calls:?}");
@@ -1201,8 +1205,7 @@ mod tests {
         for (talos, kubernetes, fans) in [("1.12.5", "1.34.1", true), ("1.14.1", "1.36.2", false)] {
             let (_sim, fleet, inventory, calls) =
                 five_nodes_on(&format!("gate-{talos}"), talos, kubernetes).await;
-            let asked: Vec<(&InventoryNode, bool)> =
-                inventory.iter().map(|node| (node, false)).collect();
+            let asked = ask_every_node(&inventory);
             let cps = control_planes(&inventory);
             let look = || async {
                 let states = fleet.observe_nodes(&asked).await;
@@ -1345,22 +1348,16 @@ mod tests {
             .keep_nodes([(&gone_node, &earlier), (&control_planes[0], &earlier)]);
         let control_planes: Vec<IpAddr> = control_planes.iter().map(|node| node.address).collect();
         fleet.relay_through(std::iter::once(gone).chain(control_planes.iter().copied()));
-        let asked: Vec<(&InventoryNode, bool)> =
-            inventory.iter().map(|node| (node, false)).collect();
-        let up = |states: &[TalosState]| {
-            states
-                .iter()
-                .all(|state| matches!(state, TalosState::Up { .. }))
-        };
+        let asked = ask_every_node(&inventory);
         let states = fleet.observe_nodes(&asked).await;
-        assert!(up(&states), "{states:?}");
+        assert!(all_up(&states), "{states:?}");
         assert_eq!(count(&calls, "Version", "OK"), 5, "{calls:?}");
         assert_eq!(count(&calls, "Read", "OK"), 5, "{calls:?}");
         assert_eq!(fleet.relay(), Some(control_planes[0]));
 
         calls.lock().unwrap().clear();
         let states = fleet.observe_nodes(&asked).await;
-        assert!(up(&states), "{states:?}");
+        assert!(all_up(&states), "{states:?}");
         assert_eq!(count(&calls, "Version", "OK"), 1, "{calls:?}");
         assert_eq!(count(&calls, "Read", "OK"), 1, "{calls:?}");
     }
