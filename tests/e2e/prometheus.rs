@@ -572,13 +572,28 @@ async fn a_real_prometheus_scrapes_upgrades_sees_every_metric_used_and_alerts_on
     }
 
     // A reconcile error, as a user who breaks the progress ConfigMap causes one: the controller
-    // reports it (talos_upgrade_reconcile_errors_total) and goes on once the ConfigMap is gone.
+    // reports it (talos_upgrade_reconcile_errors_total) and goes on once the ConfigMap is gone. The
+    // record carries the controller's labels, as every record it writes does: its watch sees only
+    // those (managed-by), and one made by hand without them is read when a run first saves or
+    // within the hour (`progress_store::ProgressStore::remember`).
     bad.ns
         .kubectl_ok(&[
             "create",
             "configmap",
             "talos-upgrade-my-cluster",
             "--from-literal=talos.json={not json",
+        ])
+        .await;
+    bad.ns
+        .kubectl_ok(&[
+            "label",
+            "configmap",
+            "talos-upgrade-my-cluster",
+            "app.kubernetes.io/managed-by=talos-upgrade-controller",
+            &format!(
+                "{}=my-cluster",
+                talos_upgrade_controller::progress_store::CLUSTER_LABEL
+            ),
         ])
         .await;
     bad.poke_and_wait(1).await;
