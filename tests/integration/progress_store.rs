@@ -3,7 +3,9 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use talos_upgrade_controller::progress_store::{ProgressStore, StoreError, configmap_name};
+use talos_upgrade_controller::progress_store::{
+    Progress, ProgressStore, StoreError, configmap_name,
+};
 use talos_upgrade_core::run::NodeRole;
 use talos_upgrade_core::talos::{NodeProgress, NodeStep, Run};
 use testenv::ControlPlane;
@@ -190,7 +192,11 @@ async fn a_kept_record_is_reused_until_someone_else_changes_or_deletes_it() {
     .await;
     assert_eq!(store.load("my-cluster").await.expect("load").talos, None);
 
-    // Made again by hand, without the controller's label (which the watch selects on): read at once.
+    // Made again by hand, without the controller's labels (which the watch selects on): the absence
+    // the last load found may still be what a load returns (for at most an hour:
+    // `ProgressStore::remember`), but the record is never written over: the save of a record the
+    // controller believes absent creates it, the API server refuses that, and the next load reads the
+    // one made by hand.
     let restored = run(NodeStep::Pending);
     let unlabelled: ConfigMap = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
@@ -201,9 +207,24 @@ async fn a_kept_record_is_reused_until_someone_else_changes_or_deletes_it() {
         .create(&Default::default(), &unlabelled)
         .await
         .expect("create by hand");
+    let mut believed_absent = Progress::default();
+    believed_absent.talos = Some(run(NodeStep::Done {
+        at: "2026-11-25T10:30:00Z".parse().expect("time"),
+        started_at: None,
+    }));
+    assert!(matches!(
+        store.save("my-cluster", None, &mut believed_absent).await,
+        Err(StoreError::Conflict { .. })
+    ));
     assert_eq!(
         store.load("my-cluster").await.expect("load").talos,
-        Some(restored)
+        Some(restored.clone())
+    );
+    let kept = configmaps.get(&name).await.expect("get");
+    assert_eq!(
+        kept.data.unwrap_or_default().get("talos.json").cloned(),
+        Some(serde_json::to_string(&restored).expect("json")),
+        "the record made by hand is not written over"
     );
     watch.abort();
 }
