@@ -330,6 +330,11 @@ async fn run_size(n: usize, binary: &std::path::Path, args: &Args) -> anyhow::Re
     )
     .await?;
     let outcome = measure(n, &mut world, &mut controller, args).await;
+    if timeline.is_some() {
+        // The timeline's reader wants the controller's own account beside it.
+        dir.1 = true;
+        eprintln!("controller log kept in {}", controller.log.display());
+    }
     if outcome.is_err() {
         dir.1 = true;
         eprintln!(

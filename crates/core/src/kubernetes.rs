@@ -1270,6 +1270,7 @@ fn finish(
             consumed: Vec::new(),
             // The Kubernetes upgrade is not followed: it polls.
             awaiting_reboots: false,
+            awaiting_reboots_once_answered: false,
         },
     }
 }

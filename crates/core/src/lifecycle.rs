@@ -1266,6 +1266,11 @@ impl<'a, K: Kind> Lifecycle<'a, K> {
         let mut run = decision.run.clone();
         let mut decide_again = false;
         let mut further = Vec::new();
+        // Every call answered: the nodes it sent their upgrade (or reboot) wait for it now, as the
+        // decision foresaw ([`crate::run::Report::awaiting_reboots_once_answered`]).
+        if results.iter().all(|called| *called == Called::Done) {
+            decision.report.awaiting_reboots |= decision.report.awaiting_reboots_once_answered;
+        }
         let calls: Vec<(&K::Action, Called)> = decision.actions.iter().zip(results).collect();
         for (index, (action, called)) in calls.iter().cloned().enumerate() {
             match called {

@@ -577,6 +577,7 @@ mod tests {
             gate: None,
             consumed: Vec::new(),
             awaiting_reboots: false,
+            awaiting_reboots_once_answered: false,
         };
         let cases = [
             (

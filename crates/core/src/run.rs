@@ -476,6 +476,11 @@ pub struct Report {
     /// those nodes changes, only a deadline can change the decision: the reconciler follows the nodes
     /// and need not poll often.
     pub awaiting_reboots: bool,
+    /// What [`Report::awaiting_reboots`] becomes once every call of the decision is answered: the
+    /// decision that sends a node its upgrade (or reboot) records it before the call, unanswered, and
+    /// the pass that made the call concludes with this decision. Without it, that pass would look
+    /// again a poll later, only to find the node still going down, which its followers tell anyway.
+    pub awaiting_reboots_once_answered: bool,
 }
 
 /// `15m`, `90s`, `1h`: how a deadline reads in a message (both kinds of upgrade).

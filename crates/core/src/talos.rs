@@ -1825,26 +1825,45 @@ fn finish(
         }
         _ => (None, None),
     };
-    let awaiting_reboots = state == RunState::InProgress
-        && !in_flight.is_empty()
-        && nothing_held
-        && run.nodes.iter().all(|n| match &n.step {
-            NodeStep::Issued {
-                lifecycle,
-                unanswered,
+    // Every node in flight only waits to come back from its reboot, counting the nodes in
+    // `answering` as answered (their upgrade or reboot is what this decision sends).
+    let only_rebooting = |answering: &[&str]| {
+        state == RunState::InProgress
+            && !in_flight.is_empty()
+            && nothing_held
+            && run.nodes.iter().all(|n| match &n.step {
+                NodeStep::Issued {
+                    lifecycle,
+                    unanswered,
+                    ..
+                } => {
+                    let answered = |unanswered: bool| !unanswered || answering.contains(&&*n.name);
+                    answered(*unanswered)
+                        && match lifecycle {
+                            None => true,
+                            Some(LifecycleStage::Rebooting { unanswered, .. }) => {
+                                answered(*unanswered)
+                            }
+                            Some(_) => false,
+                        }
+                }
+                NodeStep::Pending | NodeStep::Done { .. } | NodeStep::Failed { .. } => true,
+            })
+    };
+    let rebooting_once_answered: Vec<&str> = actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Upgrade {
+                node,
+                api: UpgradeApi::Legacy,
                 ..
-            } => {
-                !unanswered
-                    && matches!(
-                        lifecycle,
-                        None | Some(LifecycleStage::Rebooting {
-                            unanswered: false,
-                            ..
-                        })
-                    )
             }
-            NodeStep::Pending | NodeStep::Done { .. } | NodeStep::Failed { .. } => true,
-        });
+            | Action::Reboot { node } => Some(node.as_str()),
+            _ => None,
+        })
+        .collect();
+    let awaiting_reboots = only_rebooting(&[]);
+    let awaiting_reboots_once_answered = only_rebooting(&rebooting_once_answered);
     Decision {
         run,
         actions,
@@ -1860,6 +1879,7 @@ fn finish(
             gate,
             consumed: Vec::new(),
             awaiting_reboots,
+            awaiting_reboots_once_answered,
         },
     }
 }

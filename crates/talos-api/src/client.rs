@@ -1022,8 +1022,18 @@ impl TalosClient {
                 message: format!("{op} did not complete within {timeout:?}"),
             }),
         };
+        let code = result.as_ref().map_or_else(TalosError::code, |_| "OK");
+        // One line per call at trace level, for reading which looks ask what (every call, the
+        // read-only ones included, which the simulators do not record).
+        tracing::trace!(
+            target: "talos_api::call",
+            op,
+            endpoint = %self.endpoint,
+            node = self.node.as_ref().and_then(|node| node.to_str().ok()).unwrap_or(""),
+            code
+        );
         if let Some(observer) = &self.observer {
-            observer.observe(op, result.as_ref().map_or_else(TalosError::code, |_| "OK"));
+            observer.observe(op, code);
         }
         result
     }

@@ -649,8 +649,9 @@ fn a_new_talos_run_starts_announced_and_records_its_call_before_making_it() {
         ]
     );
     assert!(conclusion.notes.is_empty());
-    // The pass decided before the call was answered: the next pass sees only the reboot to wait for.
-    assert_eq!(conclusion.revisit, Revisit::Poll);
+    // The call was answered: the node only has its reboot left, which its followers report (the
+    // decision was made before the answer, and foresaw it).
+    assert_eq!(conclusion.revisit, Revisit::AwaitingReboots);
 }
 
 /// A pre-pull refused on one node fails the run naming it, with no node started; the pulls made at
@@ -787,10 +788,22 @@ fn talos_calls_and_what_their_answers_mean() {
             revisit: Revisit::Now,
         },
         Case {
-            what: "another leader: the control plane is upgraded at once",
+            what: "another leader: the control plane is upgraded at once, and once the call is \
+                   answered the pass waits for its reboot (followed), not a poll",
+            record: workers_done(),
+            cluster: leader_elsewhere.clone(),
+            calls: vec![],
+            asked: vec!["cluster", "act Upgrade"],
+            status: UpgradeStatus::InProgress,
+            message: "Upgrading node cp-1 (2/2)",
+            notes: vec![Reason::NodeUpgradeStarted],
+            revisit: Revisit::AwaitingReboots,
+        },
+        Case {
+            what: "an upgrade call without an answer: looked at again a poll later",
             record: workers_done(),
             cluster: leader_elsewhere,
-            calls: vec![],
+            calls: vec![vec![Called::Unanswered("timed out".into())]],
             asked: vec!["cluster", "act Upgrade"],
             status: UpgradeStatus::InProgress,
             message: "Upgrading node cp-1 (2/2)",

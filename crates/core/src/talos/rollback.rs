@@ -606,18 +606,28 @@ fn report(
         (RunState::InProgress, true, Some((check, _))) => Some(*check),
         _ => None,
     };
-    let awaiting_reboots = state == RunState::InProgress
-        && !in_flight.is_empty()
-        && held.is_none()
-        && run.nodes.iter().all(|n| {
-            !matches!(
-                n.step,
+    // Every node in flight only waits to come back, counting the nodes this decision sends their
+    // rollback as answered for `awaiting_reboots_once_answered` (see `Report`).
+    let rolling_back: Vec<&str> = actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Rollback { node } => Some(node.as_str()),
+            _ => None,
+        })
+        .collect();
+    let only_rebooting = |answering: &[&str]| {
+        state == RunState::InProgress
+            && !in_flight.is_empty()
+            && held.is_none()
+            && run.nodes.iter().all(|n| match n.step {
                 NodeStep::Issued {
-                    unanswered: true,
-                    ..
-                }
-            )
-        });
+                    unanswered: true, ..
+                } => answering.contains(&n.name.as_str()),
+                _ => true,
+            })
+    };
+    let awaiting_reboots = only_rebooting(&[]);
+    let awaiting_reboots_once_answered = only_rebooting(&rolling_back);
     Decision {
         run,
         actions,
@@ -633,6 +643,7 @@ fn report(
             gate: None,
             consumed: Vec::new(),
             awaiting_reboots,
+            awaiting_reboots_once_answered,
         },
     }
 }

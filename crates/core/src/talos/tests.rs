@@ -1384,6 +1384,39 @@ fn only_nodes_waiting_for_their_reboot_let_the_reconciler_rely_on_following_them
         assert_eq!(decision.report.awaiting_reboots, expected, "{case}");
     }
 
+    // The decisions that send the calls: awaiting only once their calls are answered (the legacy
+    // upgrade and the 1.13 reboot), never for the 1.13 install (draining comes next).
+    // (case, run, observation, actions, awaiting now?, once answered?)
+    let sending: [(&str, &Run, &Observation, &str, bool, bool); 3] = [
+        ("legacy upgrade sent", &run, &obs, "Upgrade", false, true),
+        ("1.13 install sent", &run_13, &obs_13, "Pull", false, false),
+        (
+            "1.13 reboot sent",
+            &draining_run,
+            &drained_obs,
+            "Reboot",
+            false,
+            true,
+        ),
+    ];
+    for (case, run, observation, action, now, once_answered) in sending {
+        let decision = decide(run, &settings(), observation, t0());
+        let sent: Vec<String> = decision
+            .actions
+            .iter()
+            .map(|action| format!("{action:?}"))
+            .collect();
+        assert!(
+            sent.iter().any(|sent| sent.starts_with(action)),
+            "{case}: {sent:?}"
+        );
+        assert_eq!(decision.report.awaiting_reboots, now, "{case}");
+        assert_eq!(
+            decision.report.awaiting_reboots_once_answered, once_answered,
+            "{case}"
+        );
+    }
+
     // Two workers allowed in parallel, the second held back by its own failing preflight check: the
     // run waits on something no follower reports, so it is not only awaiting reboots.
     let parallel = Settings {
