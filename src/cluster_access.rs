@@ -267,6 +267,12 @@ impl Access {
                         versions[index] = answer;
                     }
                 }
+                let looks = self.fleet.kept_looks();
+                for (node, version) in self.inventory.iter().zip(&versions) {
+                    if let Ok(version) = version {
+                        looks.learn_version_at(node.address, version);
+                    }
+                }
                 versions
             })
             .await

@@ -141,6 +141,16 @@ impl KeptLooks {
         self.lock().versions_at.get(&address).cloned()
     }
 
+    /// What an idle refresh learnt of the node at `address` (its `Version` answer, or the Talos its
+    /// Ready Node reports in `osImage`), kept where no look has asked it yet: the first look of a
+    /// run then knows whether its relay fans calls out, instead of asking each node on its own.
+    pub fn learn_version_at(&self, address: IpAddr, version: &semver::Version) {
+        self.lock()
+            .versions_at
+            .entry(address)
+            .or_insert_with(|| version.clone());
+    }
+
     /// Which of `count` nodes answers this idle refresh's one `Version` call: each in turn.
     pub fn next_turn(&self, count: usize) -> usize {
         let mut kept = self.lock();
@@ -190,6 +200,33 @@ mod tests {
         assert_eq!(
             kept.version_at(cp1.address),
             Some(semver::Version::new(1, 14, 0))
+        );
+    }
+
+    /// An idle refresh's version fills in only what no look asked: a look's answer is the newer.
+    #[test]
+    fn an_idle_refresh_tells_the_version_at_an_address_no_look_asked() {
+        let kept = KeptLooks::default();
+        let cp1 = node("cp-1", "10.5.0.2");
+        kept.learn_version_at(cp1.address, &semver::Version::new(1, 11, 6));
+        assert_eq!(
+            kept.version_at(cp1.address),
+            Some(semver::Version::new(1, 11, 6))
+        );
+        kept.keep_nodes([(
+            &cp1,
+            &TalosState::Up {
+                version: semver::Version::new(1, 12, 0),
+                boot_id: "b2".into(),
+                ready: true,
+                install: None,
+            },
+        )]);
+        kept.learn_version_at(cp1.address, &semver::Version::new(1, 11, 6));
+        assert_eq!(
+            kept.version_at(cp1.address),
+            Some(semver::Version::new(1, 12, 0)),
+            "a look's answer stands"
         );
     }
 
