@@ -36,7 +36,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
 use crate::inventory::{NodeChange, SeenNode, WatchedNodes};
@@ -44,13 +44,17 @@ use crate::talos_fleet::TalosFleet;
 use talos_api::EventsOptions;
 use talos_upgrade_core::crd::KubernetesCluster;
 
-/// First pause before reconnecting to a node's event stream; doubled up to [`RECONNECT_MAX`].
+/// Pause before reconnecting to a node's event stream that broke: a stream also breaks when the
+/// control plane relaying it reboots while the node itself is up, and then it is back at once.
 const RECONNECT_MIN: Duration = Duration::from_millis(200);
-/// Every attempt while the node is away is a Talos call that fails (a node takes a minute or more
-/// to come back), so the pauses grow. A longer pause delays nothing: a reconnection replays every
-/// event since the node booted, and Talos reports the node ready only after its services, static
-/// pods and Node are up, seconds after apid answers again; the Node watch wakes the cluster too.
-const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// Pause after an attempt that failed: the node is away (rebooting; it takes a minute or more to
+/// come back), and every attempt meanwhile is a Talos call that fails. The node's Node tells when
+/// it is back (its kubelet writes it as soon as it runs again, before Talos reports the node
+/// ready), and every change of it cuts the pause short ([`NodePokes`]); the pause is only the
+/// safety net, as long as the reconcile's own while every node in flight is followed
+/// (`FOLLOWED_POLL_INTERVAL`). A reconnection replays every event since the node booted, so a node
+/// that became ready meanwhile is not missed.
+const RECONNECT_AWAY: Duration = Duration::from_secs(60);
 /// A follower gives up after this long even if no reconcile told it to stop (the controller lost its
 /// leadership; a deleted cluster's followers are stopped when the controller forgets it): the poll
 /// carries on without it.
@@ -90,6 +94,12 @@ impl Drop for Follower {
 /// (`None`: no Node seen yet).
 type FollowedNodes = Arc<Mutex<HashMap<String, Option<(bool, bool)>>>>;
 
+/// Each followed node's Talos follower, told by the cluster's Node watch that the node's Node
+/// changed: while the node is away, its follower does not ask Talos again until then (or
+/// [`RECONNECT_AWAY`]). A poke that comes while the follower is not waiting is kept for its next
+/// wait (`Notify::notify_one`): at worst one attempt too early, never one missed.
+type NodePokes = Arc<Mutex<HashMap<String, Arc<Notify>>>>;
+
 /// The watch of one cluster's workload Nodes.
 struct NodeWatch {
     nodes: Arc<WatchedNodes>,
@@ -101,6 +111,7 @@ struct NodeWatch {
 #[derive(Default)]
 struct ClusterFollowers {
     talos: HashMap<String, Follower>,
+    pokes: NodePokes,
     nodes: Option<NodeWatch>,
 }
 
@@ -247,16 +258,20 @@ impl Wakeups {
         current
             .talos
             .retain(|name, _| nodes.iter().any(|node| &node.name == name));
+        lock(&current.pokes).retain(|name, _| nodes.iter().any(|node| &node.name == name));
         for node in &nodes {
             if current.talos.contains_key(&node.name) {
                 continue;
             }
+            let poke = Arc::new(Notify::new());
+            lock(&current.pokes).insert(node.name.clone(), poke.clone());
             let task = tokio::spawn(follow_node(
                 cluster.clone(),
                 node.name.clone(),
                 node.talos.clone(),
                 node.address,
                 node.observed_at,
+                poke,
                 self.wakes.clone(),
             ));
             current
@@ -289,6 +304,7 @@ impl Wakeups {
                     first.workload.clone(),
                     first.nodes.clone(),
                     followed.clone(),
+                    current.pokes.clone(),
                     cluster.clone(),
                     self.wakes.clone(),
                 ));
@@ -347,12 +363,13 @@ async fn follow_node(
     talos: Arc<TalosFleet>,
     address: IpAddr,
     observed_at: Instant,
+    poke: Arc<Notify>,
     wakes: Arc<FollowerWakes>,
 ) {
     let wake_up = || wakes.wake(&cluster, &name);
     let _ = tokio::time::timeout(
         FOLLOW_AT_MOST,
-        follow_talos_events(&talos, address, observed_at, &wake_up),
+        follow_talos_events(&talos, address, observed_at, &poke, &wake_up),
     )
     .await;
 }
@@ -364,10 +381,14 @@ async fn follow_node(
 /// long before its upgrade, and replaying that would wake a reconcile that finds nothing new, for
 /// every node. Every reconnection (the stream breaks when the node reboots) replays everything the
 /// node buffered since it booted, so a node that became ready while the stream was down is not missed.
+///
+/// A stream that breaks is reconnected after [`RECONNECT_MIN`]; while that fails (the node is away)
+/// the next attempt waits for the node's Node to change ([`NodePokes`]), at most [`RECONNECT_AWAY`].
 async fn follow_talos_events(
     fleet: &TalosFleet,
     address: IpAddr,
     observed_at: Instant,
+    poke: &Notify,
     wake_up: &impl Fn(),
 ) {
     let since_observed = EventsOptions {
@@ -383,16 +404,14 @@ async fn follow_talos_events(
         ..EventsOptions::default()
     };
     let mut options = since_observed;
-    let mut pause = RECONNECT_MIN;
     loop {
         let opened = match fleet.client(address) {
             Ok(client) => client.events(options.clone()).await,
             Err(error) => Err(error),
         };
         options = since_boot.clone();
-        match opened {
+        let pause = match opened {
             Ok(mut events) => {
-                pause = RECONNECT_MIN;
                 while let Some(event) = events.next().await {
                     match event {
                         Ok(event) if event.payload.is_running_and_ready() => {
@@ -404,14 +423,24 @@ async fn follow_talos_events(
                         Err(_) => break,
                     }
                 }
+                RECONNECT_MIN
             }
             Err(error) => {
-                tracing::trace!(node = %address, %error, "node event stream");
+                tracing::trace!(node = %address, %error, "node event stream: waiting for its Node to change");
+                RECONNECT_AWAY
             }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = poke.notified() => {}
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(RECONNECT_MAX);
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Marks the watched Nodes unusable when the watch ends, however it ends (stopped, or given up).
@@ -431,6 +460,7 @@ async fn watch_workload_nodes(
     workload: kube::Client,
     nodes: Arc<WatchedNodes>,
     followed: FollowedNodes,
+    pokes: NodePokes,
     cluster: ObjectRef<KubernetesCluster>,
     wakes: Arc<FollowerWakes>,
 ) {
@@ -473,6 +503,10 @@ async fn watch_workload_nodes(
                 name: name.clone(),
                 seen,
             });
+            // Its kubelet wrote it: the node may be back, its Talos follower asks again now.
+            if let Some(poke) = lock(&pokes).get(&name) {
+                poke.notify_one();
+            }
             let mut followed = followed
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
