@@ -14,10 +14,15 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use talos_upgrade_core::talos::TalosState;
 
 use crate::inventory::InventoryNode;
+
+/// How long a node's answer that it is up and ready stands for a look that would ask it again
+/// ([`KeptLooks::just_asked_ready`]).
+pub const JUST_ASKED: Duration = Duration::from_secs(1);
 
 /// One cluster's kept looks. Held by the cluster's [`crate::talos_fleet::TalosFleet`], so they last
 /// as long as its connections (rebuilt when its credentials Secret changes or the cluster is
@@ -39,8 +44,8 @@ pub struct Running {
 #[derive(Default)]
 struct Kept {
     /// Each node's Talos state as last asked, by node name, without its installer image (read again
-    /// whenever a node may start).
-    nodes: HashMap<String, TalosState>,
+    /// whenever a node may start), when it was asked, and whether the node was in flight then.
+    nodes: HashMap<String, (TalosState, Instant, bool)>,
     /// Counts the idle refreshes that asked one node only: the next is asked at this index.
     turn: usize,
     /// Each node's platform as last asked, with the boot it was asked in.
@@ -61,6 +66,22 @@ impl KeptLooks {
     pub fn keep_nodes<'a>(
         &self,
         asked: impl IntoIterator<Item = (&'a InventoryNode, &'a TalosState)>,
+    ) {
+        self.keep(asked, false);
+    }
+
+    /// Keeps what a look at the nodes in flight asked of them ([`KeptLooks::just_asked_ready`]).
+    pub fn keep_in_flight_nodes<'a>(
+        &self,
+        asked: impl IntoIterator<Item = (&'a InventoryNode, &'a TalosState)>,
+    ) {
+        self.keep(asked, true);
+    }
+
+    fn keep<'a>(
+        &self,
+        asked: impl IntoIterator<Item = (&'a InventoryNode, &'a TalosState)>,
+        in_flight: bool,
     ) {
         let mut kept = self.lock();
         for (node, state) in asked {
@@ -94,24 +115,44 @@ impl KeptLooks {
                     unreachable.clone()
                 }
             };
-            kept.nodes.insert(name.to_string(), state);
+            kept.nodes
+                .insert(name.to_string(), (state, Instant::now(), in_flight));
         }
     }
 
     /// The node's state as last asked, if it was.
     pub fn node(&self, name: &str) -> Option<TalosState> {
-        self.lock().nodes.get(name).cloned()
+        self.lock().nodes.get(name).map(|(state, ..)| state.clone())
+    }
+
+    /// The node's state as asked less than [`JUST_ASKED`] ago, if it was then up and ready: what
+    /// asking again would answer. Both followers of a node wake its cluster when it is back,
+    /// milliseconds apart (Talos reports it ready, its kubelet writes its Node Ready), and the
+    /// reconcile the second one wakes would ask Talos what the first one's has just been told. A
+    /// state that was not (yet) ready is always asked again: that is the change a wake-up is about.
+    /// With `in_flight` (the node is in flight now), only a look at the nodes in flight counts: one
+    /// from before its upgrade was sent saw the system it is leaving.
+    pub fn just_asked_ready(&self, name: &str, in_flight: bool) -> Option<TalosState> {
+        let kept = self.lock();
+        let (state, at, asked_in_flight) = kept.nodes.get(name)?;
+        (matches!(state, TalosState::Up { ready: true, .. })
+            && at.elapsed() < JUST_ASKED
+            && (*asked_in_flight || !in_flight))
+            .then(|| state.clone())
     }
 
     /// The node's running version (and, with `platform`, the platform it reports) when the last
     /// look that asked it found it on `boot_id`: the same system is still running.
     pub fn running(&self, name: &str, boot_id: &str, platform: bool) -> Option<Running> {
         let kept = self.lock();
-        let TalosState::Up {
-            version,
-            boot_id: kept_boot,
-            ..
-        } = kept.nodes.get(name)?
+        let (
+            TalosState::Up {
+                version,
+                boot_id: kept_boot,
+                ..
+            },
+            ..,
+        ) = kept.nodes.get(name)?
         else {
             return None;
         };
@@ -228,6 +269,55 @@ mod tests {
             Some(semver::Version::new(1, 12, 0)),
             "a look's answer stands"
         );
+    }
+
+    /// Only an answer of up and ready stands for a second look, and only for a moment.
+    #[test]
+    fn a_node_just_asked_up_and_ready_is_not_asked_again_within_a_second() {
+        let kept = KeptLooks::default();
+        let w1 = node("w-1", "10.5.0.4");
+        let w2 = node("w-2", "10.5.0.5");
+        let up = |ready| TalosState::Up {
+            version: semver::Version::new(1, 12, 0),
+            boot_id: "b2".into(),
+            ready,
+            install: None,
+        };
+        assert_eq!(kept.just_asked_ready("w-1", false), None, "never asked");
+        kept.keep_nodes([(&w1, &up(true)), (&w2, &up(false))]);
+        assert_eq!(kept.just_asked_ready("w-1", false), Some(up(true)));
+        assert_eq!(
+            kept.just_asked_ready("w-1", true),
+            None,
+            "asked before it was in flight: the system it leaves"
+        );
+        assert_eq!(
+            kept.just_asked_ready("w-2", false),
+            None,
+            "not ready: asked again"
+        );
+        kept.keep_nodes([(
+            &w2,
+            &TalosState::Unreachable {
+                reason: "rebooting".into(),
+            },
+        )]);
+        assert_eq!(
+            kept.just_asked_ready("w-2", false),
+            None,
+            "down: asked again"
+        );
+        kept.keep_in_flight_nodes([(&w1, &up(true))]);
+        assert_eq!(
+            kept.just_asked_ready("w-1", true),
+            Some(up(true)),
+            "back, as the look at the nodes in flight saw"
+        );
+        // Aged past the moment: asked again.
+        kept.lock().nodes.get_mut("w-1").unwrap().1 = Instant::now() - JUST_ASKED;
+        assert_eq!(kept.just_asked_ready("w-1", true), None);
+        assert_eq!(kept.just_asked_ready("w-1", false), None);
+        assert_eq!(kept.node("w-1"), Some(up(true)), "still kept");
     }
 
     #[test]

@@ -149,26 +149,36 @@ impl<'a> TalosIo<'a> {
             .collect();
         let reading_images = &starting.names(&named);
         // A pass that can start no node asks only the nodes in flight; the others are as the last
-        // look saw them (see `kept_looks`). A node never asked yet is asked all the same.
+        // look saw them (see `kept_looks`). A node never asked yet is asked all the same. A node
+        // that a look at the nodes in flight found up and ready within the last second is not
+        // asked again (`KeptLooks::just_asked_ready`).
         let kept = fleet.kept_looks();
         let just_asked = std::mem::take(&mut self.in_flight_asked);
         let kept_states: Vec<Option<TalosState>> = match starting {
             StartingNodes::InFlight { nodes } => inventory
                 .iter()
                 .map(|node| {
-                    (!nodes.contains(&node.name))
-                        .then(|| kept.node(&node.name))
-                        .flatten()
+                    if nodes.contains(&node.name) {
+                        kept.just_asked_ready(&node.name, true)
+                    } else {
+                        kept.node(&node.name)
+                    }
                 })
                 .collect(),
             // The nodes in flight just asked in this pass, unless their installer is read now.
             StartingNodes::Named(_) | StartingNodes::Every => inventory
                 .iter()
                 .map(|node| {
+                    if reading_images.contains(&node.name) {
+                        return None;
+                    }
                     just_asked
                         .iter()
-                        .find(|(name, _)| *name == node.name && !reading_images.contains(name))
+                        .find(|(name, _)| *name == node.name)
                         .map(|(_, state)| state.clone())
+                        // Only what a look at the nodes in flight asked: this pass does not
+                        // know which nodes are in flight (see `just_asked_ready`).
+                        .or_else(|| kept.just_asked_ready(&node.name, true))
                 })
                 .collect(),
         };
@@ -240,7 +250,11 @@ impl<'a> TalosIo<'a> {
             .filter(|(_, kept)| kept.is_none())
             .map(|((node, state), _)| (node, state))
             .collect();
-        kept.keep_nodes(asked.iter().copied());
+        if in_flight_only {
+            kept.keep_in_flight_nodes(asked.iter().copied());
+        } else {
+            kept.keep_nodes(asked.iter().copied());
+        }
         if in_flight_only {
             self.in_flight_asked = asked
                 .iter()
