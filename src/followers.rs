@@ -608,6 +608,108 @@ mod tests {
         assert_eq!(sent(&mut triggers), Some(cluster));
     }
 
+    async fn eventually(what: &str, condition: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !condition() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// While its node is away, a follower asks Talos once more (the stream may have broken only
+    /// because its relay rebooted), then not again until the node's Node changes: a reboot that
+    /// lasts costs one failing call, however long the node is away. Poked, it reconnects, and the
+    /// events since the boot wake the cluster.
+    #[tokio::test]
+    async fn a_follower_asks_once_while_its_node_is_away_then_waits_for_its_node_to_change() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use talos_sim::config::{NodeConfig, SimConfig, Timings};
+
+        // Down long enough for the pauses before this change (0.2 s, doubling) to retry several times.
+        let timings = Timings {
+            reboot_ms: 1500,
+            ..Timings::fast()
+        };
+        let sim = talos_sim::Simulator::start(
+            SimConfig::new("follower-pokes")
+                .with_timings(timings)
+                .with_node(NodeConfig::control_plane("cp-1", "1.11.6", "1.34.1"))
+                .with_node(NodeConfig::worker("w-1", "1.11.6", "1.34.1")),
+        )
+        .await
+        .expect("simulator");
+        let credentials =
+            talos_api::Talosconfig::from_yaml(&sim.talosconfig(talos_sim::pki::ClientRole::Admin))
+                .and_then(|config| config.current_context()?.credentials())
+                .expect("credentials");
+        let calls: Arc<Mutex<Vec<(&'static str, &'static str)>>> = Arc::default();
+        let observed = calls.clone();
+        let options = talos_api::ConnectOptions {
+            port: sim.nodes()[0].port,
+            observer: Some(talos_api::CallObserver::new(move |method, code| {
+                observed.lock().unwrap().push((method, code));
+            })),
+            ..talos_api::ConnectOptions::default()
+        };
+        let fleet = Arc::new(TalosFleet::new(credentials, options));
+        let worker = sim.nodes().into_iter().find(|node| node.name == "w-1");
+        let address = IpAddr::V4(worker.expect("w-1").address);
+        let events = |ok: bool| {
+            calls
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(method, code)| *method == "Events" && (*code == "OK") == ok)
+                .count()
+        };
+        let poke = Arc::new(Notify::new());
+        let woken = Arc::new(AtomicUsize::new(0));
+        let follower = {
+            let (fleet, poke, woken) = (fleet.clone(), poke.clone(), woken.clone());
+            tokio::spawn(async move {
+                let wake_up = || {
+                    woken.fetch_add(1, Ordering::SeqCst);
+                };
+                follow_talos_events(&fleet, address, Instant::now(), &poke, &wake_up).await;
+            })
+        };
+        eventually("the stream opened", || events(true) == 1).await;
+
+        fleet
+            .client(address)
+            .expect("client")
+            .reboot(talos_api::RebootMode::Default)
+            .await
+            .expect("reboot");
+        sim.wait_for("w-1", Duration::from_secs(20), |node| node.down)
+            .await
+            .expect("the node goes down");
+        sim.wait_for("w-1", Duration::from_secs(20), |node| {
+            !node.down && node.ready
+        })
+        .await
+        .expect("the node is back and ready");
+        assert_eq!(
+            (events(true), events(false)),
+            (1, 1),
+            "one quick retry while the node was away, none after it, until its Node changes"
+        );
+        // (The first stream may have woken it already: it replays the last second, and the
+        // simulator had just booted the node.)
+        let woken_before = woken.load(Ordering::SeqCst);
+
+        // Its Node changed (the cluster's Node watch pokes the follower): it reconnects, and the
+        // events since the boot say the node is running and ready.
+        poke.notify_one();
+        eventually("reconnected", || events(true) == 2).await;
+        eventually("the cluster woken", || {
+            woken.load(Ordering::SeqCst) > woken_before
+        })
+        .await;
+        assert_eq!(events(false), 1);
+        follower.abort();
+    }
+
     #[test]
     fn only_a_node_becoming_ready_or_schedulable_wakes_the_cluster() {
         // (last (Ready, cordoned), now, wake?)
