@@ -638,20 +638,8 @@ mod tests {
         )
         .await
         .expect("simulator");
-        let credentials =
-            talos_api::Talosconfig::from_yaml(&sim.talosconfig(talos_sim::pki::ClientRole::Admin))
-                .and_then(|config| config.current_context()?.credentials())
-                .expect("credentials");
-        let calls: Arc<Mutex<Vec<(&'static str, &'static str)>>> = Arc::default();
-        let observed = calls.clone();
-        let options = talos_api::ConnectOptions {
-            port: sim.nodes()[0].port,
-            observer: Some(talos_api::CallObserver::new(move |method, code| {
-                observed.lock().unwrap().push((method, code));
-            })),
-            ..talos_api::ConnectOptions::default()
-        };
-        let fleet = Arc::new(TalosFleet::new(credentials, options));
+        let (fleet, calls) = crate::talos_fleet::counted::fleet_for(&sim);
+        let fleet = Arc::new(fleet);
         let worker = sim.nodes().into_iter().find(|node| node.name == "w-1");
         let address = IpAddr::V4(worker.expect("w-1").address);
         let events = |ok: bool| {

@@ -859,6 +859,38 @@ pub fn installer_image_from_config(config: &[u8]) -> Option<String> {
     })
 }
 
+/// For tests: a fleet for a simulator's nodes (its admin credentials and port) that counts every
+/// call it makes as `(method, code)`, as `talos_upgrade_talos_api_calls_total` does (the controller
+/// hands its fleets the same kind of observer).
+#[cfg(test)]
+pub(crate) mod counted {
+    use std::sync::{Arc, Mutex};
+
+    use talos_api::ConnectOptions;
+
+    use super::TalosFleet;
+
+    /// Every call the fleet made, in order.
+    pub(crate) type Calls = Arc<Mutex<Vec<(&'static str, &'static str)>>>;
+
+    pub(crate) fn fleet_for(sim: &talos_sim::Simulator) -> (TalosFleet, Calls) {
+        let credentials =
+            talos_api::Talosconfig::from_yaml(&sim.talosconfig(talos_sim::pki::ClientRole::Admin))
+                .and_then(|config| config.current_context()?.credentials())
+                .expect("credentials");
+        let calls: Calls = Arc::default();
+        let observed = calls.clone();
+        let options = ConnectOptions {
+            port: sim.nodes()[0].port,
+            observer: Some(talos_api::CallObserver::new(move |method, code| {
+                observed.lock().unwrap().push((method, code));
+            })),
+            ..ConnectOptions::default()
+        };
+        (TalosFleet::new(credentials, options), calls)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -973,9 +1005,7 @@ mod tests {
         }
     }
 
-    /// Every Talos call a fleet makes, as `(method, code)`: what `talos_upgrade_talos_api_calls_total`
-    /// counts (the controller hands the same observer to its fleets).
-    type Calls = Arc<Mutex<Vec<(&'static str, &'static str)>>>;
+    use super::counted::Calls;
 
     /// Every node of the inventory, none of them starting (what a look asks of a cluster at rest).
     fn ask_every_node(inventory: &[InventoryNode]) -> Vec<(&InventoryNode, bool)> {
@@ -1022,19 +1052,7 @@ mod tests {
         let sim = talos_sim::Simulator::start(config)
             .await
             .expect("simulator");
-        let credentials =
-            talos_api::Talosconfig::from_yaml(&sim.talosconfig(talos_sim::pki::ClientRole::Admin))
-                .and_then(|config| config.current_context()?.credentials())
-                .expect("credentials");
-        let calls: Calls = Arc::default();
-        let observed = calls.clone();
-        let options = ConnectOptions {
-            port: sim.nodes()[0].port,
-            observer: Some(talos_api::CallObserver::new(move |method, code| {
-                observed.lock().unwrap().push((method, code));
-            })),
-            ..ConnectOptions::default()
-        };
+        let (fleet, calls) = super::counted::fleet_for(&sim);
         let inventory: Vec<InventoryNode> = sim
             .nodes()
             .into_iter()
@@ -1049,7 +1067,6 @@ mod tests {
                 held: false,
             })
             .collect();
-        let fleet = TalosFleet::new(credentials, options);
         fleet.relay_through(control_planes(&inventory).iter().map(|node| node.address));
         (sim, fleet, inventory, calls)
     }
