@@ -130,14 +130,14 @@ impl KeptLooks {
     /// milliseconds apart (Talos reports it ready, its kubelet writes its Node Ready), and the
     /// reconcile the second one wakes would ask Talos what the first one's has just been told. A
     /// state that was not (yet) ready is always asked again: that is the change a wake-up is about.
-    /// With `in_flight` (the node is in flight now), only a look at the nodes in flight counts: one
-    /// from before its upgrade was sent saw the system it is leaving.
-    pub fn just_asked_ready(&self, name: &str, in_flight: bool) -> Option<TalosState> {
+    /// Only a look at the nodes in flight counts: one from before a node's upgrade was sent saw the
+    /// system it is leaving, and a pass does not always know which nodes are in flight.
+    pub fn just_asked_ready(&self, name: &str) -> Option<TalosState> {
         let kept = self.lock();
         let (state, at, asked_in_flight) = kept.nodes.get(name)?;
         (matches!(state, TalosState::Up { ready: true, .. })
             && at.elapsed() < JUST_ASKED
-            && (*asked_in_flight || !in_flight))
+            && *asked_in_flight)
             .then(|| state.clone())
     }
 
@@ -283,40 +283,30 @@ mod tests {
             ready,
             install: None,
         };
-        assert_eq!(kept.just_asked_ready("w-1", false), None, "never asked");
-        kept.keep_nodes([(&w1, &up(true)), (&w2, &up(false))]);
-        assert_eq!(kept.just_asked_ready("w-1", false), Some(up(true)));
+        assert_eq!(kept.just_asked_ready("w-1"), None, "never asked");
+        kept.keep_nodes([(&w1, &up(true))]);
         assert_eq!(
-            kept.just_asked_ready("w-1", true),
+            kept.just_asked_ready("w-1"),
             None,
-            "asked before it was in flight: the system it leaves"
+            "asked by a look that did not have it in flight: maybe the system it leaves"
         );
+        kept.keep_in_flight_nodes([(&w1, &up(true)), (&w2, &up(false))]);
         assert_eq!(
-            kept.just_asked_ready("w-2", false),
-            None,
-            "not ready: asked again"
+            kept.just_asked_ready("w-1"),
+            Some(up(true)),
+            "back, as the look at the nodes in flight saw"
         );
-        kept.keep_nodes([(
+        assert_eq!(kept.just_asked_ready("w-2"), None, "not ready: asked again");
+        kept.keep_in_flight_nodes([(
             &w2,
             &TalosState::Unreachable {
                 reason: "rebooting".into(),
             },
         )]);
-        assert_eq!(
-            kept.just_asked_ready("w-2", false),
-            None,
-            "down: asked again"
-        );
-        kept.keep_in_flight_nodes([(&w1, &up(true))]);
-        assert_eq!(
-            kept.just_asked_ready("w-1", true),
-            Some(up(true)),
-            "back, as the look at the nodes in flight saw"
-        );
+        assert_eq!(kept.just_asked_ready("w-2"), None, "down: asked again");
         // Aged past the moment: asked again.
         kept.lock().nodes.get_mut("w-1").unwrap().1 = Instant::now() - JUST_ASKED;
-        assert_eq!(kept.just_asked_ready("w-1", true), None);
-        assert_eq!(kept.just_asked_ready("w-1", false), None);
+        assert_eq!(kept.just_asked_ready("w-1"), None);
         assert_eq!(kept.node("w-1"), Some(up(true)), "still kept");
     }
 

@@ -159,7 +159,7 @@ impl<'a> TalosIo<'a> {
                 .iter()
                 .map(|node| {
                     if nodes.contains(&node.name) {
-                        kept.just_asked_ready(&node.name, true)
+                        kept.just_asked_ready(&node.name)
                     } else {
                         kept.node(&node.name)
                     }
@@ -176,9 +176,7 @@ impl<'a> TalosIo<'a> {
                         .iter()
                         .find(|(name, _)| *name == node.name)
                         .map(|(_, state)| state.clone())
-                        // Only what a look at the nodes in flight asked: this pass does not
-                        // know which nodes are in flight (see `just_asked_ready`).
-                        .or_else(|| kept.just_asked_ready(&node.name, true))
+                        .or_else(|| kept.just_asked_ready(&node.name))
                 })
                 .collect(),
         };
