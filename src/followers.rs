@@ -49,8 +49,8 @@ use talos_upgrade_core::crd::KubernetesCluster;
 const RECONNECT_MIN: Duration = Duration::from_millis(200);
 /// Pause after an attempt that failed: the node is away (rebooting; it takes a minute or more to
 /// come back), and every attempt meanwhile is a Talos call that fails. The node's Node tells when
-/// it is back (its kubelet writes it as soon as it runs again, before Talos reports the node
-/// ready), and every change of it cuts the pause short ([`NodePokes`]); the pause is only the
+/// it is back (its kubelet writes it, with the new boot id, as soon as it runs again, before Talos
+/// reports the node ready), and that cuts the pause short ([`NodePokes`]); the pause is only the
 /// safety net, as long as the reconcile's own while every node in flight is followed
 /// (`FOLLOWED_POLL_INTERVAL`). A reconnection replays every event since the node booted, so a node
 /// that became ready meanwhile is not missed.
@@ -94,10 +94,11 @@ impl Drop for Follower {
 /// (`None`: no Node seen yet).
 type FollowedNodes = Arc<Mutex<HashMap<String, Option<(bool, bool)>>>>;
 
-/// Each followed node's Talos follower, told by the cluster's Node watch that the node's Node
-/// changed: while the node is away, its follower does not ask Talos again until then (or
-/// [`RECONNECT_AWAY`]). A poke that comes while the follower is not waiting is kept for its next
-/// wait (`Notify::notify_one`): at worst one attempt too early, never one missed.
+/// Each followed node's Talos follower, told by the cluster's Node watch that the node's Node says it
+/// may be back ([`may_be_back`]): while the node is away, its follower does not ask Talos again until
+/// then (or [`RECONNECT_AWAY`]). A poke that comes while the follower is not waiting is kept for its
+/// next wait (`Notify::notify_one`), unless a stream opens first (what the poke was about is in what
+/// the stream replays): at worst one attempt too early, never one missed.
 type NodePokes = Arc<Mutex<HashMap<String, Arc<Notify>>>>;
 
 /// The watch of one cluster's workload Nodes.
@@ -382,8 +383,11 @@ async fn follow_node(
 /// every node. Every reconnection (the stream breaks when the node reboots) replays everything the
 /// node buffered since it booted, so a node that became ready while the stream was down is not missed.
 ///
-/// A stream that breaks is reconnected after [`RECONNECT_MIN`]; while that fails (the node is away)
-/// the next attempt waits for the node's Node to change ([`NodePokes`]), at most [`RECONNECT_AWAY`].
+/// A stream that breaks is reconnected after [`RECONNECT_MIN`] (the relay rebooted under a node that
+/// is up); while that fails (the node is away) the next attempt waits until the node's Node says it
+/// may be back ([`NodePokes`]), at most [`RECONNECT_AWAY`]. A stream whose last machine status took
+/// the node down (upgrading, rebooting, shutting down, resetting) broke because the node went away:
+/// it waits for the Node at once, without the quick attempt that would only fail.
 async fn follow_talos_events(
     fleet: &TalosFleet,
     address: IpAddr,
@@ -412,18 +416,28 @@ async fn follow_talos_events(
         options = since_boot.clone();
         let pause = match opened {
             Ok(mut events) => {
+                // A poke from before this stream opened is about what the stream replays.
+                let _ = futures::FutureExt::now_or_never(poke.notified());
+                let mut going_down = false;
                 while let Some(event) = events.next().await {
                     match event {
-                        Ok(event) if event.payload.is_running_and_ready() => {
-                            tracing::debug!(node = %address, "node running and ready: waking its cluster");
-                            wake_up()
+                        Ok(event) => {
+                            if event.payload.is_running_and_ready() {
+                                tracing::debug!(node = %address, "node running and ready: waking its cluster");
+                                wake_up()
+                            }
+                            going_down = event.payload.going_down().unwrap_or(going_down);
                         }
-                        Ok(_) => {}
                         // The stream breaks when the node reboots; connect again.
                         Err(_) => break,
                     }
                 }
-                RECONNECT_MIN
+                if going_down {
+                    tracing::trace!(node = %address, "node event stream ended as the node went down: waiting for its Node");
+                    RECONNECT_AWAY
+                } else {
+                    RECONNECT_MIN
+                }
             }
             Err(error) => {
                 tracing::trace!(node = %address, %error, "node event stream: waiting for its Node to change");
@@ -499,14 +513,17 @@ async fn watch_workload_nodes(
             let name = node.name_any();
             let seen = SeenNode::of(&node);
             let state = (seen.ready, seen.cordoned);
+            // Its kubelet reports a new boot, or it became Ready: the node may be back, its Talos
+            // follower asks again now.
+            if may_be_back(nodes.node(&name).as_ref(), &seen)
+                && let Some(poke) = lock(&pokes).get(&name)
+            {
+                poke.notify_one();
+            }
             nodes.record(NodeChange::Present {
                 name: name.clone(),
                 seen,
             });
-            // Its kubelet wrote it: the node may be back, its Talos follower asks again now.
-            if let Some(poke) = lock(&pokes).get(&name) {
-                poke.notify_one();
-            }
             let mut followed = followed
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -525,6 +542,22 @@ async fn watch_workload_nodes(
         }
     };
     let _ = tokio::time::timeout(FOLLOW_AT_MOST, watching).await;
+}
+
+/// Whether a Node's change says its node may answer Talos again, for a follower waiting for it: its
+/// kubelet reports a new boot id (the node booted again, and runs far enough for its kubelet), or
+/// it became Ready. Being cordoned, or marked NotReady as it goes down (at once by the simulator,
+/// after the node monitor's grace period by Kubernetes), says the node is away, not back: every
+/// attempt woken by them would be a Talos call that fails. A Node never seen before (the watch
+/// starts or relists) may be news: it pokes, at worst one attempt too early.
+fn may_be_back(previous: Option<&SeenNode>, now: &SeenNode) -> bool {
+    match previous {
+        None => true,
+        Some(previous) => {
+            (now.ready && !previous.ready)
+                || (now.boot_id.is_some() && now.boot_id != previous.boot_id)
+        }
+    }
 }
 
 /// Whether a Node going from `last` to `now` (each (Ready, cordoned)) can move the upgrade on: it
@@ -621,11 +654,12 @@ mod tests {
     /// lasts costs one failing call, however long the node is away. Poked, it reconnects, and the
     /// events since the boot wake the cluster.
     #[tokio::test]
-    async fn a_follower_asks_once_while_its_node_is_away_then_waits_for_its_node_to_change() {
+    async fn a_follower_whose_node_goes_down_asks_nothing_until_its_node_says_it_is_back() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use talos_sim::config::{NodeConfig, SimConfig, Timings};
 
-        // Down long enough for the pauses before this change (0.2 s, doubling) to retry several times.
+        // Down long enough for a quick retry (0.2 s), or the retries before `db39ebc` (0.2 s,
+        // doubling), to fail while it is away.
         let timings = Timings {
             reboot_ms: 1500,
             ..Timings::fast()
@@ -679,23 +713,84 @@ mod tests {
         .expect("the node is back and ready");
         assert_eq!(
             (events(true), events(false)),
-            (1, 1),
-            "one quick retry while the node was away, none after it, until its Node changes"
+            (1, 0),
+            "the stream said the node was rebooting: no attempt while it was away, none after it \
+             until its Node says it is back"
         );
         // (The first stream may have woken it already: it replays the last second, and the
         // simulator had just booted the node.)
         let woken_before = woken.load(Ordering::SeqCst);
 
-        // Its Node changed (the cluster's Node watch pokes the follower): it reconnects, and the
-        // events since the boot say the node is running and ready.
+        // Its Node says it is back (the cluster's Node watch pokes the follower): it reconnects, and
+        // the events since the boot say the node is running and ready.
         poke.notify_one();
         eventually("reconnected", || events(true) == 2).await;
         eventually("the cluster woken", || {
             woken.load(Ordering::SeqCst) > woken_before
         })
         .await;
-        assert_eq!(events(false), 1);
+        assert_eq!(events(false), 0);
         follower.abort();
+    }
+
+    #[test]
+    fn only_a_new_boot_or_a_node_turning_ready_pokes_a_waiting_follower() {
+        let node = |ready: bool, cordoned: bool, boot: Option<&str>| SeenNode {
+            ready,
+            cordoned,
+            boot_id: boot.map(str::to_string),
+            info: None,
+        };
+        let up = node(true, false, Some("boot-1"));
+        // (previous, now, poke?)
+        let cases = [
+            // Never seen: may be news.
+            (None, node(false, false, Some("boot-1")), true),
+            // Going away: cordoned, then NotReady on the same boot.
+            (Some(up.clone()), node(true, true, Some("boot-1")), false),
+            (
+                Some(node(true, true, Some("boot-1"))),
+                node(false, true, Some("boot-1")),
+                false,
+            ),
+            // Uncordoned while still away.
+            (
+                Some(node(false, true, Some("boot-1"))),
+                node(false, false, Some("boot-1")),
+                false,
+            ),
+            // Its kubelet is back on a new boot, Ready or not yet.
+            (
+                Some(node(false, true, Some("boot-1"))),
+                node(false, true, Some("boot-2")),
+                true,
+            ),
+            (
+                Some(node(false, true, Some("boot-1"))),
+                node(true, true, Some("boot-2")),
+                true,
+            ),
+            // Ready again on the boot already seen (a kubelet restart, a network blip).
+            (
+                Some(node(false, false, Some("boot-2"))),
+                node(true, false, Some("boot-2")),
+                true,
+            ),
+            // A kubelet that reports no boot id says nothing by it.
+            (
+                Some(node(false, false, Some("boot-1"))),
+                node(false, false, None),
+                false,
+            ),
+            (Some(up.clone()), up.clone(), false),
+        ];
+        for (previous, now, poke) in cases {
+            assert_eq!(
+                may_be_back(previous.as_ref(), &now),
+                poke,
+                "{previous:?} -> {now:?}"
+            );
+        }
     }
 
     #[test]

@@ -363,6 +363,10 @@ pub fn node_ready(node: &Node) -> bool {
 pub struct SeenNode {
     pub ready: bool,
     pub cordoned: bool,
+    /// `status.nodeInfo.bootID`, as the kubelet reports it (the kernel's
+    /// `/proc/sys/kernel/random/boot_id`, the boot id Talos reads too): a new one means the node
+    /// booted again and its kubelet runs.
+    pub boot_id: Option<String>,
     pub info: Option<WorkloadNodeInfo>,
 }
 
@@ -375,6 +379,12 @@ impl SeenNode {
                 .as_ref()
                 .and_then(|spec| spec.unschedulable)
                 .unwrap_or(false),
+            boot_id: node
+                .status
+                .as_ref()
+                .and_then(|status| status.node_info.as_ref())
+                .map(|info| info.boot_id.trim().to_string())
+                .filter(|boot_id| !boot_id.is_empty()),
             info: workload_node(node),
         }
     }
@@ -548,6 +558,7 @@ mod tests {
             name: name.to_string(),
             seen: SeenNode {
                 ready,
+                boot_id: None,
                 cordoned: false,
                 info: Some(WorkloadNodeInfo {
                     node: InventoryNode {
