@@ -20,6 +20,7 @@ pub mod cluster_access;
 pub mod credentials;
 pub mod drain;
 pub mod etcd_snapshot;
+pub mod event_recorder;
 pub mod followers;
 pub mod holds;
 pub mod http_auth;

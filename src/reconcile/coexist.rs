@@ -7,8 +7,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use crate::event_recorder::EventRecorder;
 use kube::api::{Api, Patch};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
 use talos_upgrade_core::coexistence::{self, FieldWriter, Standing};
@@ -119,7 +120,7 @@ fn children<'a>(
 /// allows, and one Event (Normal when excluded, Warning when contested). Touches nothing else.
 pub async fn stand_aside(
     api: &Api<KubernetesCluster>,
-    recorder: &Recorder,
+    recorder: &EventRecorder,
     said: &Said,
     cluster: &KubernetesCluster,
     standing: &Standing,

@@ -23,10 +23,10 @@ pub mod report;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::event_recorder::EventRecorder;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -205,7 +205,7 @@ pub struct Context {
     pub client: Client,
     /// See [`ApiClients::intake`].
     intake: Client,
-    pub recorder: Recorder,
+    pub recorder: EventRecorder,
     pub metrics: Metrics,
     pub settings: Settings,
     /// How each cluster is reached: its credentials, inventory and connections, kept across reconciles.
@@ -253,13 +253,8 @@ impl Context {
                 metrics.record_talos_call(op, code)
             }));
         }
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "talos-upgrade-controller".into(),
-                instance: Some(instance),
-            },
-        );
+        let recorder =
+            EventRecorder::new(client.clone(), "talos-upgrade-controller", Some(instance));
         Context {
             connections: Connections::new(
                 client.clone(),

@@ -2,8 +2,9 @@
 //! cluster (a metadata-only merge patch of the controller's annotation keys, then a minimal status
 //! merge patch of the phase and the upgrade conditions) and the Events, through kube's recorder.
 
+use crate::event_recorder::EventRecorder;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
 use talos_upgrade_core::annotations::UpgradeKind;
@@ -34,7 +35,7 @@ pub fn patch_params() -> PatchParams {
 /// Where a reconcile's reports and Events go.
 pub struct Reporter<'a> {
     pub api: &'a Api<KubernetesCluster>,
-    pub recorder: &'a Recorder,
+    pub recorder: &'a EventRecorder,
     pub now: jiff::Timestamp,
 }
 

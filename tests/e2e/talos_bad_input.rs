@@ -52,8 +52,9 @@ async fn assert_refused(world: &World, message: &str, event_reason: &str) {
 }
 
 /// A second refusal with the same event reason: announced once more. Only the count is checked: the
-/// event recorder (kube-runtime 5's `Recorder`) folds an event with the same type, reason and object
-/// into the earlier one's series within its cache TTL, keeping the earlier message.
+/// event recorder (`event_recorder`, which folds as kube-runtime's `Recorder` does) folds an event with
+/// the same type, reason, action and object into the earlier one's series within six minutes, keeping
+/// the earlier message.
 async fn assert_refused_again(world: &World, message: &str, event_reason: &str, times: u64) {
     assert_refused_state(world, message).await;
     let deadline = Instant::now() + PATIENCE;

@@ -235,9 +235,9 @@ async fn control_planes_first_upgrades_every_control_plane_before_any_worker() {
         world.sim.record_json()
     );
 
-    // The Events: one run started and completed, node starts and node dones announced. (Not one event
-    // per node: kube-runtime's Recorder folds same-reason events into a series keeping the first
-    // node's message; see the report.)
+    // The Events: one run started and completed, node starts and node dones announced. (A repeat of
+    // one message counts up the first one's series instead of a new Event: see `event_recorder` and
+    // `report::event_action`.)
     let events = world.events().await;
     assert_eq!(event_count(&events, "UpgradeStarted"), 1, "{events:?}");
     assert_eq!(event_count(&events, "UpgradeCompleted"), 1, "{events:?}");

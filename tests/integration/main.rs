@@ -4,6 +4,7 @@
 mod control_plane;
 mod control_plane_failure;
 mod crd;
+mod event_recorder;
 mod inventory;
 mod kubernetes_upgrade_io;
 mod progress_store;
