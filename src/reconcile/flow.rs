@@ -43,11 +43,15 @@ where
     let mut step = lifecycle.start();
     let conclusion = loop {
         step = match step {
-            Step::Look(Look::Versions) => lifecycle.looked_at_versions(io.look_at_versions().await),
-            Step::Look(Look::Cluster(request)) => {
-                lifecycle.looked_at_cluster(io.look_at_cluster(&request).await)
+            // Each look on the heap while it runs, as the calls below: a drive holds one of them
+            // at a time, and 200 reconciles at once would each keep room for the largest.
+            Step::Look(Look::Versions) => {
+                lifecycle.looked_at_versions(Box::pin(io.look_at_versions()).await)
             }
-            Step::Further(work) => lifecycle.further(io.further(&work).await),
+            Step::Look(Look::Cluster(request)) => {
+                lifecycle.looked_at_cluster(Box::pin(io.look_at_cluster(&request)).await)
+            }
+            Step::Further(work) => lifecycle.further(Box::pin(io.further(&work)).await),
             Step::Act(act) => {
                 let notes = act.notes.clone();
                 let report = act.report.clone();
@@ -81,8 +85,11 @@ where
                     );
                     Ok::<_, Error>(io.act(&saved?).await)
                 };
-                let (written, called) =
-                    tokio::join!(futures::future::OptionFuture::from(early), save_and_call);
+                // On the heap while they run (the writes' and the calls' futures are several KB).
+                let (written, called) = tokio::join!(
+                    Box::pin(futures::future::OptionFuture::from(early)),
+                    Box::pin(save_and_call)
+                );
                 if let Some(Some(object)) = written {
                     reported = Some(object);
                 }

@@ -542,7 +542,8 @@ async fn reconcile_cluster(
                 Some(acknowledgement) => acknowledge(acknowledgement).await,
                 None => None,
             };
-            let (progress, _) = tokio::join!(store.load(&name), access.get());
+            // Boxed: see `flow::drive`'s calls.
+            let (progress, _) = tokio::join!(Box::pin(store.load(&name)), Box::pin(access.get()));
             (progress?.of_owner(uid), written)
         }
     };

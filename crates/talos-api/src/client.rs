@@ -986,56 +986,73 @@ impl TalosClient {
     }
 
     /// A unary call bounded by the request timeout.
-    async fn unary<R>(
+    fn unary<R, F>(
         &self,
         op: &'static str,
-        call: impl Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
-    ) -> Result<R> {
-        self.bounded(op, self.request_timeout, call).await
+        call: F,
+    ) -> impl Future<Output = Result<R>> + use<'_, R, F>
+    where
+        F: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+    {
+        self.bounded(op, self.request_timeout, call)
     }
 
-    async fn bounded<R>(
+    fn bounded<R, F>(
         &self,
         op: &'static str,
         timeout: Duration,
-        call: impl Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
-    ) -> Result<R> {
-        let call = async {
+        call: F,
+    ) -> impl Future<Output = Result<R>> + use<'_, R, F>
+    where
+        F: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let endpoint = &self.endpoint;
+        self.within(op, timeout, async move {
             call.await
                 .map(tonic::Response::into_inner)
-                .map_err(|st| TalosError::from_status(&self.endpoint, &st))
-        };
-        self.within(op, timeout, call).await
+                .map_err(|st| TalosError::from_status(endpoint, &st))
+        })
     }
 
     /// Run `fut` bounded by `timeout`; on expiry the call is dropped (which cancels it on the wire).
-    async fn within<R>(
+    ///
+    /// The call's own future (tonic's and the channel's, about 8 KB in a debug build) goes to the
+    /// heap as the call is made, not when it is first polled: a look that joins several calls, or
+    /// chooses between them, then holds one pointer per call rather than the space of every call it
+    /// might make, in every reconcile future at once (docs/performance.md, "Memory").
+    fn within<R, F>(
         &self,
         op: &'static str,
         timeout: Duration,
-        fut: impl Future<Output = Result<R>>,
-    ) -> Result<R> {
-        let result = match tokio::time::timeout(timeout, fut).await {
-            Ok(result) => result,
-            Err(_) => Err(TalosError::Timeout {
-                endpoint: self.endpoint.to_string(),
-                message: format!("{op} did not complete within {timeout:?}"),
-            }),
-        };
-        let code = result.as_ref().map_or_else(TalosError::code, |_| "OK");
-        // One line per call at trace level, for reading which looks ask what (every call, the
-        // read-only ones included, which the simulators do not record).
-        tracing::trace!(
-            target: "talos_api::call",
-            op,
-            endpoint = %self.endpoint,
-            node = self.node.as_ref().and_then(|node| node.to_str().ok()).unwrap_or(""),
-            code
-        );
-        if let Some(observer) = &self.observer {
-            observer.observe(op, code);
+        fut: F,
+    ) -> impl Future<Output = Result<R>> + use<'_, R, F>
+    where
+        F: Future<Output = Result<R>>,
+    {
+        let fut = Box::pin(fut);
+        async move {
+            let result = match tokio::time::timeout(timeout, fut).await {
+                Ok(result) => result,
+                Err(_) => Err(TalosError::Timeout {
+                    endpoint: self.endpoint.to_string(),
+                    message: format!("{op} did not complete within {timeout:?}"),
+                }),
+            };
+            let code = result.as_ref().map_or_else(TalosError::code, |_| "OK");
+            // One line per call at trace level, for reading which looks ask what (every call, the
+            // read-only ones included, which the simulators do not record).
+            tracing::trace!(
+                target: "talos_api::call",
+                op,
+                endpoint = %self.endpoint,
+                node = self.node.as_ref().and_then(|node| node.to_str().ok()).unwrap_or(""),
+                code
+            );
+            if let Some(observer) = &self.observer {
+                observer.observe(op, code);
+            }
+            result
         }
-        result
     }
 
     /// Await the start of a server stream (response headers).
