@@ -192,6 +192,8 @@ impl EventRecorder {
     }
 }
 
+/// Every field of the reference, as kube's key compares them: taken apart by name so that a field a
+/// newer k8s-openapi adds fails to compile here rather than be left out of the key.
 fn hash_reference(reference: &ObjectReference, hasher: &mut impl Hasher) {
     let ObjectReference {
         api_version,
