@@ -649,10 +649,10 @@ mod tests {
         }
     }
 
-    /// While its node is away, a follower asks Talos once more (the stream may have broken only
-    /// because its relay rebooted), then not again until the node's Node changes: a reboot that
-    /// lasts costs one failing call, however long the node is away. Poked, it reconnects, and the
-    /// events since the boot wake the cluster.
+    /// A follower whose stream saw its node go down (the reboot's machine status) asks Talos nothing
+    /// while the node is away, not even the quick retry a relay's reboot calls for, until the node's
+    /// Node says it is back: a reboot costs no failing call, however long it lasts. Poked, it
+    /// reconnects, and the events since the boot wake the cluster.
     #[tokio::test]
     async fn a_follower_whose_node_goes_down_asks_nothing_until_its_node_says_it_is_back() {
         use std::sync::atomic::{AtomicUsize, Ordering};
