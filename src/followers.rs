@@ -97,8 +97,9 @@ type FollowedNodes = Arc<Mutex<HashMap<String, Option<(bool, bool)>>>>;
 /// Each followed node's Talos follower, told by the cluster's Node watch that the node's Node says it
 /// may be back ([`may_be_back`]): while the node is away, its follower does not ask Talos again until
 /// then (or [`RECONNECT_AWAY`]). A poke that comes while the follower is not waiting is kept for its
-/// next wait (`Notify::notify_one`), unless a stream opens first (what the poke was about is in what
-/// the stream replays): at worst one attempt too early, never one missed.
+/// next wait (`Notify::notify_one`), unless it came while the stream was open and the stream then
+/// ended with the node going down (it was not news of the node's return): at worst one attempt too
+/// early, never one that matters missed.
 type NodePokes = Arc<Mutex<HashMap<String, Arc<Notify>>>>;
 
 /// The watch of one cluster's workload Nodes.
@@ -416,8 +417,6 @@ async fn follow_talos_events(
         options = since_boot.clone();
         let pause = match opened {
             Ok(mut events) => {
-                // A poke from before this stream opened is about what the stream replays.
-                let _ = futures::FutureExt::now_or_never(poke.notified());
                 let mut going_down = false;
                 while let Some(event) = events.next().await {
                     match event {
@@ -433,6 +432,9 @@ async fn follow_talos_events(
                     }
                 }
                 if going_down {
+                    // A poke that came while the stream was open (the Node watch's first list, a
+                    // cordon) is not news of the node's return: it went down just now.
+                    let _ = futures::FutureExt::now_or_never(poke.notified());
                     tracing::trace!(node = %address, "node event stream ended as the node went down: waiting for its Node");
                     RECONNECT_AWAY
                 } else {
@@ -696,6 +698,9 @@ mod tests {
             })
         };
         eventually("the stream opened", || events(true) == 1).await;
+        // The cluster's Node watch starts after the follower and pokes on its first list: not news
+        // of a return the follower should act on once its node goes down.
+        poke.notify_one();
 
         fleet
             .client(address)
