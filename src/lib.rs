@@ -37,3 +37,9 @@ pub mod reconcile;
 pub mod silences;
 pub mod talos_fleet;
 pub mod talos_upgrade;
+
+/// The environment the container image (the repository's `Dockerfile`) sets for the controller beyond
+/// its CA bundle: one glibc malloc arena for every thread, which lowers the peak RSS without costing
+/// CPU (docs/performance.md, Memory). The benchmark starts the controller with it, so that it
+/// measures the controller as it ships, and the image test checks that the running container has it.
+pub const IMAGE_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];

@@ -298,6 +298,26 @@ async fn the_image_runs_as_the_controller_upgrades_a_cluster_and_stops_cleanly_o
         Some(pod.clone()),
         "the container holds the Lease"
     );
+    // The running controller has the image's allocator setting (the one the benchmark measures).
+    let pid = podman_ok(&["inspect", "--format", "{{.State.Pid}}", &name]);
+    let environ = std::fs::read(format!("/proc/{}/environ", pid.trim()))
+        .expect("the container process's environment");
+    let environ: Vec<String> = environ
+        .split(|byte| *byte == 0)
+        .map(|entry| String::from_utf8_lossy(entry).into_owned())
+        .collect();
+    for (variable, value) in talos_upgrade_controller::IMAGE_ENV {
+        let entry = format!("{variable}={value}");
+        // Only the names on failure: values are the test's settings, never worth printing.
+        let names: Vec<&str> = environ
+            .iter()
+            .filter_map(|entry| entry.split_once('=').map(|(name, _)| name))
+            .collect();
+        assert!(
+            environ.contains(&entry),
+            "{entry} not in the container's environment (it has {names:?})"
+        );
+    }
 
     // SIGTERM: a clean stop (exit 0) within the grace, the Lease released for a successor.
     podman_ok(&["stop", "--time", "30", &name]);

@@ -319,7 +319,14 @@ async fn run_size(n: usize, binary: &std::path::Path, args: &Args) -> anyhow::Re
     let mut world = World::start(n, timings, timeline.as_deref()).await?;
     world.watch_clusters().await?;
     let setup_s = setup.elapsed().as_secs_f64();
-    eprintln!("setup took {setup_s:.1}s; starting the controller");
+    let image_env: Vec<String> = talos_upgrade_controller::IMAGE_ENV
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    eprintln!(
+        "setup took {setup_s:.1}s; starting the controller with the image's {}",
+        image_env.join(" ")
+    );
 
     let mut controller = ControllerProcess::start(
         binary,

@@ -479,6 +479,8 @@ impl ControllerProcess {
             .arg(format!("127.0.0.1:{port}"))
             .args(extra_args)
             .env("KUBECONFIG", &kubeconfig_path)
+            // As the image runs it (its allocator setting).
+            .envs(talos_upgrade_controller::IMAGE_ENV.iter().copied())
             .env_remove("TUC_NAMESPACE")
             .env_remove("TUC_POLL_INTERVAL")
             .stdin(Stdio::null())
