@@ -51,9 +51,9 @@ const RECONNECT_MIN: Duration = Duration::from_millis(200);
 /// come back), and every attempt meanwhile is a Talos call that fails. The node's Node tells when
 /// it is back (its kubelet writes it, with the new boot id, as soon as it runs again, before Talos
 /// reports the node ready), and that cuts the pause short ([`NodePokes`]); the pause is only the
-/// safety net, as long as the reconcile's own while every node in flight is followed
-/// (`FOLLOWED_POLL_INTERVAL`). A reconnection replays every event since the node booted, so a node
-/// that became ready meanwhile is not missed.
+/// safety net, half the reconcile's own while every node in flight is followed
+/// (`FOLLOWED_POLL_INTERVAL`, which relies on it). A reconnection replays every event since the node
+/// booted, so a node that became ready meanwhile is not missed.
 const RECONNECT_AWAY: Duration = Duration::from_secs(60);
 /// A follower gives up after this long even if no reconcile told it to stop (the controller lost its
 /// leadership; a deleted cluster's followers are stopped when the controller forgets it): the poll

@@ -60,12 +60,12 @@ pub struct TalosFleet {
 pub const DIRECT_KEPT_IDLE: Duration = Duration::from_secs(30);
 
 /// How long the relay's connection is kept after its last use. A cluster with a run in flight is
-/// looked at every 60 s at the longest (the safety-net poll while every node in flight is rebooting
+/// looked at every 120 s at the longest (the safety-net poll while every node in flight is rebooting
 /// and followed), so its connection stays; an idle cluster is looked at every 10 minutes (the idle
 /// refresh), and keeping a TLS connection with its HTTP/2 and TLS buffers open for each of them in
 /// between is the larger part of an idle controller's memory at many clusters. The next call opens
 /// it again.
-pub const RELAY_KEPT_IDLE: Duration = Duration::from_secs(90);
+pub const RELAY_KEPT_IDLE: Duration = Duration::from_secs(150);
 
 /// How often the fleet looks for connections to close while it holds any.
 const CLOSE_UNUSED_EVERY: Duration = Duration::from_secs(15);

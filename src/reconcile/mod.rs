@@ -58,14 +58,16 @@ use talos_upgrade_core::report::phase_change;
 use talos_upgrade_core::talos::Talos;
 
 /// How often a run whose nodes in flight are all rebooting, and all followed, is looked at anyway. The
-/// followers wake the reconcile when a node is back (Talos events and the Node watch, each
-/// reconnecting by itself within 2 s, the Talos stream replaying the whole boot on reconnect), so this
-/// poll only bounds what a follower that ended costs and notices a node deadline. A minute: a real
-/// node is away 2–4 minutes, so the poll looks at the cluster two or three times per node instead of
-/// eight to sixteen at 15 s (each look asks every node in flight). Never shorter than
-/// `--poll-interval`, and never longer than a quarter of `--node-deadline` (see
-/// [`followed_poll`]), so a node past its deadline is failed close to it.
-const FOLLOWED_POLL_INTERVAL: Duration = Duration::from_secs(60);
+/// followers wake the reconcile when a node is back (Talos events and the Node watch; the Talos
+/// stream replays the whole boot on reconnect), and a follower waiting for its node tries again by
+/// itself at least every minute (`followers::RECONNECT_AWAY`), so this poll only bounds what a
+/// follower that ended costs and notices a node deadline. Two minutes: a real node is away 2–4
+/// minutes and the guide's simulated ones about 70 s, so the poll looks at the cluster once or twice
+/// per real node (each look asks every node in flight: its boot id, status and, once booted,
+/// `Version`) and not at all while a node's followers bring it back sooner. Never shorter than
+/// `--poll-interval`, and never longer than a quarter of `--node-deadline` (see [`followed_poll`]),
+/// so a node past its deadline is failed close to it.
+const FOLLOWED_POLL_INTERVAL: Duration = Duration::from_secs(120);
 
 /// The safety-net poll while every node in flight is rebooting and followed.
 fn followed_poll(settings: &Settings) -> Duration {
