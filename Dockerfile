@@ -12,9 +12,10 @@ COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 # rustls-native-certs reads this file; the variable makes the choice explicit.
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 # One glibc malloc arena for all threads: by default glibc gives each thread that meets a busy arena
-# one of its own (up to 8 per core), and the controller's tokio workers, passing tasks between them,
-# leave freed memory scattered over several arenas. The peak RSS at 1,000 nodes is 4 MiB lower with
-# one arena and its CPU the same (docs/performance.md, Memory). glibc reads the variable at start-up,
+# one of its own (up to 8 per core), and memory one thread frees stays in its arena for that thread
+# (tasks move between the runtime's threads, and the blocking pool's threads allocate too). The peak
+# RSS at 1,000 nodes was 3-4 MiB lower with one arena and its CPU the same, measured with two worker
+# threads (docs/performance.md, Memory). glibc reads the variable at start-up,
 # in this static binary too; `talos_upgrade_controller::IMAGE_ENV` and the benchmark use the same.
 ENV MALLOC_ARENA_MAX=1
 # Not root: the uid/gid of distroless's "nonroot", which deploy/ and the chart's securityContext name.

@@ -201,6 +201,12 @@ struct RunArgs {
     /// How many clusters are reconciled at once; the others wait their turn (0: no bound).
     #[arg(long, env = "TUC_MAX_CONCURRENT_RECONCILES", default_value_t = 0)]
     max_concurrent_reconciles: u16,
+    /// How many threads run the controller's tasks. One by default: its work is waiting on the
+    /// network, and with a second thread each burst of work (a node back, a reconcile woken) also
+    /// wakes the other thread to share it, which costs more CPU than the work gains
+    /// (docs/performance.md, CPU).
+    #[arg(long, env = "TUC_WORKER_THREADS", default_value = "1")]
+    worker_threads: std::num::NonZeroUsize,
 }
 
 /// `--etcd-snapshot-*`: where the etcd snapshots go, if anywhere.
@@ -279,8 +285,22 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_millis(millis))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The runtime is sized by `run`'s flag; the one-shot commands need no more than one thread.
+    let worker_threads = match &cli.command {
+        Command::Run(args) => args.worker_threads,
+        Command::Crd | Command::Plan(_) => std::num::NonZeroUsize::MIN,
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads.get())
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run_command(cli))
+}
+
+async fn run_command(cli: Cli) -> anyhow::Result<()> {
     // kube and tonic both use rustls with ring; one process-wide provider keeps every TLS config alike.
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Colours only for a person at a terminal: in a container, `kubectl logs` and log shippers would
@@ -292,7 +312,7 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Crd => {
             print!("{}", talos_upgrade_core::crd::crd_yaml());
             Ok(())
