@@ -431,7 +431,11 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let controller = async {
         if !args.leader_elect {
-            reconcile::run(
+            // Spawned, as `leader::lead` spawns it: the future `block_on` drives runs on the main
+            // thread, which does not drive the I/O driver, so every reconcile's socket event would
+            // be handed from the worker thread to the main one and back (two context switches for
+            // each), where a spawned task runs on the worker that polled the socket.
+            let controller = tokio::spawn(reconcile::run(
                 clients,
                 namespace,
                 metrics,
@@ -439,8 +443,14 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
                 health,
                 instance,
                 shutdown.clone().cancelled_owned(),
-            )
-            .await;
+            ));
+            // A panic goes on as it did when the controller ran in this future; the task is never
+            // cancelled (nothing aborts it).
+            if let Err(error) = controller.await
+                && error.is_panic()
+            {
+                std::panic::resume_unwind(error.into_panic());
+            }
             return Ok(());
         }
         let election = leader::Election {
