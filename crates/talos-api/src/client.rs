@@ -14,7 +14,7 @@ use super::config::TalosCredentials;
 use super::cosi::{self, CosiResource, CosiWatchStream, resources};
 use super::error::{Result, TalosError};
 use super::events::{self, EventStream, EventsOptions};
-use super::tls::{TalosTls, TlsConnector};
+use super::tls::{DeadPeerDetection, TalosTls, TlsConnector};
 use super::types::{
     ApplyMode, ApplyOutcome, ContainerdNamespace, EtcdMember, EtcdMemberStatus,
     LegacyUpgradeOptions, LifecycleUpgradeOutcome, MachineConfigBytes, MachineType, RebootMode,
@@ -69,11 +69,9 @@ pub struct ConnectOptions {
     /// Bound for calls that pull images or run the installer (legacy `Upgrade` pulls the installer
     /// before it answers, `ImagePull`, `ImageService.Pull`, `LifecycleService.Upgrade`).
     pub long_request_timeout: Duration,
-    /// HTTP/2 keepalive ping interval while a call or stream is open; detects a node that vanished
-    /// without closing the connection (power loss, network cut).
-    pub keepalive_interval: Duration,
-    /// How long to wait for a keepalive ping answer before declaring the connection dead.
-    pub keepalive_timeout: Duration,
+    /// How a connection notices a node that vanished without closing it (power loss, network cut):
+    /// see [`DeadPeerDetection`].
+    pub dead_peer: DeadPeerDetection,
     /// Verify the server certificate for this name (DNS or IP) instead of the dialled host. For
     /// endpoints behind NAT, a VIP or a load balancer whose address is not in the certificate.
     pub server_name: Option<String>,
@@ -117,9 +115,7 @@ impl Default for ConnectOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             long_request_timeout: Duration::from_secs(15 * 60),
-            // talosctl's values (10 s / 5 s).
-            keepalive_interval: Duration::from_secs(10),
-            keepalive_timeout: Duration::from_secs(5),
+            dead_peer: DeadPeerDetection::APID,
             server_name: None,
             observer: None,
         }
@@ -1216,6 +1212,7 @@ fn prepare(tls: &TalosTls, resolved: Resolved, options: &ConnectOptions) -> Resu
         authority: authority.as_str().into(),
         server_name: TlsConnector::server_name(host, options.server_name.as_deref())?,
         connect_timeout: options.connect_timeout,
+        dead_peer: options.dead_peer,
     };
     let invalid = |what: &str| TalosError::Config(format!("Talos endpoint {label}: {what}"));
     // The connector makes the TLS connection itself, so tonic is given a plain `http` address to dial
@@ -1225,12 +1222,9 @@ fn prepare(tls: &TalosTls, resolved: Resolved, options: &ConnectOptions) -> Resu
         .map_err(|_| invalid("not a valid address"))?;
     let endpoint = Endpoint::from_shared(format!("http://{authority}"))
         .map_err(|_| invalid("not a valid address"))?
-        .origin(origin)
-        .http2_keep_alive_interval(options.keepalive_interval)
-        .keep_alive_timeout(options.keepalive_timeout)
-        // Pings only while calls or streams are open: apid (grpc-go) sends GOAWAY to clients that
-        // ping an idle connection too often.
-        .keep_alive_while_idle(false);
+        // No HTTP/2 keepalive pings: the socket's TCP keepalive finds a vanished node instead
+        // (`DeadPeerDetection`, which says why).
+        .origin(origin);
     Ok(Prepared {
         endpoint,
         connector,

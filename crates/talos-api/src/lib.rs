@@ -49,7 +49,7 @@ pub use config::{Context, TalosCredentials, Talosconfig};
 pub use cosi::{CosiEvent, CosiEventType, CosiMetadata, CosiResource, CosiWatchStream, resources};
 pub use error::{Result, TalosError, grpc_code_name};
 pub use events::{EventPayload, EventStream, EventsOptions, TalosEvent};
-pub use tls::TalosTls;
+pub use tls::{DeadPeerDetection, TalosTls};
 pub use types::{
     ApplyMode, ApplyOutcome, ContainerdNamespace, EtcdMember, EtcdMemberStatus,
     LegacyUpgradeOptions, LifecycleUpgradeOutcome, MachineConfigBytes, MachineType, RebootMode,

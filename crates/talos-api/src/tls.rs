@@ -88,6 +88,58 @@ pub(crate) struct TlsConnector {
     pub authority: Arc<str>,
     pub server_name: ServerName<'static>,
     pub connect_timeout: Duration,
+    pub dead_peer: DeadPeerDetection,
+}
+
+/// How a connection to apid notices a node that vanished without closing it (power loss, a network
+/// cut): in the kernel, with TCP keepalive probes once the connection is idle and a bound on how
+/// long sent data may stay unacknowledged, as apid itself does on its connections to the nodes it
+/// relays to (talos v1.14.1 `internal/app/apid/pkg/backend/apid.go`: probes after 30 s idle, every
+/// 10 s, 3 of them; `TCP_USER_TIMEOUT` 60 s).
+///
+/// Not HTTP/2 pings. apid's gRPC server keeps grpc-go's default keepalive enforcement
+/// (`internal/app/apid/service.go` passes no `KeepaliveEnforcementPolicy`; grpc-go v1.83.2
+/// `internal/transport/http2_server.go` `handlePing`: while a stream is open, a ping less than 5
+/// minutes after the previous one, with nothing written by the server in between, is a strike, and
+/// the third strike closes the connection with GOAWAY `too_many_pings`). A client pinging every few
+/// seconds beside a quiet stream (a follower's events while its node drains) would lose the
+/// connection and every call on it. Talos's own client (`pkg/machinery/client`) sends no pings
+/// either. And the probes cost the controller nothing: pings woke it for each of its hundreds of
+/// connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadPeerDetection {
+    /// Idle time before the first probe.
+    pub idle: Duration,
+    /// Time between unanswered probes.
+    pub interval: Duration,
+    /// Unanswered probes after which the connection is dropped.
+    pub probes: u32,
+    /// How long sent data may stay unacknowledged before the connection is dropped.
+    pub unacknowledged: Duration,
+}
+
+impl DeadPeerDetection {
+    /// apid's values for its own connections to the nodes it relays to.
+    pub const APID: DeadPeerDetection = DeadPeerDetection {
+        idle: Duration::from_secs(30),
+        interval: Duration::from_secs(10),
+        probes: 3,
+        unacknowledged: Duration::from_secs(60),
+    };
+
+    /// Sets them on a connected socket.
+    pub fn apply(&self, tcp: &TcpStream) -> io::Result<()> {
+        let socket = socket2::SockRef::from(tcp);
+        socket.set_tcp_keepalive(
+            &socket2::TcpKeepalive::new()
+                .with_time(self.idle)
+                .with_interval(self.interval)
+                .with_retries(self.probes),
+        )?;
+        #[cfg(target_os = "linux")]
+        socket.set_tcp_user_timeout(Some(self.unacknowledged))?;
+        Ok(())
+    }
 }
 
 impl TlsConnector {
@@ -114,6 +166,7 @@ impl TlsConnector {
             .await
             .map_err(|_| timed_out("TCP connect"))??;
         tcp.set_nodelay(true)?;
+        self.dead_peer.apply(&tcp)?;
         let connector = tokio_rustls::TlsConnector::from(self.tls.0.clone());
         let tls = tokio::time::timeout(
             self.connect_timeout,

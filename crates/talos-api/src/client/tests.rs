@@ -541,6 +541,104 @@ async fn version_over_mtls_with_ip_san() {
     assert_eq!(client.endpoint(), apid.addr.to_string());
 }
 
+/// The client's connection to apid has the kernel watch for a vanished node (TCP keepalive, as
+/// apid's own connections to its backends), not HTTP/2 pings: its socket, found in the kernel's
+/// list by the apid address it is connected to, has the keepalive timer running while it is idle,
+/// due within the 30 s idle time; apid's end of the same connection (this fake's, which sets no
+/// keepalive) has none.
+#[tokio::test]
+async fn an_idle_connection_is_watched_by_tcp_keepalive() {
+    let apid = start_apid().await;
+    let client = apid.client().await;
+    client.version().await.unwrap();
+    let std::net::SocketAddr::V4(apid_addr) = apid.addr else {
+        panic!("the fake apid listens on IPv4 loopback");
+    };
+    // /proc/net/tcp prints an IPv4 address as its four bytes read as a little-endian number.
+    let apid_hex = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(apid_addr.ip().octets()),
+        apid_addr.port()
+    );
+    // Field 2 is the local address, 3 the remote one, 4 the state (01: established), 6 the timer
+    // ("02:<ticks>" while the keepalive timer is pending; 00 for none).
+    let timers = |side: usize| -> Vec<String> {
+        std::fs::read_to_string("/proc/self/net/tcp")
+            .expect("the kernel's TCP socket list")
+            .lines()
+            .skip(1)
+            .map(|line| {
+                line.split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|fields| {
+                fields.get(side) == Some(&apid_hex)
+                    && fields.get(3).map(String::as_str) == Some("01")
+            })
+            .map(|fields| fields[5].clone())
+            .collect()
+    };
+    // Right after the call, the last bytes may still wait for their (delayed) acknowledgement,
+    // and the retransmission timer (01) shows instead; once acknowledged, the connection is idle.
+    let mut client_side = timers(2);
+    for _ in 0..50 {
+        if client_side.len() == 1 && client_side[0].starts_with("02:") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        client_side = timers(2);
+    }
+    assert_eq!(
+        client_side.len(),
+        1,
+        "one connection to apid: {client_side:?}"
+    );
+    let (kind, ticks) = client_side[0].split_once(':').unwrap();
+    assert_eq!(
+        kind, "02",
+        "the keepalive timer runs on the idle connection"
+    );
+    let due_in = u64::from_str_radix(ticks, 16).unwrap();
+    // In USER_HZ ticks (100 a second): within the 30 s of idle time before the first probe.
+    assert!(due_in <= 30 * 100, "first probe due in {due_in} ticks");
+    let apid_side = timers(1);
+    assert!(
+        apid_side.iter().all(|timer| timer.starts_with("00:")),
+        "apid's end, which sets no keepalive, has no timer: {apid_side:?}"
+    );
+}
+
+#[test]
+fn dead_peer_detection_is_set_on_the_socket_as_apid_sets_it() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let tcp = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        DeadPeerDetection::APID.apply(&tcp).unwrap();
+        let socket = socket2::SockRef::from(&tcp);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(
+            socket.tcp_keepalive_time().unwrap(),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            socket.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(10)
+        );
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
+        assert_eq!(
+            socket.tcp_user_timeout().unwrap(),
+            Some(Duration::from_secs(60))
+        );
+    });
+}
+
 /// An apid that does not fan a call out (this one ignores `nodes` and answers for itself, as a
 /// Talos without one-to-many proxying might) is not taken for one that did: the call fails as a
 /// whole, so the caller asks node by node, rather than taking one node's answer for another's.
