@@ -297,7 +297,17 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(run_command(cli))
+        .block_on(async {
+            // Spawned: the future `block_on` drives runs on the main thread, which does not drive
+            // the I/O driver, so every socket event of the work in it would be handed from a
+            // worker thread to the main one and back (two context switches each); a spawned task
+            // runs on the worker that polled the socket. A panic goes on as if it were not spawned.
+            match tokio::spawn(run_command(cli)).await {
+                Ok(result) => result,
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(error) => Err(error).context("the command's task"),
+            }
+        })
 }
 
 async fn run_command(cli: Cli) -> anyhow::Result<()> {
@@ -431,11 +441,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let controller = async {
         if !args.leader_elect {
-            // Spawned, as `leader::lead` spawns it: the future `block_on` drives runs on the main
-            // thread, which does not drive the I/O driver, so every reconcile's socket event would
-            // be handed from the worker thread to the main one and back (two context switches for
-            // each), where a spawned task runs on the worker that polled the socket.
-            let controller = tokio::spawn(reconcile::run(
+            reconcile::run(
                 clients,
                 namespace,
                 metrics,
@@ -443,14 +449,8 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
                 health,
                 instance,
                 shutdown.clone().cancelled_owned(),
-            ));
-            // A panic goes on as it did when the controller ran in this future; the task is never
-            // cancelled (nothing aborts it).
-            if let Err(error) = controller.await
-                && error.is_panic()
-            {
-                std::panic::resume_unwind(error.into_panic());
-            }
+            )
+            .await;
             return Ok(());
         }
         let election = leader::Election {

@@ -609,34 +609,28 @@ async fn an_idle_connection_is_watched_by_tcp_keepalive() {
     );
 }
 
-#[test]
-fn dead_peer_detection_is_set_on_the_socket_as_apid_sets_it() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+#[tokio::test]
+async fn dead_peer_detection_is_set_on_the_socket_as_apid_sets_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp = TcpStream::connect(listener.local_addr().unwrap())
+        .await
         .unwrap();
-    runtime.block_on(async {
-        let tcp = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        DeadPeerDetection::APID.apply(&tcp).unwrap();
-        let socket = socket2::SockRef::from(&tcp);
-        assert!(socket.keepalive().unwrap());
-        assert_eq!(
-            socket.tcp_keepalive_time().unwrap(),
-            Duration::from_secs(30)
-        );
-        assert_eq!(
-            socket.tcp_keepalive_interval().unwrap(),
-            Duration::from_secs(10)
-        );
-        assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
-        assert_eq!(
-            socket.tcp_user_timeout().unwrap(),
-            Some(Duration::from_secs(60))
-        );
-    });
+    DeadPeerDetection::APID.apply(&tcp).unwrap();
+    let socket = socket2::SockRef::from(&tcp);
+    assert!(socket.keepalive().unwrap());
+    assert_eq!(
+        socket.tcp_keepalive_time().unwrap(),
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        socket.tcp_keepalive_interval().unwrap(),
+        Duration::from_secs(10)
+    );
+    assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
+    assert_eq!(
+        socket.tcp_user_timeout().unwrap(),
+        Some(Duration::from_secs(60))
+    );
 }
 
 /// An apid that does not fan a call out (this one ignores `nodes` and answers for itself, as a
