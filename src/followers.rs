@@ -1,15 +1,20 @@
-//! Waking a cluster's reconcile the moment a node in flight changes, instead of at the next poll.
+//! Waking a cluster's reconcile the moment a node in flight changes, instead of at the next poll, and
+//! watching every node of a running cluster so that its looks need not ask what the watches tell.
 //!
 //! While a node is being upgraded, the controller has nothing to do until the node is back: running its
 //! new version, Talos-ready and Kubernetes-Ready. Polling finds that out up to a poll interval late, on
 //! every node, which adds up over a rolling upgrade. So for every node in flight the controller follows
 //! two streams and wakes the cluster's reconcile when one of them says something changed:
 //!
-//! - the node's Talos runtime events (`MachineService.Events`): a `MachineStatusEvent` saying it is
-//!   running and ready;
+//! - the node's machine status (a COSI watch of `runtime/MachineStatuses/machine`, the resource a look
+//!   reads): it is running and ready;
 //! - the node's Kubernetes `Node` in the workload cluster: it became `Ready`, or was uncordoned while
 //!   Ready. One watch of all the cluster's Nodes serves every node in flight, and while it runs the
 //!   reconciles take the Nodes from it ([`WatchedNodes`]) instead of listing them each time.
+//!
+//! The other nodes of a cluster with a node in flight are watched the same way, without waking
+//! anything: before each node starts, a look checks that every other node is ready, and the watches
+//! tell it ([`crate::followed_statuses`]) instead of one `MachineStatus` read per node and look.
 //!
 //! Only changes that can move the upgrade on wake it, and only those after the reconcile that started
 //! the follower looked at the node: every wake-up costs a reconcile, and a reconcile that finds
@@ -27,8 +32,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -41,8 +47,10 @@ use tokio::task::AbortHandle;
 
 use crate::inventory::{NodeChange, SeenNode, WatchedNodes};
 use crate::talos_fleet::TalosFleet;
-use talos_api::EventsOptions;
+use talos_api::proto::talos::resource::definitions::runtime::MachineStatusSpec;
+use talos_api::{CosiEventType, resources};
 use talos_upgrade_core::crd::KubernetesCluster;
+use talos_upgrade_core::talos::TalosState;
 
 /// Pause before reconnecting to a node's event stream that broke: a stream also breaks when the
 /// control plane relaying it reboots while the node itself is up, and then it is back at once.
@@ -70,19 +78,32 @@ pub struct FollowedNode {
     /// after that control plane's reboot, beside the relay the fleet moved on to.
     pub talos: Arc<TalosFleet>,
     pub address: IpAddr,
+    /// Whether the node is in flight: only then does its follower wake the reconcile (and its Node
+    /// count for the Node watch's wake-ups). The others are followed for their machine status.
+    pub in_flight: bool,
     pub workload: kube::Client,
     /// Where the watch of the cluster's Nodes puts what it sees (the connections' own, see
     /// [`crate::cluster_access::ClusterLink`]).
     pub nodes: Arc<WatchedNodes>,
-    /// When the reconcile that starts the follower asked the node: what the node did before is known
-    /// to it, so only what happened since wakes it again.
-    pub observed_at: Instant,
     /// The workload Node's (Ready, cordoned) as that reconcile saw it; `None` if it saw no Node.
     pub seen: Option<(bool, bool)>,
 }
 
 /// Aborts its task when dropped, so forgetting a follower stops it.
 struct Follower(AbortHandle);
+
+/// One node's Talos follower, and whether the node is in flight (changed by the reconciles as the
+/// run moves on, without opening the watch again).
+struct TalosFollower {
+    _task: Follower,
+    in_flight: Arc<AtomicBool>,
+}
+
+impl TalosFollower {
+    fn in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
 
 impl Drop for Follower {
     fn drop(&mut self) {
@@ -112,7 +133,7 @@ struct NodeWatch {
 /// What follows one cluster: a Talos event follower per node in flight, and one Node watch.
 #[derive(Default)]
 struct ClusterFollowers {
-    talos: HashMap<String, Follower>,
+    talos: HashMap<String, TalosFollower>,
     pokes: NodePokes,
     nodes: Option<NodeWatch>,
 }
@@ -194,9 +215,14 @@ impl Drop for Reconciling<'_> {
                 .followed
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            followed
-                .get(&self.cluster)
-                .is_some_and(|current| held.iter().any(|node| current.talos.contains_key(node)))
+            followed.get(&self.cluster).is_some_and(|current| {
+                held.iter().any(|node| {
+                    current
+                        .talos
+                        .get(node)
+                        .is_some_and(TalosFollower::in_flight)
+                })
+            })
         };
         if still_followed {
             let _ = self.wakeups.sender.send(self.cluster.clone());
@@ -246,7 +272,8 @@ impl Wakeups {
     }
 
     /// Follow exactly `nodes` of `cluster` from now on: new ones are followed, ones no longer listed are
-    /// let go. An empty list stops following the cluster.
+    /// let go, and the ones still listed only change whether they are in flight. An empty list stops
+    /// following the cluster.
     pub fn follow(&self, cluster: &ObjectRef<KubernetesCluster>, nodes: Vec<FollowedNode>) {
         let mut followed = self
             .followed
@@ -262,24 +289,30 @@ impl Wakeups {
             .retain(|name, _| nodes.iter().any(|node| &node.name == name));
         lock(&current.pokes).retain(|name, _| nodes.iter().any(|node| &node.name == name));
         for node in &nodes {
-            if current.talos.contains_key(&node.name) {
+            if let Some(follower) = current.talos.get(&node.name) {
+                follower.in_flight.store(node.in_flight, Ordering::Relaxed);
                 continue;
             }
             let poke = Arc::new(Notify::new());
             lock(&current.pokes).insert(node.name.clone(), poke.clone());
+            let in_flight = Arc::new(AtomicBool::new(node.in_flight));
             let task = tokio::spawn(follow_node(
                 cluster.clone(),
-                node.name.clone(),
-                node.talos.clone(),
-                node.address,
-                node.observed_at,
-                poke,
+                node.clone(),
+                in_flight.clone(),
+                (poke, current.pokes.clone()),
                 self.wakes.clone(),
             ));
-            current
-                .talos
-                .insert(node.name.clone(), Follower(task.abort_handle()));
+            current.talos.insert(
+                node.name.clone(),
+                TalosFollower {
+                    _task: Follower(task.abort_handle()),
+                    in_flight,
+                },
+            );
         }
+        // The Node watch wakes the reconcile for the nodes in flight only.
+        let in_flight: Vec<&FollowedNode> = nodes.iter().filter(|node| node.in_flight).collect();
         // One watch of the Nodes, made with the connections of this reconcile (new ones, after the
         // credentials changed, start a new watch).
         let first = &nodes[0];
@@ -294,7 +327,7 @@ impl Wakeups {
                 // Filled before the watch starts, so that its first list is compared with what the
                 // reconcile saw.
                 let followed = FollowedNodes::new(Mutex::new(
-                    nodes
+                    in_flight
                         .iter()
                         .map(|node| (node.name.clone(), node.seen))
                         .collect(),
@@ -322,8 +355,8 @@ impl Wakeups {
                 .followed
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            followed.retain(|name, _| nodes.iter().any(|node| &node.name == name));
-            for node in &nodes {
+            followed.retain(|name, _| in_flight.iter().any(|node| &node.name == name));
+            for node in &in_flight {
                 if followed.contains_key(&node.name) {
                     continue;
                 }
@@ -357,95 +390,154 @@ impl Waker {
     }
 }
 
-/// Follows one node's Talos events until aborted (or [`FOLLOW_AT_MOST`]), sending `cluster` on every
-/// change.
+/// Follows one node's machine status until aborted (or [`FOLLOW_AT_MOST`]), sending `cluster` when
+/// it is in flight and comes back.
 async fn follow_node(
     cluster: ObjectRef<KubernetesCluster>,
-    name: String,
-    talos: Arc<TalosFleet>,
-    address: IpAddr,
-    observed_at: Instant,
-    poke: Arc<Notify>,
+    node: FollowedNode,
+    in_flight: Arc<AtomicBool>,
+    (poke, pokes): (Arc<Notify>, NodePokes),
     wakes: Arc<FollowerWakes>,
 ) {
-    let wake_up = || wakes.wake(&cluster, &name);
+    let wake_up = || {
+        if in_flight.load(Ordering::Relaxed) {
+            tracing::debug!(node = %node.address, "node running and ready: waking its cluster");
+            wakes.wake(&cluster, &node.name)
+        }
+    };
+    // This node answers again after its watch could not be opened: when it is the control plane
+    // that relays, the other nodes' watches, which broke with it and could not be opened through it
+    // meanwhile, can be now, and their own Nodes will not say so.
+    let answers_again = || {
+        for (name, poke) in lock(&pokes).iter() {
+            if name != &node.name {
+                poke.notify_one();
+            }
+        }
+    };
     let _ = tokio::time::timeout(
         FOLLOW_AT_MOST,
-        follow_talos_events(&talos, address, observed_at, &poke, &wake_up),
+        follow_machine_status(
+            &node,
+            in_flight.load(Ordering::Relaxed),
+            &poke,
+            &wake_up,
+            &answers_again,
+        ),
     )
     .await;
 }
 
-/// Wakes when the node reports itself running and ready.
+/// Watches the node's `MachineStatus`, keeping what it reports in the fleet's
+/// [`crate::followed_statuses::FollowedStatuses`] and waking when the node turns running and ready.
 ///
-/// The first connection replays the events since the reconcile asked the node (rounded up to whole
-/// seconds, the protocol's unit), not the whole boot: the node was running and ready when it booted,
-/// long before its upgrade, and replaying that would wake a reconcile that finds nothing new, for
-/// every node. Every reconnection (the stream breaks when the node reboots) replays everything the
-/// node buffered since it booted, so a node that became ready while the stream was down is not missed.
+/// A watch reports the current status first, then every change. "Ready" wakes the reconcile when it
+/// is news: the node was seen not ready before (by this follower, or by the look that started it), or
+/// it is the first status after the watch broke (the node may have rebooted and come back while it
+/// was down). A follower started for a node already in flight wakes on its first status too if that
+/// is ready: the node may have rebooted between the reconcile's look and the watch (a fast node), and
+/// the reconcile woken for nothing asks the nodes in flight once.
 ///
-/// A stream that breaks is reconnected after [`RECONNECT_MIN`] (the relay rebooted under a node that
-/// is up); while that fails (the node is away) the next attempt waits until the node's Node says it
-/// may be back ([`NodePokes`]), at most [`RECONNECT_AWAY`]. A stream whose last machine status took
-/// the node down (upgrading, rebooting, shutting down, resetting) broke because the node went away:
-/// it waits for the Node at once, without the quick attempt that would only fail.
-async fn follow_talos_events(
-    fleet: &TalosFleet,
-    address: IpAddr,
-    observed_at: Instant,
+/// A watch that breaks is opened again after [`RECONNECT_MIN`] (the relay rebooted under a node that
+/// is up); while that fails (the node, or the relay, is away) the next attempt waits until the node's
+/// Node says it may be back ([`NodePokes`]), or another node of the cluster answers again after it
+/// was away (`answers_again`: the relay may be back), at most [`RECONNECT_AWAY`]. A watch whose last
+/// status took the node down (upgrading, rebooting, shutting down, resetting) broke because the node
+/// went away: it waits at once, without the quick attempt that would only fail. So does one whose
+/// relay's watch last said that of the relay.
+async fn follow_machine_status(
+    node: &FollowedNode,
+    started_in_flight: bool,
     poke: &Notify,
     wake_up: &impl Fn(),
+    answers_again: &impl Fn(),
 ) {
-    let since_observed = EventsOptions {
-        tail_seconds: Some(
-            u32::try_from(observed_at.elapsed().as_secs())
-                .unwrap_or(u32::MAX)
-                .saturating_add(1),
-        ),
-        ..EventsOptions::default()
+    use resources::machine_status;
+    let fleet = &node.talos;
+    // What the reconcile that started the follower saw.
+    let mut last_ready = match fleet.kept_looks().node(&node.name) {
+        Some(TalosState::Up { ready, .. }) => Some(ready),
+        _ => None,
     };
-    let since_boot = EventsOptions {
-        tail_events: -1,
-        ..EventsOptions::default()
-    };
-    let mut options = since_observed;
+    // Whether a first status that says ready is news (see above).
+    let mut first_ready_is_news = started_in_flight;
+    // Whether the node (or its relay) was away since the watch last opened.
+    let mut away = false;
     loop {
-        let opened = match fleet.client(address) {
-            Ok(client) => client.events(options.clone()).await,
+        // The boots the node was known to run before the watch opens: the watch speaks for those.
+        let mut boots: Vec<String> = Vec::with_capacity(2);
+        if let Some(TalosState::Up { boot_id, .. }) = fleet.kept_looks().node(&node.name) {
+            boots.push(boot_id);
+        }
+        if let Some(boot_id) = node.nodes.node(&node.name).and_then(|seen| seen.boot_id)
+            && !boots.contains(&boot_id)
+        {
+            boots.push(boot_id);
+        }
+        let opened = match fleet.client(node.address) {
+            Ok(client) => {
+                client
+                    .cosi_watch::<MachineStatusSpec>(
+                        machine_status::NAMESPACE,
+                        machine_status::TYPE,
+                        Some(machine_status::ID),
+                        false,
+                    )
+                    .await
+            }
             Err(error) => Err(error),
         };
-        options = since_boot.clone();
         let pause = match opened {
-            Ok(mut events) => {
-                let mut going_down = false;
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(event) => {
-                            if event.payload.is_running_and_ready() {
-                                tracing::debug!(node = %address, "node running and ready: waking its cluster");
-                                wake_up()
-                            }
-                            going_down = event.payload.going_down().unwrap_or(going_down);
-                        }
-                        // The stream breaks when the node reboots; connect again.
-                        Err(_) => break,
-                    }
+            Ok(mut watch) => {
+                if std::mem::take(&mut away) {
+                    answers_again();
                 }
-                if going_down {
-                    // A poke that came while the stream was open (the Node watch's first list, a
+                let followed = fleet.followed_statuses().opened(node.address, boots);
+                let mut going_down = false;
+                let mut first = true;
+                while let Some(event) = watch.next().await {
+                    let Ok(event) = event else {
+                        // The watch breaks when the node reboots; open it again.
+                        break;
+                    };
+                    if event.event_type == CosiEventType::Destroyed {
+                        followed.saw(None);
+                        continue;
+                    }
+                    let Some(resource) = event.resource else {
+                        continue;
+                    };
+                    let status = resource.spec;
+                    let ready = machine_status::is_running_and_ready(&status);
+                    if ready && (last_ready != Some(true) || (first && first_ready_is_news)) {
+                        wake_up();
+                    }
+                    last_ready = Some(ready);
+                    going_down = machine_status::takes_node_down(&status);
+                    followed.saw(Some(status));
+                    first = false;
+                }
+                let relay_going_down = fleet.relay().is_some_and(|relay| {
+                    relay != node.address && fleet.followed_statuses().going_down(relay)
+                });
+                if going_down || relay_going_down {
+                    // A poke that came while the watch was open (the Node watch's first list, a
                     // cordon) is not news of the node's return: it went down just now.
                     let _ = futures::FutureExt::now_or_never(poke.notified());
-                    tracing::trace!(node = %address, "node event stream ended as the node went down: waiting for its Node");
+                    tracing::trace!(node = %node.address, relay_going_down, "machine status watch ended as the node or its relay went down: waiting for it");
+                    away = true;
                     RECONNECT_AWAY
                 } else {
                     RECONNECT_MIN
                 }
             }
             Err(error) => {
-                tracing::trace!(node = %address, %error, "node event stream: waiting for its Node to change");
+                tracing::trace!(node = %node.address, %error, "machine status watch: waiting for its Node to change");
+                away = true;
                 RECONNECT_AWAY
             }
         };
+        first_ready_is_news = true;
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             () = poke.notified() => {}
@@ -516,16 +608,16 @@ async fn watch_workload_nodes(
             let seen = SeenNode::of(&node);
             let state = (seen.ready, seen.cordoned);
             // Its kubelet reports a new boot, or it became Ready: the node may be back, its Talos
-            // follower asks again now.
-            if may_be_back(nodes.node(&name).as_ref(), &seen)
-                && let Some(poke) = lock(&pokes).get(&name)
-            {
-                poke.notify_one();
-            }
+            // follower asks again now. Poked once the Node is recorded: the follower's watch takes
+            // the boot id the kubelet reports for one it speaks for (`crate::followed_statuses`).
+            let back = may_be_back(nodes.node(&name).as_ref(), &seen);
             nodes.record(NodeChange::Present {
                 name: name.clone(),
                 seen,
             });
+            if back && let Some(poke) = lock(&pokes).get(&name) {
+                poke.notify_one();
+            }
             let mut followed = followed
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -577,6 +669,7 @@ fn worth_a_look(last: Option<(bool, bool)>, now: (bool, bool)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     /// The next wake-up already sent, if any.
     fn sent(
@@ -585,15 +678,21 @@ mod tests {
         futures::FutureExt::now_or_never(triggers.next()).flatten()
     }
 
-    /// Marks `nodes` of `cluster` followed (by followers that do nothing).
-    fn followed(wakeups: &Wakeups, cluster: &ObjectRef<KubernetesCluster>, nodes: &[&str]) {
+    /// Marks `nodes` of `cluster` followed (by followers that do nothing), each in flight or not.
+    fn followed(wakeups: &Wakeups, cluster: &ObjectRef<KubernetesCluster>, nodes: &[(&str, bool)]) {
         let mut followed = wakeups.followed.lock().expect("followed");
         let current = followed.entry(cluster.clone()).or_default();
         current.talos = nodes
             .iter()
-            .map(|node| {
+            .map(|(node, in_flight)| {
                 let task = tokio::spawn(std::future::pending::<()>());
-                (node.to_string(), Follower(task.abort_handle()))
+                (
+                    node.to_string(),
+                    TalosFollower {
+                        _task: Follower(task.abort_handle()),
+                        in_flight: Arc::new(AtomicBool::new(*in_flight)),
+                    },
+                )
             })
             .collect();
     }
@@ -604,7 +703,7 @@ mod tests {
         let mut triggers = Box::pin(wakeups.triggers());
         let cluster = ObjectRef::new("c1").within("ns");
         let other = ObjectRef::new("c2").within("ns");
-        followed(&wakeups, &cluster, &["w1", "w2"]);
+        followed(&wakeups, &cluster, &[("w1", true), ("w2", true)]);
 
         // No reconcile running: at once.
         wakeups.wakes.wake(&cluster, "w1");
@@ -626,9 +725,16 @@ mod tests {
         // During a reconcile that saw the node done (it follows the next one, or none): dropped.
         let reconciling = wakeups.reconciling(&cluster);
         wakeups.wakes.wake(&cluster, "w1");
-        followed(&wakeups, &cluster, &["w2"]);
+        followed(&wakeups, &cluster, &["w2"].map(|node| (node, true)));
         drop(reconciling);
         assert_eq!(sent(&mut triggers), None, "w1 no longer followed");
+
+        // ... or that saw it done and follows it on for its machine status only: dropped too.
+        let reconciling = wakeups.reconciling(&cluster);
+        wakeups.wakes.wake(&cluster, "w1");
+        followed(&wakeups, &cluster, &[("w1", false), ("w2", true)]);
+        drop(reconciling);
+        assert_eq!(sent(&mut triggers), None, "w1 no longer in flight");
 
         let reconciling = wakeups.reconciling(&cluster);
         wakeups.wakes.wake(&cluster, "w2");
@@ -651,23 +757,20 @@ mod tests {
         }
     }
 
-    /// A follower whose stream saw its node go down (the reboot's machine status) asks Talos nothing
-    /// while the node is away, not even the quick retry a relay's reboot calls for, until the node's
-    /// Node says it is back: a reboot costs no failing call, however long it lasts. Poked, it
-    /// reconnects, and the events since the boot wake the cluster.
-    #[tokio::test]
-    async fn a_follower_whose_node_goes_down_asks_nothing_until_its_node_says_it_is_back() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use talos_sim::config::{NodeConfig, SimConfig, Timings};
-
-        // Down long enough for a quick retry (0.2 s), or the retries before `db39ebc` (0.2 s,
-        // doubling), to fail while it is away.
-        let timings = Timings {
-            reboot_ms: 1500,
-            ..Timings::fast()
-        };
+    /// A simulated cluster (a control plane and a worker `w-1`), its fleet with counted calls, and
+    /// `w-1` as a followed node.
+    async fn one_worker(
+        name: &str,
+        timings: talos_sim::config::Timings,
+        in_flight: bool,
+    ) -> (
+        talos_sim::Simulator,
+        FollowedNode,
+        crate::talos_fleet::counted::Calls,
+    ) {
+        use talos_sim::config::{NodeConfig, SimConfig};
         let sim = talos_sim::Simulator::start(
-            SimConfig::new("follower-pokes")
+            SimConfig::new(name)
                 .with_timings(timings)
                 .with_node(NodeConfig::control_plane("cp-1", "1.11.6", "1.34.1"))
                 .with_node(NodeConfig::worker("w-1", "1.11.6", "1.34.1")),
@@ -675,35 +778,94 @@ mod tests {
         .await
         .expect("simulator");
         let (fleet, calls) = crate::talos_fleet::counted::fleet_for(&sim);
-        let fleet = Arc::new(fleet);
         let worker = sim.nodes().into_iter().find(|node| node.name == "w-1");
         let address = IpAddr::V4(worker.expect("w-1").address);
-        let events = |ok: bool| {
-            calls
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|(method, code)| *method == "Events" && (*code == "OK") == ok)
-                .count()
+        // Never asked: the follower's watch makes no request to it.
+        let workload = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("an address"),
+        ))
+        .expect("a client");
+        let node = FollowedNode {
+            name: "w-1".to_string(),
+            talos: Arc::new(fleet),
+            address,
+            in_flight,
+            workload,
+            nodes: Arc::new(WatchedNodes::default()),
+            seen: None,
         };
+        (sim, node, calls)
+    }
+
+    /// `w-1` as the inventory has it.
+    fn worker(node: &FollowedNode) -> crate::inventory::InventoryNode {
+        crate::inventory::InventoryNode {
+            role: talos_upgrade_core::run::NodeRole::Worker,
+            name: node.name.clone(),
+            address: node.address,
+            held: false,
+        }
+    }
+
+    /// The reconcile's look at `w-1` that the follower starts from.
+    async fn looked_at(node: &FollowedNode) -> TalosState {
+        let worker = worker(node);
+        let state = node.talos.observe_node(&worker).await;
+        node.talos.kept_looks().keep_nodes([(&worker, &state)]);
+        state
+    }
+
+    fn count(calls: &crate::talos_fleet::counted::Calls, method: &str, ok: bool) -> usize {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(called, code)| *called == method && (*code == "OK") == ok)
+            .count()
+    }
+
+    /// A follower whose watch saw its node go down (the reboot's machine status) asks Talos nothing
+    /// while the node is away, not even the quick retry a relay's reboot calls for, until the node's
+    /// Node says it is back: a reboot costs no failing call, however long it lasts. Poked, it opens
+    /// the watch again, whose first status (running and ready) wakes the cluster.
+    #[tokio::test]
+    async fn a_follower_whose_node_goes_down_asks_nothing_until_its_node_says_it_is_back() {
+        use std::sync::atomic::AtomicUsize;
+
+        // Down long enough for a quick retry (0.2 s), or the retries before `db39ebc` (0.2 s,
+        // doubling), to fail while it is away.
+        let timings = talos_sim::config::Timings {
+            reboot_ms: 1500,
+            ..talos_sim::config::Timings::fast()
+        };
+        let (sim, node, calls) = one_worker("follower-pokes", timings, true).await;
+        let watches = |ok: bool| count(&calls, "COSI Watch", ok);
+        assert!(matches!(
+            looked_at(&node).await,
+            TalosState::Up { ready: true, .. }
+        ));
         let poke = Arc::new(Notify::new());
         let woken = Arc::new(AtomicUsize::new(0));
         let follower = {
-            let (fleet, poke, woken) = (fleet.clone(), poke.clone(), woken.clone());
+            let (node, poke, woken) = (node.clone(), poke.clone(), woken.clone());
             tokio::spawn(async move {
                 let wake_up = || {
                     woken.fetch_add(1, Ordering::SeqCst);
                 };
-                follow_talos_events(&fleet, address, Instant::now(), &poke, &wake_up).await;
+                follow_machine_status(&node, false, &poke, &wake_up, &|| {}).await;
             })
         };
-        eventually("the stream opened", || events(true) == 1).await;
+        eventually("the watch opened", || {
+            node.talos.followed_statuses().follows(node.address)
+        })
+        .await;
+        assert_eq!(woken.load(Ordering::SeqCst), 0, "ready as it was looked at");
         // The cluster's Node watch starts after the follower and pokes on its first list: not news
         // of a return the follower should act on once its node goes down.
         poke.notify_one();
 
-        fleet
-            .client(address)
+        node.talos
+            .client(node.address)
             .expect("client")
             .reboot(talos_api::RebootMode::Default)
             .await
@@ -717,25 +879,101 @@ mod tests {
         .await
         .expect("the node is back and ready");
         assert_eq!(
-            (events(true), events(false)),
+            (watches(true), watches(false)),
             (1, 0),
-            "the stream said the node was rebooting: no attempt while it was away, none after it \
+            "the watch said the node was rebooting: no attempt while it was away, none after it \
              until its Node says it is back"
         );
-        // (The first stream may have woken it already: it replays the last second, and the
-        // simulator had just booted the node.)
-        let woken_before = woken.load(Ordering::SeqCst);
+        assert!(
+            !node.talos.followed_statuses().follows(node.address),
+            "a watch that ended speaks for nothing"
+        );
+        assert_eq!(woken.load(Ordering::SeqCst), 0);
 
-        // Its Node says it is back (the cluster's Node watch pokes the follower): it reconnects, and
-        // the events since the boot say the node is running and ready.
+        // Its Node says it is back (the cluster's Node watch pokes the follower): it watches again,
+        // and the status it reports first says the node is running and ready.
         poke.notify_one();
-        eventually("reconnected", || events(true) == 2).await;
-        eventually("the cluster woken", || {
-            woken.load(Ordering::SeqCst) > woken_before
+        eventually("watching again", || watches(true) == 2).await;
+        eventually("the cluster woken", || woken.load(Ordering::SeqCst) == 1).await;
+        assert_eq!(watches(false), 0);
+        follower.abort();
+    }
+
+    /// A look at a followed node takes its readiness from the watch, for the boot the watch speaks
+    /// for: the boot id is still read, the `MachineStatus` is not. A node the watch does not speak
+    /// for (it rebooted since the boot the follower knew) is asked, and so is every node once the
+    /// follower is gone.
+    #[tokio::test]
+    async fn a_look_takes_a_followed_nodes_status_from_its_watch_for_the_boot_it_knows() {
+        let (sim, node, calls) =
+            one_worker("follower-looks", talos_sim::config::Timings::fast(), false).await;
+        let worker = worker(&node);
+        let fleet = node.talos.clone();
+        let look = || async { fleet.observe_node(&worker).await };
+
+        // The reconcile's own look, before anything is followed.
+        let state = looked_at(&node).await;
+        assert_eq!(count(&calls, "COSI Get", true), 1);
+
+        let follower = {
+            let node = node.clone();
+            tokio::spawn(async move {
+                follow_machine_status(&node, false, &Notify::new(), &|| {}, &|| {}).await;
+            })
+        };
+        eventually("the watch reported", || {
+            fleet.followed_statuses().follows(node.address)
         })
         .await;
-        assert_eq!(events(false), 0);
+        let again = look().await;
+        assert_eq!(again, state, "the same node, as the watch says");
+        assert_eq!(
+            (count(&calls, "COSI Get", true), count(&calls, "Read", true)),
+            (1, 2),
+            "the boot id read again, the status taken from the watch"
+        );
+
+        // A boot the watch was not opened in (it knew only the one the look kept): asked.
+        fleet.kept_looks().keep_nodes([(
+            &worker,
+            &TalosState::Up {
+                version: semver::Version::new(1, 11, 6),
+                boot_id: "another-boot".into(),
+                ready: true,
+                install: None,
+            },
+        )]);
         follower.abort();
+        eventually("the watch gone", || {
+            !fleet.followed_statuses().follows(node.address)
+        })
+        .await;
+        let follower = {
+            let node = node.clone();
+            tokio::spawn(async move {
+                follow_machine_status(&node, false, &Notify::new(), &|| {}, &|| {}).await;
+            })
+        };
+        eventually("the watch reported", || {
+            fleet.followed_statuses().follows(node.address)
+        })
+        .await;
+        assert_eq!(look().await, state);
+        assert_eq!(
+            count(&calls, "COSI Get", true),
+            2,
+            "asked: the watch knew another boot"
+        );
+
+        // No follower: asked.
+        follower.abort();
+        eventually("the watch gone", || {
+            !fleet.followed_statuses().follows(node.address)
+        })
+        .await;
+        assert_eq!(look().await, state);
+        assert_eq!(count(&calls, "COSI Get", true), 3);
+        drop(sim);
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! * the IO of each upgrade kind, behind [`kind_io`]: [`talos_upgrade`] and [`kubernetes_upgrade`];
 //! * the edges: [`cluster_access`] (credentials, inventory, connections per cluster),
 //!   [`api_client`], [`progress_store`], [`read_cache`], [`inventory`], [`credentials`], [`drain`],
-//!   [`talos_fleet`], [`followers`] (the nodes in flight), [`catalog_sources`];
+//!   [`talos_fleet`], [`followers`] (the nodes of a running cluster) and [`followed_statuses`] (what
+//!   their watches report), [`catalog_sources`];
 //! * the operator's gates before each node: [`holds`] (what they need of the cluster);
 //! * operations: [`metrics`], [`admin`], [`leader`].
 
@@ -21,6 +22,7 @@ pub mod credentials;
 pub mod drain;
 pub mod etcd_snapshot;
 pub mod event_recorder;
+pub mod followed_statuses;
 pub mod followers;
 pub mod holds;
 pub mod http_auth;

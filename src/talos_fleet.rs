@@ -14,8 +14,10 @@ use futures::future::join_all;
 use semver::Version;
 use serde::Deserialize as _;
 
+use crate::followed_statuses::FollowedStatuses;
 use crate::inventory::InventoryNode;
 use crate::kept_looks::{KeptLooks, Running};
+use talos_api::proto::talos::resource::definitions::runtime::MachineStatusSpec;
 use talos_api::{
     ConnectOptions, EtcdMember, EtcdMemberStatus, TalosClient, TalosCredentials, TalosError,
     TalosTls, Target, resources,
@@ -54,6 +56,8 @@ pub struct TalosFleet {
     connections: Arc<Mutex<Connections>>,
     /// What the last looks asked of each node, for the passes that ask only the nodes in flight.
     looks: KeptLooks,
+    /// The machine statuses the followers' watches report, which stand in for a look's own reads.
+    followed: FollowedStatuses,
 }
 
 /// How long a direct connection to a node is kept after its last use.
@@ -182,12 +186,18 @@ impl TalosFleet {
             tls: OnceLock::new(),
             connections: Arc::default(),
             looks: KeptLooks::default(),
+            followed: FollowedStatuses::default(),
         }
     }
 
     /// What this cluster's last looks asked of its nodes (see [`crate::kept_looks`]).
     pub fn kept_looks(&self) -> &KeptLooks {
         &self.looks
+    }
+
+    /// The machine statuses this cluster's followers watch (see [`crate::followed_statuses`]).
+    pub fn followed_statuses(&self) -> &FollowedStatuses {
+        &self.followed
     }
 
     #[cfg(test)]
@@ -473,7 +483,7 @@ impl TalosFleet {
         let addresses: Vec<IpAddr> = nodes.iter().map(|(node, _)| node.address).collect();
         let statuses = join_all(nodes.iter().map(|(node, installed)| async move {
             let client = self.client(node.address)?;
-            futures::try_join!(client.machine_status(), async {
+            futures::try_join!(self.status_unless_followed(&client, node.address), async {
                 if *installed {
                     client.machine_config().await.map(Some)
                 } else {
@@ -546,14 +556,23 @@ impl TalosFleet {
                 .map(|(((node, installed), (boot_id, status)), (known, asked))| {
                     let running = known.take().map(Ok).or(asked);
                     async move {
-                        let answered = (|| {
+                        let answered = async {
                             let running = running.ok_or_else(|| TalosError::Decode {
                                 endpoint: node.address.to_string(),
                                 message: "no version".to_string(),
                             })??;
                             let (status, config) = status?;
-                            Ok::<_, TalosError>((running, boot_id?, status, config))
-                        })();
+                            let boot_id = boot_id?;
+                            let status = match status {
+                                Some(status) => status,
+                                None => {
+                                    let client = self.client(node.address)?;
+                                    self.status_of_boot(&client, node.address, &boot_id).await?
+                                }
+                            };
+                            Ok::<_, TalosError>((running, boot_id, status, config))
+                        }
+                        .await;
                         let answered = match answered {
                             Ok(answered) => Ok(answered),
                             Err(_) => {
@@ -568,6 +587,33 @@ impl TalosFleet {
                 }),
         )
         .await
+    }
+
+    /// The node's machine status, asked unless a live watch follows the node (`None`: take it from
+    /// the watch once the boot id is read, [`TalosFleet::status_of_boot`]).
+    async fn status_unless_followed(
+        &self,
+        client: &TalosClient,
+        address: IpAddr,
+    ) -> Result<Option<MachineStatusSpec>, TalosError> {
+        if self.followed.follows(address) {
+            return Ok(None);
+        }
+        client.machine_status().await.map(Some)
+    }
+
+    /// The node's machine status in boot `boot_id`: from its live watch if the watch speaks for
+    /// that boot, else asked (the watch ended meanwhile, or may be older than the boot).
+    async fn status_of_boot(
+        &self,
+        client: &TalosClient,
+        address: IpAddr,
+        boot_id: &str,
+    ) -> Result<MachineStatusSpec, TalosError> {
+        match self.followed.status(address, boot_id) {
+            Some(status) => Ok(status),
+            None => client.machine_status().await,
+        }
     }
 
     /// `Version`'s answer as the node's running version and platform.
@@ -594,14 +640,21 @@ impl TalosFleet {
         node: &InventoryNode,
         installed: bool,
     ) -> Result<Answered, TalosError> {
-        let (boot_id, status, config) =
-            futures::try_join!(client.boot_id(), client.machine_status(), async {
+        let (boot_id, status, config) = futures::try_join!(
+            client.boot_id(),
+            self.status_unless_followed(&client, node.address),
+            async {
                 if installed {
                     client.machine_config().await.map(Some)
                 } else {
                     Ok(None)
                 }
-            })?;
+            }
+        )?;
+        let status = match status {
+            Some(status) => status,
+            None => self.status_of_boot(&client, node.address, &boot_id).await?,
+        };
         let running = match self.looks.running(&node.name, &boot_id, installed) {
             Some(running) => running,
             None => self.running(node, client.version().await?)?,
@@ -759,7 +812,7 @@ impl TalosFleet {
 type Answered = (
     Running,
     String,
-    talos_api::proto::talos::resource::definitions::runtime::MachineStatusSpec,
+    MachineStatusSpec,
     Option<talos_api::MachineConfigBytes>,
 );
 

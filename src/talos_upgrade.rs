@@ -466,13 +466,18 @@ impl KindIo<Talos> for TalosIo<'_> {
     }
 
     fn follow(&self, in_flight: &[String]) -> Vec<FollowedNode> {
-        let (Some(observed_at), Some(Ok(access))) = (self.observed_at, self.access.peek()) else {
+        // Only after a look: the followers start from what it saw.
+        let (Some(_), Some(Ok(access))) = (self.observed_at, self.access.peek()) else {
             return Vec::new();
         };
+        // Every node of a cluster with a node in flight: the others for their machine status, which
+        // the looks before each node starts take from the watches (see `crate::followed_statuses`).
+        if in_flight.is_empty() {
+            return Vec::new();
+        }
         access
             .inventory
             .iter()
-            .filter(|node| in_flight.contains(&node.name))
             .filter_map(|node| {
                 let seen = self
                     .seen
@@ -486,9 +491,9 @@ impl KindIo<Talos> for TalosIo<'_> {
                     name: node.name.clone(),
                     talos: access.fleet.clone(),
                     address: node.address,
+                    in_flight: in_flight.contains(&node.name),
                     workload: access.workload.clone(),
                     nodes: access.watched_nodes.clone(),
-                    observed_at,
                     seen,
                 })
             })

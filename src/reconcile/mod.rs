@@ -884,7 +884,8 @@ fn requeue_after<K: Stored>(
         // Every node in flight is rebooting: when each is followed, its follower wakes the reconcile
         // when it is back, and the poll is only the safety net (a lost stream, the node deadline).
         Revisit::AwaitingReboots
-            if outcome.follow.len() == outcome.conclusion.report.in_flight.len() =>
+            if outcome.follow.iter().filter(|node| node.in_flight).count()
+                == outcome.conclusion.report.in_flight.len() =>
         {
             Some(followed_poll(settings))
         }

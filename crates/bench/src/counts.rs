@@ -11,10 +11,10 @@ use serde::Serialize;
 /// The controller's counter of Talos calls; labels `method` and `code` (src/metrics.rs).
 pub const TALOS_CALLS_FAMILY: &str = "talos_upgrade_talos_api_calls_total";
 
-/// The Talos methods that are streams the controller keeps open to be told of changes (its event
-/// followers, src/followers.rs), the Talos counterpart of a Kubernetes watch: issue #27's idle goal
-/// counts what the controller asks beyond them.
-pub const TALOS_STREAMS: &[&str] = &["Events"];
+/// The Talos methods that are streams the controller keeps open to be told of changes (its
+/// followers' machine-status watches, src/followers.rs), the Talos counterpart of a Kubernetes
+/// watch: issue #27's idle goal counts what the controller asks beyond them.
+pub const TALOS_STREAMS: &[&str] = &["COSI Watch"];
 
 /// The Kubernetes verb of a watch request (the proxy's [`crate::proxy::Key::verb`]).
 pub const WATCH_VERB: &str = "watch";
@@ -143,7 +143,7 @@ impl TalosCalls {
         out
     }
 
-    /// The calls that are event followers' streams ([`TALOS_STREAMS`]) and all the others.
+    /// The calls that are the followers' streams ([`TALOS_STREAMS`]) and all the others.
     pub fn streams_and_others(&self) -> (f64, f64) {
         self.by_method()
             .into_iter()
@@ -379,8 +379,8 @@ mod tests {
 talos_upgrade_talos_api_calls_total{method="Version",code="OK"} 40
 talos_upgrade_talos_api_calls_total{method="Version",code="Unavailable"} 3
 talos_upgrade_talos_api_calls_total{method="COSI List",code="OK"} 7
-talos_upgrade_talos_api_calls_total{method="Events",code="OK"} 5
-talos_upgrade_talos_api_calls_total_created{method="Events",code="OK"} 1700000000.0
+talos_upgrade_talos_api_calls_total{method="COSI Watch",code="OK"} 5
+talos_upgrade_talos_api_calls_total_created{method="COSI Watch",code="OK"} 1700000000.0
 talos_upgrade_talos_api_calls_totally 99
 talos_upgrade_reconcile_duration_seconds_count 12
 "#;
@@ -393,7 +393,7 @@ talos_upgrade_reconcile_duration_seconds_count 12
             calls.by_method(),
             BTreeMap::from([
                 ("COSI List".to_string(), 7.0),
-                ("Events".to_string(), 5.0),
+                ("COSI Watch".to_string(), 5.0),
                 ("Version".to_string(), 43.0)
             ])
         );
@@ -420,13 +420,13 @@ talos_upgrade_reconcile_duration_seconds_count 12
     fn subtracts_scrapes() {
         let before = TalosCalls::from_metrics(
             "talos_upgrade_talos_api_calls_total{method=\"Version\",code=\"OK\"} 10\n\
-             talos_upgrade_talos_api_calls_total{method=\"Events\",code=\"OK\"} 5\n",
+             talos_upgrade_talos_api_calls_total{method=\"COSI Watch\",code=\"OK\"} 5\n",
         );
         let after = TalosCalls::from_metrics(METRICS);
         assert_eq!(format!("{}", after.since(&after).total()), "0");
         let window = after.since(&before);
         assert_eq!(window.total(), 40.0);
-        assert_eq!(window.by_method().get("Events"), None);
+        assert_eq!(window.by_method().get("COSI Watch"), None);
         assert_eq!(window.by_method()["Version"], 33.0);
     }
 
@@ -497,7 +497,7 @@ talos_upgrade_reconcile_duration_seconds_count 12
         let simulators = BTreeMap::from([("Upgrade".to_string(), 5.0)]);
         let rows = talos_rows(&upgrade, &idle, &simulators, scale);
         let order: Vec<&str> = rows.iter().map(|r| r.what.as_str()).collect();
-        assert_eq!(order, ["Version", "COSI List", "Events", "Upgrade"]);
+        assert_eq!(order, ["Version", "COSI List", "COSI Watch", "Upgrade"]);
         assert_eq!(rows[0].per_node, 8.6);
         assert_eq!(rows[0].failed, Some(3.0));
         assert_eq!(rows[0].idle_per_cluster_per_5min, 1.0);

@@ -15,7 +15,7 @@ pub const SCALE_RSS_FACTOR: f64 = 5.0;
 pub const TALOS_CALLS_PER_NODE: f64 = 12.0;
 pub const KUBE_REQUESTS_PER_NODE: f64 = 10.0;
 pub const CPU_MS_PER_NODE: f64 = 5.0;
-/// Idle Kubernetes requests (beyond the watches) and Talos calls (beyond the event followers), each,
+/// Idle Kubernetes requests (beyond the watches) and Talos calls (beyond the followers' watches), each,
 /// per cluster per 5 minutes.
 pub const IDLE_PER_CLUSTER_PER_5MIN: f64 = 1.0;
 pub const OVERHEAD_P99_SECONDS: f64 = 1.0;
@@ -151,7 +151,7 @@ pub fn goals(results: &[SizeResult]) -> Vec<Goal> {
             },
         ),
         goal(
-            "idle Talos calls per cluster per 5 min, beyond the event followers (+ Events streams)",
+            "idle Talos calls per cluster per 5 min, beyond the followers' watches (+ COSI Watch streams)",
             format!("≤ {IDLE_PER_CLUSTER_PER_5MIN}"),
             &|r| {
                 (

@@ -110,9 +110,9 @@ pub struct SizeResult {
     /// Idle watch requests (a watch the API server ended and the controller opened again) per cluster
     /// per 5 minutes.
     pub kube_idle_watches_per_cluster_per_5min: f64,
-    /// Idle Talos calls per cluster per 5 minutes, the event followers' streams left out.
+    /// Idle Talos calls per cluster per 5 minutes, the followers' watches left out.
     pub talos_idle_per_cluster_per_5min: f64,
-    /// Idle event-follower streams (`Events`) opened per cluster per 5 minutes.
+    /// Idle follower watches (`COSI Watch`) opened per cluster per 5 minutes.
     pub talos_idle_streams_per_cluster_per_5min: f64,
     pub peak_rss_mib: f64,
     pub cpu_seconds_total: f64,
@@ -269,13 +269,13 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
         ),
         untargeted(
             format!(
-                "Talos API calls per cluster per 5 min idle, beyond the event followers ({} s window)",
+                "Talos API calls per cluster per 5 min idle, beyond the followers' watches ({} s window)",
                 r.idle_seconds
             ),
             format!("{:.2}", r.talos_idle_per_cluster_per_5min),
         ),
         untargeted(
-            "… event-follower streams (Events) per cluster per 5 min idle",
+            "… follower watches (COSI Watch) per cluster per 5 min idle",
             format!("{:.2}", r.talos_idle_streams_per_cluster_per_5min),
         ),
         untargeted("controller peak RSS (VmHWM), MiB", format!("{:.1}", r.peak_rss_mib)),

@@ -62,6 +62,19 @@ pub mod resources {
             status.stage() == RuntimeMachineStage::MachineStageRunning
                 && status.status.as_ref().is_some_and(|s| s.ready)
         }
+
+        /// Whether the stage takes the node down (`upgrading`, `rebooting`, `shutting down`,
+        /// `resetting`: each ends in a reboot or a power-off; the resource's side of
+        /// [`crate::EventPayload::going_down`]).
+        pub fn takes_node_down(status: &MachineStatusSpec) -> bool {
+            matches!(
+                status.stage(),
+                RuntimeMachineStage::MachineStageUpgrading
+                    | RuntimeMachineStage::MachineStageRebooting
+                    | RuntimeMachineStage::MachineStageShuttingDown
+                    | RuntimeMachineStage::MachineStageResetting
+            )
+        }
     }
 
     /// Talos version (Talos 1.10+). Spec `talos::resource::definitions::runtime::VersionSpec`.
@@ -429,6 +442,33 @@ mod tests {
                 proto_spec: spec.encode_to_vec(),
                 yaml_spec: String::new(),
             }),
+        }
+    }
+
+    #[test]
+    fn the_machine_stages_that_take_a_node_down() {
+        use enums::RuntimeMachineStage as Stage;
+        let cases = [
+            (Stage::MachineStageUnknown, false),
+            (Stage::MachineStageBooting, false),
+            (Stage::MachineStageInstalling, false),
+            (Stage::MachineStageMaintenance, false),
+            (Stage::MachineStageRunning, false),
+            (Stage::MachineStageRebooting, true),
+            (Stage::MachineStageShuttingDown, true),
+            (Stage::MachineStageResetting, true),
+            (Stage::MachineStageUpgrading, true),
+        ];
+        for (stage, down) in cases {
+            let status = runtime::MachineStatusSpec {
+                stage: stage as i32,
+                status: None,
+            };
+            assert_eq!(
+                resources::machine_status::takes_node_down(&status),
+                down,
+                "{stage:?}"
+            );
         }
     }
 
