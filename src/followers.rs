@@ -34,7 +34,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -82,6 +82,9 @@ pub struct FollowedNode {
     /// count for the Node watch's wake-ups). The others are followed for their machine status.
     pub in_flight: bool,
     pub workload: kube::Client,
+    /// When the reconcile that lists the node asked it: a node put in flight that came back since
+    /// (a fast node, back before that reconcile ended) wakes the cluster at once.
+    pub observed_at: Instant,
     /// Where the watch of the cluster's Nodes puts what it sees (the connections' own, see
     /// [`crate::cluster_access::ClusterLink`]).
     pub nodes: Arc<WatchedNodes>,
@@ -96,12 +99,40 @@ struct Follower(AbortHandle);
 /// run moves on, without opening the watch again).
 struct TalosFollower {
     _task: Follower,
-    in_flight: Arc<AtomicBool>,
+    flight: Arc<Flight>,
 }
 
 impl TalosFollower {
     fn in_flight(&self) -> bool {
-        self.in_flight.load(Ordering::Relaxed)
+        self.flight.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// What a node's follower and the reconciles share: whether the node is in flight, and when its
+/// watch last told that it came back (running and ready after it was not, or first thing after the
+/// watch broke). The node may come back before the reconcile that sent its upgrade ends and marks it
+/// in flight; that reconcile looked at it before, so a return after its look wakes it then.
+#[derive(Default)]
+struct Flight {
+    in_flight: AtomicBool,
+    back_at: Mutex<Option<Instant>>,
+}
+
+impl Flight {
+    /// The node came back: wakes the cluster if the node is in flight. (Recorded first, then the flag
+    /// read; [`Flight::put_in_flight`] sets the flag first, then reads the record: one of the two
+    /// sees the other, so the wake-up is never lost.)
+    fn came_back(&self, wake: impl FnOnce()) {
+        *lock(&self.back_at) = Some(Instant::now());
+        if self.in_flight.load(Ordering::SeqCst) {
+            wake();
+        }
+    }
+
+    /// Marks the node in flight or not; true if it is newly in flight and came back after `looked_at`.
+    fn put_in_flight(&self, in_flight: bool, looked_at: Instant) -> bool {
+        let was = self.in_flight.swap(in_flight, Ordering::SeqCst);
+        in_flight && !was && lock(&self.back_at).is_some_and(|back| back > looked_at)
     }
 }
 
@@ -290,16 +321,23 @@ impl Wakeups {
         lock(&current.pokes).retain(|name, _| nodes.iter().any(|node| &node.name == name));
         for node in &nodes {
             if let Some(follower) = current.talos.get(&node.name) {
-                follower.in_flight.store(node.in_flight, Ordering::Relaxed);
+                if follower
+                    .flight
+                    .put_in_flight(node.in_flight, node.observed_at)
+                {
+                    tracing::debug!(node = %node.address, "node back before it was marked in flight: waking its cluster");
+                    self.wakes.wake(cluster, &node.name);
+                }
                 continue;
             }
             let poke = Arc::new(Notify::new());
             lock(&current.pokes).insert(node.name.clone(), poke.clone());
-            let in_flight = Arc::new(AtomicBool::new(node.in_flight));
+            let flight = Arc::new(Flight::default());
+            flight.put_in_flight(node.in_flight, node.observed_at);
             let task = tokio::spawn(follow_node(
                 cluster.clone(),
                 node.clone(),
-                in_flight.clone(),
+                flight.clone(),
                 (poke, current.pokes.clone()),
                 self.wakes.clone(),
             ));
@@ -307,7 +345,7 @@ impl Wakeups {
                 node.name.clone(),
                 TalosFollower {
                     _task: Follower(task.abort_handle()),
-                    in_flight,
+                    flight,
                 },
             );
         }
@@ -395,15 +433,15 @@ impl Waker {
 async fn follow_node(
     cluster: ObjectRef<KubernetesCluster>,
     node: FollowedNode,
-    in_flight: Arc<AtomicBool>,
+    flight: Arc<Flight>,
     (poke, pokes): (Arc<Notify>, NodePokes),
     wakes: Arc<FollowerWakes>,
 ) {
     let wake_up = || {
-        if in_flight.load(Ordering::Relaxed) {
+        flight.came_back(|| {
             tracing::debug!(node = %node.address, "node running and ready: waking its cluster");
             wakes.wake(&cluster, &node.name)
-        }
+        })
     };
     // This node answers again after its watch could not be opened: when it is the control plane
     // that relays, the other nodes' watches, which broke with it and could not be opened through it
@@ -419,7 +457,7 @@ async fn follow_node(
         FOLLOW_AT_MOST,
         follow_machine_status(
             &node,
-            in_flight.load(Ordering::Relaxed),
+            flight.in_flight.load(Ordering::SeqCst),
             &poke,
             &wake_up,
             &answers_again,
@@ -690,7 +728,10 @@ mod tests {
                     node.to_string(),
                     TalosFollower {
                         _task: Follower(task.abort_handle()),
-                        in_flight: Arc::new(AtomicBool::new(*in_flight)),
+                        flight: Arc::new(Flight {
+                            in_flight: AtomicBool::new(*in_flight),
+                            back_at: Mutex::new(None),
+                        }),
                     },
                 )
             })
@@ -749,6 +790,34 @@ mod tests {
         assert_eq!(sent(&mut triggers), Some(cluster));
     }
 
+    #[test]
+    fn a_node_back_before_it_is_marked_in_flight_wakes_its_cluster_once_it_is() {
+        let woken = std::cell::Cell::new(0);
+        let wake = || woken.set(woken.get() + 1);
+
+        // Not in flight: a return is recorded, nothing woken.
+        let flight = Flight::default();
+        let looked_at = Instant::now();
+        flight.came_back(wake);
+        assert_eq!(woken.get(), 0);
+        // The reconcile that looked before that return marks it in flight: news.
+        assert!(flight.put_in_flight(true, looked_at));
+        // Already in flight: the next reconcile's marking is not news again; returns wake at once.
+        assert!(!flight.put_in_flight(true, Instant::now()));
+        flight.came_back(wake);
+        assert_eq!(woken.get(), 1);
+
+        // A return before the reconcile's look is what that look saw: not news.
+        let flight = Flight::default();
+        flight.came_back(wake);
+        let looked_at = Instant::now();
+        assert!(!flight.put_in_flight(true, looked_at));
+        // Let go of (done): a later return does not wake.
+        assert!(!flight.put_in_flight(false, Instant::now()));
+        flight.came_back(wake);
+        assert_eq!(woken.get(), 1);
+    }
+
     async fn eventually(what: &str, condition: impl Fn() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !condition() {
@@ -791,6 +860,7 @@ mod tests {
             address,
             in_flight,
             workload,
+            observed_at: Instant::now(),
             nodes: Arc::new(WatchedNodes::default()),
             seen: None,
         };

@@ -467,7 +467,7 @@ impl KindIo<Talos> for TalosIo<'_> {
 
     fn follow(&self, in_flight: &[String]) -> Vec<FollowedNode> {
         // Only after a look: the followers start from what it saw.
-        let (Some(_), Some(Ok(access))) = (self.observed_at, self.access.peek()) else {
+        let (Some(observed_at), Some(Ok(access))) = (self.observed_at, self.access.peek()) else {
             return Vec::new();
         };
         // Every node of a cluster with a node in flight: the others for their machine status, which
@@ -493,6 +493,7 @@ impl KindIo<Talos> for TalosIo<'_> {
                     address: node.address,
                     in_flight: in_flight.contains(&node.name),
                     workload: access.workload.clone(),
+                    observed_at,
                     nodes: access.watched_nodes.clone(),
                     seen,
                 })

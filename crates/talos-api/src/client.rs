@@ -840,9 +840,7 @@ impl TalosClient {
             api_version: 1,
         };
         let open = async {
-            let mut stream = self
-                .open(self.cosi().watch(self.stream_request(req)))
-                .await?;
+            let mut stream = self.open(self.cosi_watch_call(req)).await?;
             // The server's first response has no events and only confirms the watch; if one does
             // carry events, keep them.
             let first = match stream.next().await {
@@ -952,6 +950,31 @@ impl TalosClient {
         StateClient::new(self.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    /// `State.Watch` as the generated client makes it, with [`WatchCodec`]'s decode buffer: a watch
+    /// stays open for as long as it follows its resource, each with its buffer.
+    async fn cosi_watch_call(
+        &self,
+        req: cosi_pb::WatchRequest,
+    ) -> std::result::Result<tonic::Response<tonic::Streaming<cosi_pb::WatchResponse>>, tonic::Status>
+    {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE);
+        grpc.ready()
+            .await
+            .map_err(|error| tonic::Status::unknown(format!("Service was not ready: {error}")))?;
+        let mut request = self.stream_request(req);
+        request
+            .extensions_mut()
+            .insert(tonic::GrpcMethod::new("cosi.resource.State", "Watch"));
+        grpc.server_streaming(
+            request,
+            http::uri::PathAndQuery::from_static("/cosi.resource.State/Watch"),
+            WatchCodec,
+        )
+        .await
     }
 
     /// A request with the `node` header (when proxying) and the request timeout as `grpc-timeout`, so
@@ -1297,6 +1320,37 @@ fn endpoint_authority(raw: &str, default_port: u16) -> Result<String> {
         return Err(invalid("not a valid host name"));
     }
     Ok(format!("{host}:{port}"))
+}
+
+/// How large a watch's decode buffer starts: one COSI watch event of a small resource (a machine
+/// status is a few hundred bytes). tonic starts every stream's buffer at 8 KiB
+/// (`tonic::codec::DEFAULT_CODEC_BUFFER_SIZE`) and keeps it for the stream's life; the buffer still
+/// grows for a larger message.
+const WATCH_BUFFER: usize = 1024;
+
+/// prost's codec for `State.Watch`, with a [`WATCH_BUFFER`] decode buffer.
+#[derive(Debug, Clone, Copy, Default)]
+struct WatchCodec;
+
+impl tonic::codec::Codec for WatchCodec {
+    type Encode = cosi_pb::WatchRequest;
+    type Decode = cosi_pb::WatchResponse;
+    type Encoder = tonic_prost::ProstEncoder<cosi_pb::WatchRequest>;
+    type Decoder = tonic_prost::ProstDecoder<cosi_pb::WatchResponse>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstCodec::<Self::Encode, Self::Decode>::raw_encoder(
+            tonic::codec::BufferSettings::default(),
+        )
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        // tonic's own yield threshold (`DEFAULT_YIELD_THRESHOLD`, not exported).
+        let default_yield = 32 * 1024;
+        tonic_prost::ProstCodec::<Self::Encode, Self::Decode>::raw_decoder(
+            tonic::codec::BufferSettings::new(WATCH_BUFFER, default_yield),
+        )
+    }
 }
 
 #[cfg(test)]
