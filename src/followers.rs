@@ -969,6 +969,21 @@ mod tests {
         follower.abort();
     }
 
+    /// A follower of `node` (not in flight), once its watch has reported the node's status.
+    async fn following(node: &FollowedNode) -> tokio::task::JoinHandle<()> {
+        let follower = {
+            let node = node.clone();
+            tokio::spawn(async move {
+                follow_machine_status(&node, false, &Notify::new(), &|| {}, &|| {}).await;
+            })
+        };
+        eventually("the watch reported", || {
+            node.talos.followed_statuses().follows(node.address)
+        })
+        .await;
+        follower
+    }
+
     /// A look at a followed node takes its readiness from the watch, for the boot the watch speaks
     /// for: the boot id is still read, the `MachineStatus` is not. A node the watch does not speak
     /// for (it rebooted since the boot the follower knew) is asked, and so is every node once the
@@ -985,16 +1000,7 @@ mod tests {
         let state = looked_at(&node).await;
         assert_eq!(count(&calls, "COSI Get", true), 1);
 
-        let follower = {
-            let node = node.clone();
-            tokio::spawn(async move {
-                follow_machine_status(&node, false, &Notify::new(), &|| {}, &|| {}).await;
-            })
-        };
-        eventually("the watch reported", || {
-            fleet.followed_statuses().follows(node.address)
-        })
-        .await;
+        let follower = following(&node).await;
         let again = look().await;
         assert_eq!(again, state, "the same node, as the watch says");
         assert_eq!(
@@ -1018,16 +1024,7 @@ mod tests {
             !fleet.followed_statuses().follows(node.address)
         })
         .await;
-        let follower = {
-            let node = node.clone();
-            tokio::spawn(async move {
-                follow_machine_status(&node, false, &Notify::new(), &|| {}, &|| {}).await;
-            })
-        };
-        eventually("the watch reported", || {
-            fleet.followed_statuses().follows(node.address)
-        })
-        .await;
+        let follower = following(&node).await;
         assert_eq!(look().await, state);
         assert_eq!(
             count(&calls, "COSI Get", true),
