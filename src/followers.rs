@@ -443,9 +443,9 @@ async fn follow_node(
             wakes.wake(&cluster, &node.name)
         })
     };
-    // This node answers again after its watch could not be opened: when it is the control plane
-    // that relays, the other nodes' watches, which broke with it and could not be opened through it
-    // meanwhile, can be now, and their own Nodes will not say so.
+    // This node answers again after it was away: when it is the control plane that relays, the
+    // other nodes' watches, which broke with it and could not be opened through it meanwhile, can be
+    // now, and their own Nodes will not say so.
     let answers_again = || {
         for (name, poke) in lock(&pokes).iter() {
             if name != &node.name {
