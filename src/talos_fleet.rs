@@ -564,10 +564,11 @@ impl TalosFleet {
                             let (status, config) = status?;
                             let boot_id = boot_id?;
                             let status = match status {
-                                Some(status) => status,
+                                Some(asked) => asked,
                                 None => {
                                     let client = self.client(node.address)?;
-                                    self.status_of_boot(&client, node.address, &boot_id).await?
+                                    self.status_of_boot(&client, node.address, &boot_id, None)
+                                        .await?
                                 }
                             };
                             Ok::<_, TalosError>((running, boot_id, status, config))
@@ -602,14 +603,19 @@ impl TalosFleet {
         client.machine_status().await.map(Some)
     }
 
-    /// The node's machine status in boot `boot_id`: from its live watch if the watch speaks for
-    /// that boot, else asked (the watch ended meanwhile, or may be older than the boot).
+    /// The node's machine status in boot `boot_id`: `asked` if it was
+    /// ([`TalosFleet::status_unless_followed`]), else from its live watch if the watch speaks for
+    /// that boot, else asked now (the watch ended meanwhile, or may be older than the boot).
     async fn status_of_boot(
         &self,
         client: &TalosClient,
         address: IpAddr,
         boot_id: &str,
+        asked: Option<MachineStatusSpec>,
     ) -> Result<MachineStatusSpec, TalosError> {
+        if let Some(asked) = asked {
+            return Ok(asked);
+        }
         match self.followed.status(address, boot_id) {
             Some(status) => Ok(status),
             None => client.machine_status().await,
@@ -651,10 +657,9 @@ impl TalosFleet {
                 }
             }
         )?;
-        let status = match status {
-            Some(status) => status,
-            None => self.status_of_boot(&client, node.address, &boot_id).await?,
-        };
+        let status = self
+            .status_of_boot(&client, node.address, &boot_id, status)
+            .await?;
         let running = match self.looks.running(&node.name, &boot_id, installed) {
             Some(running) => running,
             None => self.running(node, client.version().await?)?,

@@ -64,8 +64,8 @@ pub mod resources {
         }
 
         /// Whether the stage takes the node down (`upgrading`, `rebooting`, `shutting down`,
-        /// `resetting`: each ends in a reboot or a power-off; the resource's side of
-        /// [`crate::EventPayload::going_down`]).
+        /// `resetting`: each ends in a reboot or a power-off, reference talos-api.md §1.6, "Machine
+        /// stage is derived from events").
         pub fn takes_node_down(status: &MachineStatusSpec) -> bool {
             matches!(
                 status.stage(),

@@ -75,23 +75,6 @@ impl EventPayload {
             _ => false,
         }
     }
-
-    /// For a `MachineStatusEvent`: whether its stage takes the node down (`UPGRADING`, `REBOOTING`,
-    /// `SHUTTING_DOWN`, `RESETTING`: each ends in a reboot or a power-off, reference talos-api.md
-    /// §1.6, "Machine stage is derived from events"); `None` for every other event.
-    pub fn going_down(&self) -> Option<bool> {
-        use machine::machine_status_event::MachineStage;
-        match self {
-            EventPayload::MachineStatus(ms) => Some(matches!(
-                ms.stage(),
-                MachineStage::Upgrading
-                    | MachineStage::Rebooting
-                    | MachineStage::ShuttingDown
-                    | MachineStage::Resetting
-            )),
-            _ => None,
-        }
-    }
 }
 
 /// Decode a raw event. `Ok(None)` for an event without payload (the "hello" event that opens every
@@ -350,40 +333,6 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!ev.payload.is_running_and_ready());
-    }
-
-    #[test]
-    fn the_stages_that_take_a_node_down() {
-        use machine::machine_status_event::MachineStage;
-        let cases = [
-            (MachineStage::Unknown, false),
-            (MachineStage::Booting, false),
-            (MachineStage::Installing, false),
-            (MachineStage::Maintenance, false),
-            (MachineStage::Running, false),
-            (MachineStage::Rebooting, true),
-            (MachineStage::ShuttingDown, true),
-            (MachineStage::Resetting, true),
-            (MachineStage::Upgrading, true),
-        ];
-        for (stage, down) in cases {
-            let ms = machine::MachineStatusEvent {
-                stage: stage as i32,
-                status: None,
-            };
-            let ev = decode_event(raw(Some(event_any(&ms)), "s", ""))
-                .unwrap()
-                .unwrap();
-            assert_eq!(ev.payload.going_down(), Some(down), "{stage:?}");
-        }
-        let sequence = machine::SequenceEvent {
-            sequence: "reboot".into(),
-            ..Default::default()
-        };
-        let ev = decode_event(raw(Some(event_any(&sequence)), "q", ""))
-            .unwrap()
-            .unwrap();
-        assert_eq!(ev.payload.going_down(), None, "only machine status says");
     }
 
     #[test]
