@@ -20,6 +20,7 @@ mod kind;
 mod record;
 pub mod rollback;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -1183,27 +1184,41 @@ fn check_in_flight(
 }
 
 /// The nodes [`advance`] may start in this pass, whose installer image the observation must carry
-/// (every other node's machine config is left unread, a Talos call saved per node and pass): the pending
-/// nodes of the role that comes next in the run's order, whether or not the batch has room now (a node
-/// in flight may finish in this very pass and free it), and a legacy call without an answer (it may be
-/// taken back and made again). None while paused or once the run has an outcome.
+/// (every other node's machine config is left unread, a Talos call saved per node and pass): the next
+/// nodes in the run's order, as many as a batch of their role holds (`start_next` takes them in that
+/// order), whether or not the batch has room now (a node in flight may finish in this very pass and
+/// free it), with the nodes held as the run recorded them and as if none were (a node may be held or
+/// unheld since the record was written); until the pre-pull is done, every pending node it has no
+/// image recorded for; and a legacy call without an answer (it may be taken back and made again).
+/// None while paused or once the run has an outcome.
 pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
+    let not_held = BTreeSet::new();
+    let mut names = next_to_start(run, settings, &not_held, |_| false);
+    for name in next_to_start(run, settings, &run.gates.held, |_| false) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    // In the run's order, as the observation is asked.
+    names.sort_by_key(|name| run.nodes.iter().position(|n| n.name == *name));
+    names
+}
+
+/// The nodes `start_next` takes next with the nodes in `held` skipped: the first pending nodes of
+/// the role that comes next, as many as a batch of that role holds, passing over those `on_target`
+/// (`start_next` counts a node found on the target done and takes the one after it); the pre-pull's
+/// nodes and a call without an answer as [`may_start`] has them.
+pub fn next_to_start<'r>(
+    run: &'r Run,
+    settings: &Settings,
+    held: &BTreeSet<String>,
+    on_target: impl Fn(&str) -> bool,
+) -> Vec<&'r str> {
     // A rollback installs nothing: no machine config to read.
     if settings.paused || run.outcome.is_some() || run.rollback.is_some() {
         return Vec::new();
     }
-    let next_role = run
-        .nodes
-        .iter()
-        .find(|n| matches!(n.step, NodeStep::Pending))
-        .map(|n| n.role);
-    // Held nodes are skipped (the run records those it announced): the role after them may come
-    // next too. Both are read, since a node may be held or unheld since the record was written.
-    let after_held = run
-        .nodes
-        .iter()
-        .find(|n| matches!(n.step, NodeStep::Pending) && !run.gates.held.contains(&n.name))
-        .map(|n| n.role);
+    let next = next_in_order(run, settings, held, on_target);
     // Until the pre-pull is done, every pending node it has no image recorded for (it pulls on all).
     let prepulling = |name: &str| {
         !run.gates.prepull.is_done()
@@ -1213,12 +1228,32 @@ pub fn may_start<'r>(run: &'r Run, settings: &Settings) -> Vec<&'r str> {
     run.nodes
         .iter()
         .filter(|n| match &n.step {
-            NodeStep::Pending => {
-                Some(n.role) == next_role || Some(n.role) == after_held || prepulling(&n.name)
-            }
+            NodeStep::Pending => next.contains(&n.name.as_str()) || prepulling(&n.name),
             NodeStep::Issued { unanswered, .. } => *unanswered,
             NodeStep::Done { .. } | NodeStep::Failed { .. } => false,
         })
+        .map(|n| n.name.as_str())
+        .collect()
+}
+
+/// The pending nodes `start_next` takes next with the nodes in `held` skipped and those `on_target`
+/// passed over: the first of the role that comes next, as many as a batch of that role holds.
+pub fn next_in_order<'r>(
+    run: &'r Run,
+    settings: &Settings,
+    held: &BTreeSet<String>,
+    on_target: impl Fn(&str) -> bool,
+) -> Vec<&'r str> {
+    let waiting = |n: &NodeProgress| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name);
+    let next_role = run.nodes.iter().find(|n| waiting(n)).map(|n| n.role);
+    let capacity = match next_role {
+        Some(NodeRole::Worker) => settings.max_parallel_workers.max(1),
+        Some(NodeRole::ControlPlane) | None => 1,
+    };
+    run.nodes
+        .iter()
+        .filter(|n| waiting(n) && Some(n.role) == next_role && !on_target(&n.name))
+        .take(capacity)
         .map(|n| n.name.as_str())
         .collect()
 }

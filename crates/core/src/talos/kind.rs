@@ -1,6 +1,8 @@
 //! The Talos OS upgrade as a kind of the shared lifecycle ([`crate::lifecycle`]): how its runs start,
 //! what its observation holds, and what its answered calls mean.
 
+use std::collections::BTreeSet;
+
 use jiff::Timestamp;
 use semver::Version;
 
@@ -142,29 +144,43 @@ fn check_path(
     Ok(step)
 }
 
-/// The nodes whose installer image a pass on `run` needs: those [`super::may_start`] names, and
-/// the nodes of the role after the nodes held now (held since the record was written), which may
-/// start in this pass too.
+/// The nodes whose installer image a pass on `run` needs, as `observation` has them: those
+/// [`super::may_start`] names, and the next ones with the nodes held now skipped (held since the
+/// record was written) and those seen on the target already passed over (`start_next` counts them
+/// done and starts the next).
 fn starting<'r>(run: &'r Run, settings: &Settings, observation: &Observation) -> Vec<&'r str> {
-    let held = &observation.gates.held_nodes;
-    let after_held = (!settings.paused && run.outcome.is_none())
-        .then(|| {
-            run.nodes
-                .iter()
-                .find(|n| matches!(n.step, NodeStep::Pending) && !held.contains(&n.name))
-                .map(|n| n.role)
-        })
-        .flatten();
+    let on_target = on_target(run, observation);
     let mut starting = super::may_start(run, settings);
-    let extra: Vec<&str> = run
-        .nodes
-        .iter()
-        .filter(|n| matches!(n.step, NodeStep::Pending) && Some(n.role) == after_held)
-        .map(|n| n.name.as_str())
-        .filter(|name| !starting.contains(name))
-        .collect();
+    let extra: Vec<&str> =
+        super::next_to_start(run, settings, &observation.gates.held_nodes, on_target)
+            .into_iter()
+            .filter(|name| !starting.contains(name))
+            .collect();
     starting.extend(extra);
     starting
+}
+
+/// Whether `observation` sees the node on the run's target already.
+fn on_target<'a>(run: &Run, observation: &'a Observation) -> impl Fn(&str) -> bool + 'a {
+    let target = Version::parse(&run.target).ok();
+    move |name: &str| {
+        observation.node(name).is_some_and(|n| match &n.talos {
+            TalosState::Up { version, .. } => Some(version) == target.as_ref(),
+            TalosState::Unreachable { .. } => false,
+        })
+    }
+}
+
+/// Whether `name` may start in this pass: next in the run's order, with the nodes held as the run
+/// recorded them, as the gates see them now, or as if none were (not only pre-pulled: the pre-pull
+/// reads every node's machine config but starts none).
+fn next_in_line(run: &Run, settings: &Settings, observation: &Observation, name: &str) -> bool {
+    let none = BTreeSet::new();
+    [&none, &run.gates.held, &observation.gates.held_nodes]
+        .into_iter()
+        .any(|held| {
+            super::next_in_order(run, settings, held, on_target(run, observation)).contains(&name)
+        })
 }
 
 /// A node's state with how it was installed, as read: a node up whose config cannot be read cannot be
@@ -734,13 +750,15 @@ impl Kind for Talos {
         }
         let starting = starting(run, settings, observation);
         // etcd is asked only where it may be needed: a look without it is followed by one at it
-        // when a control plane may start, one is in flight, or the run is a rollback.
+        // when a control plane may start (not merely pre-pull), one is in flight, or the run is a
+        // rollback.
         let needs_etcd = run.outcome.is_none()
             && (run.rollback.is_some()
                 || run.nodes.iter().any(|n| {
                     n.role == NodeRole::ControlPlane
                         && (matches!(n.step, NodeStep::Issued { .. })
-                            || starting.contains(&n.name.as_str()))
+                            || (!settings.paused
+                                && next_in_line(run, settings, observation, &n.name)))
                 }));
         // Those the look already read are not read again.
         let unread: Vec<String> = starting

@@ -1438,7 +1438,8 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
     let recorded = decide(&run, &settings(), &obs, t0()).run;
     let mut answered_run = recorded.clone();
     answered(&mut answered_run, "worker-1");
-    let workers_done = workers_done("1.12.0", &obs);
+    let mut workers_done = workers_done("1.12.0", &obs);
+    workers_done.gates.prepull.done_at = Some(t0());
     let paused = Settings {
         paused: true,
         ..settings()
@@ -1448,8 +1449,21 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
     let mut prepulled = run.clone();
     prepulled.gates.prepull.done_at = Some(t0());
 
+    let mut held = prepulled.clone();
+    held.gates.held.insert("worker-1".to_string());
+    let two_workers = Settings {
+        max_parallel_workers: 2,
+        ..settings()
+    };
+    let mut cp_1_done = workers_done.clone();
+    assert_eq!(cp_1_done.nodes[2].name, "cp-1");
+    cp_1_done.nodes[2].step = NodeStep::Done {
+        at: t0(),
+        started_at: None,
+    };
+
     // (case, run, settings, nodes whose machine config is read)
-    let cases: [(&str, &Run, &Settings, &[&str]); 7] = [
+    let cases: [(&str, &Run, &Settings, &[&str]); 10] = [
         // The pre-pull pulls on every node the run upgrades, each with its own installer.
         (
             "a fresh run, before its pre-pull",
@@ -1457,10 +1471,19 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
             &settings(),
             &["worker-1", "worker-2", "cp-1", "cp-2", "cp-3"],
         ),
-        // The batch has room for one, but worker-1 may turn out to be on the target already.
+        // The batch has room for one: the next worker only (one the look finds on the target
+        // already is passed over when the pass decides, `starting` in kind.rs).
+        ("a fresh run", &prepulled, &settings(), &["worker-1"]),
         (
-            "a fresh run",
+            "a fresh run, two workers at a time",
             &prepulled,
+            &two_workers,
+            &["worker-1", "worker-2"],
+        ),
+        // Held as recorded, or unheld since: either may be next.
+        (
+            "worker-1 held",
+            &held,
             &settings(),
             &["worker-1", "worker-2"],
         ),
@@ -1478,12 +1501,9 @@ fn only_the_nodes_that_may_start_next_need_their_machine_config() {
             &settings(),
             &["worker-1", "worker-2"],
         ),
-        (
-            "the workers done",
-            &workers_done,
-            &settings(),
-            &["cp-1", "cp-2", "cp-3"],
-        ),
+        // Control planes one at a time: the next only.
+        ("the workers done", &workers_done, &settings(), &["cp-1"]),
+        ("cp-1 done", &cp_1_done, &settings(), &["cp-2"]),
         ("paused", &run, &paused, &[]),
         ("finished", &finished, &settings(), &[]),
     ];
@@ -2846,6 +2866,55 @@ fn a_look_at_the_nodes_in_flight_is_followed_by_one_at_everything_once_one_is_ba
 }
 
 #[test]
+fn a_next_node_found_on_the_target_has_the_one_after_it_read_before_deciding() {
+    use crate::lifecycle::Kind;
+    let obs = cluster("1.11.6");
+    let mut run = workers_first("1.12.0", &obs);
+    run.gates.prepull.done_at = Some(t0());
+    // The pass asked worker-1's machine config only (the batch holds one worker) ...
+    assert_eq!(
+        Talos::request(Some(&run), &settings()),
+        StartingNodes::Named(vec!["worker-1".into()])
+    );
+    // ... and found it upgraded by hand: the pass counts it done and starts worker-2, whose config
+    // is read before deciding rather than held for a pass later.
+    let mut look = obs.clone();
+    set(&mut look, "worker-1", |n| {
+        if let TalosState::Up { version, .. } = &mut n.talos {
+            *version = v("1.12.0");
+        }
+    });
+    set(&mut look, "worker-2", |n| {
+        if let TalosState::Up { install, .. } = &mut n.talos {
+            *install = None;
+        }
+    });
+    assert_eq!(
+        Talos::before_deciding(&run, &settings(), &look),
+        vec![Further::InstallerImages(vec!["worker-2".to_string()])]
+    );
+    let read = obs.node("worker-2").unwrap().talos.clone();
+    Talos::merge(
+        &mut look,
+        FurtherLooked::InstallerImages(vec![(
+            "worker-2".to_string(),
+            match read {
+                TalosState::Up { install, .. } => Ok(install.unwrap()),
+                TalosState::Unreachable { reason } => Err(reason),
+            },
+        )]),
+    );
+    let decision = decide(&run, &settings(), &look, t0());
+    assert_eq!(decision.run.nodes[0].name, "worker-1");
+    assert!(matches!(decision.run.nodes[0].step, NodeStep::Done { .. }));
+    assert!(
+        matches!(decision.run.nodes[1].step, NodeStep::Issued { .. }),
+        "{:?}",
+        decision.report.message
+    );
+}
+
+#[test]
 fn a_look_without_etcd_is_followed_by_one_at_etcd_where_a_control_plane_may_need_it() {
     use crate::lifecycle::Kind;
     let obs = cluster("1.11.6");
@@ -2870,10 +2939,26 @@ fn a_look_without_etcd_is_followed_by_one_at_etcd_where_a_control_plane_may_need
     answered(&mut cp_in_flight, "cp-3");
     let mut finished = workers_done.clone();
     finished.outcome = Some(Outcome::Completed { at: t0() });
+    // In its pre-pull, every node's installer is read, but only the next node may start.
+    let prepulling = workers_first("1.12.0", &obs);
+    let control_planes_first = start_run(
+        "1.12.0",
+        &v("1.12.0"),
+        UpgradeOrder::ControlPlanesFirst,
+        &obs,
+        t0(),
+    );
 
     // (case, run, observation, etcd looked at before deciding?)
-    let cases: [(&str, &Run, &Observation, bool); 5] = [
+    let cases: [(&str, &Run, &Observation, bool); 7] = [
         ("the workers go first", &run, &without_etcd, false),
+        ("in the pre-pull", &prepulling, &without_etcd, false),
+        (
+            "control planes first, in the pre-pull",
+            &control_planes_first,
+            &without_etcd,
+            true,
+        ),
         (
             "a control plane may start",
             &workers_done,
