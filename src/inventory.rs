@@ -209,6 +209,9 @@ pub struct WorkloadNodeInfo {
     /// The Talos version in `status.nodeInfo.osImage`, when it reads as one (see
     /// [`talos_version_of_os_image`]).
     pub os_talos_version: Option<semver::Version>,
+    /// `status.nodeInfo.bootID`: the boot the kubelet that wrote `osImage` runs in (see
+    /// [`SeenNode::boot_id`]).
+    pub boot_id: Option<String>,
 }
 
 /// The Talos version a Node's `status.nodeInfo.osImage` names: `Talos (v1.11.6)` → 1.11.6. The
@@ -282,6 +285,12 @@ pub fn workload_node(node: &Node) -> Option<WorkloadNodeInfo> {
         .as_ref()
         .and_then(|s| s.node_info.as_ref())
         .and_then(|info| talos_version_of_os_image(&info.os_image));
+    let boot_id = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|info| info.boot_id.trim().to_string())
+        .filter(|boot_id| !boot_id.is_empty());
     Some(WorkloadNodeInfo {
         node: InventoryNode {
             name,
@@ -297,6 +306,7 @@ pub fn workload_node(node: &Node) -> Option<WorkloadNodeInfo> {
             .unwrap_or(false),
         kubelet_version,
         os_talos_version,
+        boot_id,
     })
 }
 
@@ -571,6 +581,7 @@ mod tests {
                     kubelet_version: Some("1.34.1".to_string()),
                     unschedulable: false,
                     os_talos_version: None,
+                    boot_id: None,
                 }),
             },
         }

@@ -44,7 +44,8 @@ pub struct Running {
 #[derive(Default)]
 struct Kept {
     /// Each node's Talos state as last asked, by node name, without its installer image (read again
-    /// whenever a node may start), when it was asked, and whether the node was in flight then.
+    /// whenever a node may start), when it was asked, and whether a look at the nodes in flight
+    /// asked it (and no call was made to the node since).
     nodes: HashMap<String, (TalosState, Instant, bool)>,
     /// Counts the idle refreshes that asked one node only: the next is asked at this index.
     turn: usize,
@@ -53,6 +54,9 @@ struct Kept {
     /// The version of the node last asked at each address where it answered: the fleet knows its
     /// relay by address only.
     versions_at: HashMap<IpAddr, semver::Version>,
+    /// Each node's version as its kubelet reports it, with the boot that kubelet runs in
+    /// ([`KeptLooks::kubelet_reports`]).
+    reported: HashMap<String, (String, semver::Version)>,
 }
 
 impl KeptLooks {
@@ -130,8 +134,10 @@ impl KeptLooks {
     /// milliseconds apart (Talos reports it ready, its kubelet writes its Node Ready), and the
     /// reconcile the second one wakes would ask Talos what the first one's has just been told. A
     /// state that was not (yet) ready is always asked again: that is the change a wake-up is about.
-    /// Only a look at the nodes in flight counts: one from before a node's upgrade was sent saw the
-    /// system it is leaving, and a pass does not always know which nodes are in flight.
+    /// Only a look at the nodes in flight counts (the nodes in flight, and the others it asked by the
+    /// way in the same call), and only until a call is made to the node ([`KeptLooks::calling`]): a
+    /// look from before a node's upgrade was sent saw the system it is leaving, and a pass does not
+    /// always know which nodes are in flight.
     pub fn just_asked_ready(&self, name: &str) -> Option<TalosState> {
         let kept = self.lock();
         let (state, at, asked_in_flight) = kept.nodes.get(name)?;
@@ -141,24 +147,57 @@ impl KeptLooks {
             .then(|| state.clone())
     }
 
+    /// What the node's workload Node says of the system it runs: `status.nodeInfo.osImage` is the
+    /// os-release `PRETTY_NAME` of the system its kubelet runs on, `Talos (v1.12.0)` (see
+    /// [`crate::inventory::talos_version_of_os_image`]), and `status.nodeInfo.bootID` that system's
+    /// boot id, both written by the same kubelet. A look that reads that boot id from Talos knows
+    /// the version without asking `Version` ([`KeptLooks::running`]; the platform, which the Node
+    /// does not tell, is still asked where it is needed).
+    pub fn kubelet_reports(&self, name: &str, boot_id: &str, version: &semver::Version) {
+        let mut kept = self.lock();
+        if kept
+            .reported
+            .get(name)
+            .is_some_and(|(boot, known)| boot == boot_id && known == version)
+        {
+            return;
+        }
+        kept.reported
+            .insert(name.to_string(), (boot_id.to_string(), version.clone()));
+    }
+
+    /// A call that may change the node is about to be made: what a look just asked of it no longer
+    /// stands for a look that would ask again ([`KeptLooks::just_asked_ready`]).
+    pub fn calling(&self, name: &str) {
+        if let Some((_, _, just_asked)) = self.lock().nodes.get_mut(name) {
+            *just_asked = false;
+        }
+    }
+
     /// The node's running version (and, with `platform`, the platform it reports) when the last
-    /// look that asked it found it on `boot_id`: the same system is still running.
+    /// look that asked it found it on `boot_id`: the same system is still running. Without
+    /// `platform`, also when the node's kubelet reported its version from that boot
+    /// ([`KeptLooks::kubelet_reports`]).
     pub fn running(&self, name: &str, boot_id: &str, platform: bool) -> Option<Running> {
         let kept = self.lock();
-        let (
-            TalosState::Up {
-                version,
-                boot_id: kept_boot,
-                ..
-            },
-            ..,
-        ) = kept.nodes.get(name)?
-        else {
-            return None;
+        let asked = match kept.nodes.get(name) {
+            Some((
+                TalosState::Up {
+                    version,
+                    boot_id: kept_boot,
+                    ..
+                },
+                ..,
+            )) if kept_boot == boot_id => Some(version),
+            _ => None,
         };
-        if kept_boot != boot_id {
-            return None;
-        }
+        let reported = || {
+            kept.reported
+                .get(name)
+                .filter(|(reported_boot, _)| !platform && reported_boot == boot_id)
+                .map(|(_, version)| version)
+        };
+        let version = asked.or_else(reported)?;
         let platform = if platform {
             let (platform_boot, platform) = kept.platforms.get(name)?;
             if platform_boot != boot_id {
@@ -304,10 +343,58 @@ mod tests {
             },
         )]);
         assert_eq!(kept.just_asked_ready("w-2"), None, "down: asked again");
+        // A call sent to the node (its upgrade): what was just asked is the system it leaves.
+        kept.calling("w-1");
+        assert_eq!(kept.just_asked_ready("w-1"), None, "a call made since");
+        kept.keep_in_flight_nodes([(&w1, &up(true))]);
         // Aged past the moment: asked again.
         kept.lock().nodes.get_mut("w-1").unwrap().1 = Instant::now() - JUST_ASKED;
         assert_eq!(kept.just_asked_ready("w-1"), None);
         assert_eq!(kept.node("w-1"), Some(up(true)), "still kept");
+    }
+
+    /// A boot's version is known from a look that asked it, or from the kubelet that runs in it;
+    /// the platform only from a look.
+    #[test]
+    fn a_version_is_known_from_a_look_at_that_boot_or_its_kubelet() {
+        let kept = KeptLooks::default();
+        let w1 = node("w-1", "10.5.0.4");
+        let v = semver::Version::new;
+        kept.keep_nodes([(
+            &w1,
+            &TalosState::Up {
+                version: v(1, 11, 6),
+                boot_id: "b1".into(),
+                ready: true,
+                install: Some(talos_upgrade_core::talos::InstallSource::new(
+                    "ghcr.io/siderolabs/installer:v1.11.6",
+                    Some("metal"),
+                )),
+            },
+        )]);
+        let running = |version, platform: &str| {
+            Some(Running {
+                version,
+                platform: platform.to_string(),
+            })
+        };
+        assert_eq!(
+            kept.running("w-1", "b1", true),
+            running(v(1, 11, 6), "metal")
+        );
+        assert_eq!(kept.running("w-1", "b2", false), None, "a boot no one told");
+        // Still the old boot's kubelet: nothing about b2.
+        kept.kubelet_reports("w-1", "b1", &v(1, 11, 6));
+        assert_eq!(kept.running("w-1", "b2", false), None);
+        // The new boot's kubelet reports the new system.
+        kept.kubelet_reports("w-1", "b2", &v(1, 12, 0));
+        assert_eq!(kept.running("w-1", "b2", false), running(v(1, 12, 0), ""));
+        assert_eq!(
+            kept.running("w-1", "b2", true),
+            None,
+            "the platform is Version's alone"
+        );
+        assert_eq!(kept.running("w-2", "b2", false), None, "another node");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use talos_api::{
     TalosTls, Target, resources,
 };
 use talos_upgrade_core::run::NodeRole;
-use talos_upgrade_core::talos::{EtcdObservation, InstallSource, TalosState};
+use talos_upgrade_core::talos::{EtcdObservation, InstallSource, TalosState, with_installer_image};
 // tokio's clock, so that tests can let time pass; the same as std's outside a paused test runtime.
 use tokio::time::Instant;
 
@@ -397,6 +397,24 @@ impl TalosFleet {
         Some((relay, client))
     }
 
+    /// The relay a call would be fanned out through now ([`TalosFleet::fanning_relay`]), if one
+    /// would, without connecting to it: a look that asks one node through it may ask more nodes in
+    /// the same call.
+    pub fn fanning_relay_address(&self) -> Option<IpAddr> {
+        let connections = self.lock();
+        if connections
+            .fan_out_refused
+            .is_some_and(|refused| Instant::now().duration_since(refused) < FAN_OUT_REFUSED_FOR)
+        {
+            return None;
+        }
+        let relay = connections.relay?;
+        self.looks
+            .version_at(relay)
+            .is_some_and(|version| fans_out(&version))
+            .then_some(relay)
+    }
+
     /// One call the relay's apid fans out to every node in `addresses` (the `nodes` metadata, as
     /// `talosctl -n a,b,c` sends it before 1.14): each node's answer in `addresses`' order; `None`
     /// when the relay refused to fan it out (rather than did not answer), after which it is not asked
@@ -704,6 +722,33 @@ impl TalosFleet {
             })
             .await?;
         Ok(install_source(config.as_bytes(), version.platform))
+    }
+
+    /// `state`, just asked in this reconcile, with how the node was installed: its machine config
+    /// read now (one call) and the platform `Version` reported in that boot (kept from the look
+    /// that asked it, [`KeptLooks::running`]). `None` when that boot's platform is not known: the
+    /// node is then looked at in full. A node up whose config cannot be read counts as unreachable,
+    /// as in a full look.
+    pub async fn with_machine_config(
+        &self,
+        node: &InventoryNode,
+        state: &TalosState,
+    ) -> Option<TalosState> {
+        let TalosState::Up { boot_id, .. } = state else {
+            return None;
+        };
+        let running = self.looks.running(&node.name, boot_id, true)?;
+        let config = self
+            .ask(node.address, |client| async move {
+                client.machine_config().await
+            })
+            .await;
+        Some(with_installer_image(
+            state.clone(),
+            config
+                .map(|config| install_source(config.as_bytes(), running.platform))
+                .map_err(|error| error.to_string()),
+        ))
     }
 
     /// etcd's health as the control planes report it: every member answers without errors, the control

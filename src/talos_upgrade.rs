@@ -153,8 +153,21 @@ impl<'a> TalosIo<'a> {
         // that a look at the nodes in flight found up and ready within the last second is not
         // asked again (`KeptLooks::just_asked_ready`).
         let kept = fleet.kept_looks();
+        // What each kubelet reports of the system it runs: a node found on that boot is not asked
+        // `Version` (`KeptLooks::kubelet_reports`).
+        for info in workload_nodes.iter() {
+            if let (Some(boot_id), Some(version)) = (&info.boot_id, &info.os_talos_version) {
+                kept.kubelet_reports(&info.node.name, boot_id, version);
+            }
+        }
         let just_asked = std::mem::take(&mut self.in_flight_asked);
-        let kept_states: Vec<Option<TalosState>> = match starting {
+        let just_asked_state = |name: &str| {
+            just_asked
+                .iter()
+                .find(|(asked, _)| asked == name)
+                .map(|(_, state)| state.clone())
+        };
+        let mut kept_states: Vec<Option<TalosState>> = match starting {
             StartingNodes::InFlight { nodes } => inventory
                 .iter()
                 .map(|node| {
@@ -165,33 +178,96 @@ impl<'a> TalosIo<'a> {
                     }
                 })
                 .collect(),
-            // The nodes in flight just asked in this pass, unless their installer is read now.
+            // The nodes just asked in this pass (or ready, by a look at the nodes in flight, within
+            // the last second); those whose installer is read now too, unless their platform for
+            // that boot is not known (`with_machine_config` below).
             StartingNodes::Named(_) | StartingNodes::Every => inventory
                 .iter()
                 .map(|node| {
-                    if reading_images.contains(&node.name) {
-                        return None;
-                    }
-                    just_asked
-                        .iter()
-                        .find(|(name, _)| *name == node.name)
-                        .map(|(_, state)| state.clone())
-                        .or_else(|| kept.just_asked_ready(&node.name))
+                    just_asked_state(&node.name).or_else(|| kept.just_asked_ready(&node.name))
                 })
                 .collect(),
         };
         let in_flight_only = matches!(starting, StartingNodes::InFlight { .. });
+        let scope_in_flight = in_flight_only && kept_states.iter().any(Option::is_some);
+        // Through a relay that fans calls out, the boot ids of the nodes not in flight cost nothing
+        // beside those of the nodes in flight (one call for all), and a followed node's status comes
+        // from its watch: a look at the nodes in flight asks them too, by the way, so that the look
+        // at everything that follows it once one is back (`Further::Refresh`) takes them from it
+        // rather than asking again. Only when a node in flight is asked (a call is made anyway),
+        // and not while the relay itself is in flight unless its own watch is open (down, it would
+        // fail the call, and each node would then be asked on its own).
+        let asks_in_flight = inventory
+            .iter()
+            .zip(&kept_states)
+            .any(|(node, kept)| {
+                kept.is_none()
+                    && matches!(starting, StartingNodes::InFlight { nodes } if nodes.contains(&node.name))
+            });
+        let by_the_way: Vec<bool> = match (starting, fleet.fanning_relay_address()) {
+            (StartingNodes::InFlight { nodes }, Some(relay)) if asks_in_flight => {
+                let relay_may_be_down = inventory
+                    .iter()
+                    .any(|node| node.address == relay && nodes.contains(&node.name))
+                    && !fleet.followed_statuses().follows(relay);
+                inventory
+                    .iter()
+                    .zip(&kept_states)
+                    .map(|(node, kept)| {
+                        !relay_may_be_down
+                            && !nodes.contains(&node.name)
+                            && matches!(kept, Some(TalosState::Up { .. }))
+                            && fleet.followed_statuses().follows(node.address)
+                    })
+                    .collect()
+            }
+            _ => vec![false; inventory.len()],
+        };
+        for (kept, by_the_way) in kept_states.iter_mut().zip(&by_the_way) {
+            if *by_the_way {
+                *kept = None;
+            }
+        }
+        // The nodes just asked whose installer is read now: their machine config only, where the
+        // platform of their boot is known; otherwise they are asked in full.
+        let mut config_only = vec![false; inventory.len()];
+        if !in_flight_only {
+            for ((node, kept_state), config_only) in
+                inventory.iter().zip(&mut kept_states).zip(&mut config_only)
+            {
+                if !reading_images.contains(&node.name) {
+                    continue;
+                }
+                match kept_state {
+                    Some(TalosState::Up { boot_id, .. })
+                        if kept.running(&node.name, boot_id, true).is_some() =>
+                    {
+                        *config_only = true;
+                    }
+                    _ => *kept_state = None,
+                }
+            }
+        }
         // etcd only where a control plane may start (the core looks at it before deciding where
-        // it needs it otherwise: `Scope::WithoutEtcd`).
+        // it needs it otherwise: `Scope::WithoutEtcd`, a round trip later): the nodes this pass
+        // may start are control planes only. A run about to start, or in its pre-pull (which reads
+        // every node's machine config), on a cluster with workers starts them first unless told
+        // otherwise (`order`, which only the core knows): etcd waits for the first control plane.
+        let is_worker = |name: &String| {
+            inventory.iter().any(|node| {
+                node.name == *name && node.role == talos_upgrade_core::run::NodeRole::Worker
+            })
+        };
         let asks_etcd = match starting {
-            StartingNodes::Every => true,
-            StartingNodes::Named(_) => inventory.iter().any(|node| {
-                node.role == talos_upgrade_core::run::NodeRole::ControlPlane
-                    && reading_images.contains(&node.name)
-            }),
+            StartingNodes::Every => !inventory
+                .iter()
+                .any(|node| node.role == talos_upgrade_core::run::NodeRole::Worker),
+            StartingNodes::Named(_) => {
+                !reading_images.is_empty() && !reading_images.iter().any(is_worker)
+            }
             StartingNodes::InFlight { .. } => false,
         };
-        let scope = if in_flight_only && kept_states.iter().any(Option::is_some) {
+        let scope = if scope_in_flight {
             Scope::InFlight
         } else if !asks_etcd {
             Scope::WithoutEtcd
@@ -211,8 +287,16 @@ impl<'a> TalosIo<'a> {
             .filter(|(_, kept)| kept.is_none())
             .map(|(node, _)| (node, reading_images.contains(&node.name)))
             .collect();
-        let (asked_states, etcd, gates) = tokio::join!(
+        let configs = inventory
+            .iter()
+            .zip(&kept_states)
+            .zip(&config_only)
+            .filter(|(_, config_only)| **config_only)
+            .filter_map(|((node, kept), _)| kept.as_ref().map(|kept| (node, kept)))
+            .map(|(node, kept)| fleet.with_machine_config(node, kept));
+        let (asked_states, configs, etcd, gates) = tokio::join!(
             fleet.observe_nodes(&to_ask),
+            futures::future::join_all(configs),
             async {
                 if asks_etcd {
                     fleet.observe_etcd(&control_planes).await
@@ -228,9 +312,20 @@ impl<'a> TalosIo<'a> {
             holds::observe(&self.gates, access, starting),
         );
         let mut asked_states = asked_states.into_iter();
+        let mut configs = configs.into_iter();
         let states: Vec<TalosState> = kept_states
             .iter()
-            .map(|kept| match kept {
+            .zip(&config_only)
+            .map(|(kept, config_only)| match kept {
+                // `with_machine_config` answers for each node it is given, in order.
+                Some(_) if *config_only => {
+                    configs
+                        .next()
+                        .flatten()
+                        .unwrap_or_else(|| TalosState::Unreachable {
+                            reason: "its machine config was not read".to_string(),
+                        })
+                }
                 Some(kept) => kept.clone(),
                 // `observe_nodes` answers each node it is given, in order.
                 None => asked_states
@@ -446,6 +541,7 @@ impl KindIo<Talos> for TalosIo<'_> {
         }
         let mut called = Vec::new();
         for action in actions {
+            access.fleet.kept_looks().calling(action.node());
             let result = match action {
                 Action::EtcdSnapshot { node } => {
                     self.snapshot(access, node, &act.get().run.target).await

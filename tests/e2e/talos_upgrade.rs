@@ -164,10 +164,10 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
     // While a node is in flight every node of the cluster is followed by a watch of its machine
     // status, and a look that reads the boot ids (one call the relay fans out) takes each followed
     // node's readiness from its watch. What is left of `COSI Get` is the run's first look (five
-    // statuses and five machine configs) and the machine config of each node that may start, read
-    // again before it does: the control planes', which may all start, after every control plane
-    // (1 + 3 + 2 + 1 = 7 here). Reading every status at every look made it 37 (`COSI Get` >=
-    // `Read` + 24, six looks or more at four statuses each).
+    // statuses and five machine configs) and the machine config of the next node, read again
+    // before it starts (worker-2, then each control plane: 4 here), with a little room for a
+    // status read while a watch opens again. Reading every status at every look made it 37;
+    // reading every control plane's config before each control plane, 17.
     let ok = |method: &str| -> usize {
         sample(
             "talos_upgrade_talos_api_calls_total",
@@ -178,15 +178,16 @@ async fn the_user_guide_talos_upgrade_rolls_every_node_once_workers_first() {
     };
     assert!(ok("COSI Watch") >= 5, "every node followed:\n{metrics}");
     assert!(
-        ok("COSI Get") <= 2 * 5 + 2 * 5,
+        ok("COSI Get") <= 2 * 5 + 4 + 2,
         "machine statuses read where the watches tell:\n{metrics}"
     );
-    // A node's version is asked once per boot (a system changes only with a reboot): at most ten
-    // boots here, each node's old system and its new one, where asking at every look made it one
-    // `Version` call per look (16 in this test before). The run's first look asks the five old ones
-    // node by node (the relay's version is not known yet, so its apid is not asked to fan out: the
-    // fan-out is only for a relay before Talos 1.14); the idle looks before and after the run ask one
-    // node in turn besides (`Access::talos_versions`, not kept per boot).
+    // A node's version is asked at most once per boot (a system changes only with a reboot): at
+    // most ten boots here, each node's old system and its new one, where asking at every look made
+    // it one `Version` call per look (16 in this test before). The run's first look asks the five
+    // old ones (with their platform, for the installer); a new system's version is usually told by
+    // its kubelet (the Node's `osImage` written from the boot Talos reports), and asked where the
+    // Node has not told it yet when the look reads the boot id. The idle looks before and after the
+    // run ask one node in turn besides (`Access::talos_versions`, not kept per boot).
     assert!(
         ok("Version") <= 2 * 5 + 2,
         "Version asked more than once per boot:\n{metrics}"
