@@ -341,8 +341,15 @@ async fn run_failing_at_the_snapshot(
     let record = world.sim.record();
     let (snapshots, first_control_plane) =
         snapshot_calls_and_first_control_plane(&world, run, &record);
-    assert_eq!(first_control_plane, None, "{}", world.sim.record_json());
-    assert_eq!(snapshots.len(), 1, "{}", world.sim.record_json());
+    // A run that failed for another reason says which in its message.
+    let message = world.annotation(&run.annotation("message")).await;
+    assert_eq!(
+        first_control_plane,
+        None,
+        "{message}\n{}",
+        world.sim.record_json()
+    );
+    assert_eq!(snapshots.len(), 1, "{message}\n{}", world.sim.record_json());
     let (_, call) = snapshots.into_iter().next().expect("one snapshot call");
     (world, call)
 }
