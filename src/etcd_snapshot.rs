@@ -21,7 +21,7 @@ use object_store::ObjectStore;
 use object_store::ObjectStoreExt as _;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
-use talos_api::TalosClient;
+use talos_api::{TalosClient, TalosError};
 use talos_upgrade_core::etcd_snapshot::Stored;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -208,11 +208,17 @@ impl SnapshotConfig {
     /// Takes a snapshot through `client` (a control plane) and stores it for `cluster`, verified;
     /// then deletes the cluster's snapshots beyond the newest `keep`. The error is what failed, as
     /// the end of a sentence ("the etcd snapshot from control plane X failed: …").
-    pub async fn take(&self, client: &TalosClient, name: &SnapshotName) -> Result<Stored, String> {
+    pub async fn take(
+        &self,
+        client: &TalosClient,
+        name: &SnapshotName,
+    ) -> Result<Stored, TakeError> {
+        let stream = open(client).await?;
         let stored = match &self.destination {
-            Destination::Dir(dir) => take_to_dir(client, dir, name).await?,
-            Destination::S3(s3) => take_to_s3(client, s3, name).await?,
-        };
+            Destination::Dir(dir) => take_to_dir(stream, dir, name).await,
+            Destination::S3(s3) => take_to_s3(stream, s3, name).await,
+        }
+        .map_err(TakeError::Failed)?;
         // Pruning never fails the run: the snapshot that matters is stored.
         if let Err(error) = self.prune(name).await {
             tracing::warn!(cluster = %name.cluster, %error, "deleting older etcd snapshots");
@@ -306,8 +312,8 @@ pub struct SnapshotContext<'a> {
 /// Why a snapshot was not stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TakeError {
-    /// The node could not be called: taken again on the next pass, from whichever control plane is
-    /// healthy then.
+    /// The node could not be called, or did not answer the call in time: taken again on the next
+    /// pass, from whichever control plane is healthy then.
     NotReached(String),
     /// The node or the store failed, or the stored object did not verify: the run stops.
     Failed(String),
@@ -352,7 +358,11 @@ impl SnapshotContext<'_> {
                 );
                 Ok(stored)
             }
-            Err(reason) => {
+            Err(TakeError::NotReached(reason)) => {
+                tracing::info!(%node, %reason, "etcd snapshot: the node did not answer; taken again on the next pass");
+                Err(TakeError::NotReached(reason))
+            }
+            Err(TakeError::Failed(reason)) => {
                 self.metrics
                     .record_etcd_snapshot(self.config.label(), false);
                 tracing::warn!(%node, %reason, "etcd snapshot failed");
@@ -472,11 +482,20 @@ fn compare_stored(location: &str, written: (u64, &str), read: (u64, &str)) -> Re
     ))
 }
 
-async fn open(client: &TalosClient) -> Result<talos_api::SnapshotStream, String> {
-    client
-        .etcd_snapshot()
-        .await
-        .map_err(|e| format!("the node refused it: {e}"))
+/// Opens the node's snapshot stream. A node that did not answer in time or could not be connected
+/// to never saw the request: that is a passing state (a loaded or restarting node), taken again on
+/// the next pass; any answer from the node is its word and fails the run.
+async fn open(client: &TalosClient) -> Result<talos_api::SnapshotStream, TakeError> {
+    client.etcd_snapshot().await.map_err(opening_failed)
+}
+
+fn opening_failed(error: TalosError) -> TakeError {
+    match error {
+        TalosError::Unreachable { .. } | TalosError::Timeout { .. } => {
+            TakeError::NotReached(error.to_string())
+        }
+        error => TakeError::Failed(format!("the node refused it: {error}")),
+    }
 }
 
 /// The next chunk of the stream, counted into the verifier before it is stored anywhere.
@@ -495,7 +514,7 @@ async fn next_verified(
 }
 
 async fn take_to_dir(
-    client: &TalosClient,
+    mut stream: talos_api::SnapshotStream,
     dir: &Path,
     name: &SnapshotName,
 ) -> Result<Stored, String> {
@@ -508,7 +527,6 @@ async fn take_to_dir(
             .await
             .map_err(|e| format!("creating {}: {e}", parent.display()))?;
     }
-    let mut stream = open(client).await?;
     let mut file = tokio::fs::File::create(&partial)
         .await
         .map_err(|e| io("creating", e))?;
@@ -565,14 +583,13 @@ async fn read_back_file(path: &Path) -> Result<(u64, String), String> {
 }
 
 async fn take_to_s3(
-    client: &TalosClient,
+    mut stream: talos_api::SnapshotStream,
     s3: &S3Destination,
     name: &SnapshotName,
 ) -> Result<Stored, String> {
     let key = s3.key(&name.key());
     let location = format!("s3://{}/{key}", s3.bucket);
     let path = ObjectPath::from(key.as_str());
-    let mut stream = open(client).await?;
     // Small snapshots go up in one PUT, large ones in parts, without holding them in memory.
     let mut upload = object_store::buffered::BufWriter::new(s3.store.clone(), path.clone());
     let mut verifier = Verifier::new();
@@ -624,6 +641,39 @@ async fn take_to_s3(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node that was not reached is asked again; a node's answer fails the run, naming it.
+    #[test]
+    fn a_snapshot_the_node_did_not_answer_is_taken_again_and_one_it_refused_fails() {
+        let endpoint = "127.0.0.2:50000".to_string();
+        for passing in [
+            TalosError::Unreachable {
+                endpoint: endpoint.clone(),
+                reason: "connection refused".into(),
+            },
+            TalosError::Timeout {
+                endpoint: endpoint.clone(),
+                message: "EtcdSnapshot did not answer within 30s".into(),
+            },
+        ] {
+            assert!(
+                matches!(opening_failed(passing), TakeError::NotReached(_)),
+                "taken again"
+            );
+        }
+        let refused = opening_failed(TalosError::Status {
+            endpoint,
+            code: tonic::Code::Unknown,
+            message: "failed reading etcd snapshot".into(),
+        });
+        let TakeError::Failed(reason) = refused else {
+            panic!("{refused:?}");
+        };
+        assert!(
+            reason.starts_with("the node refused it: Talos endpoint 127.0.0.2:50000"),
+            "{reason}"
+        );
+    }
 
     fn snapshot(pages: usize) -> Vec<u8> {
         let mut data: Vec<u8> = (0..pages * 4096).map(|i| (i * 7 % 251) as u8).collect();
