@@ -767,6 +767,8 @@ impl TalosClient {
             id: id.to_owned(),
             options: Some(cosi_pb::GetOptions {}),
         };
+        // What the call's own trace line (`talos_api::call`) does not name: which resource.
+        tracing::trace!(target: "talos_api::cosi", resource_type, id, "COSI Get");
         let resp = match self
             .unary("COSI Get", self.cosi().get(self.request(req)))
             .await
