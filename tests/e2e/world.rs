@@ -301,10 +301,7 @@ impl World {
                 // Fast simulated nodes start an upgrade sequence within milliseconds of the call.
                 unanswered_grace: Duration::from_secs(3),
                 retry_after: Duration::from_millis(200),
-                // No test waits for a Kubernetes step to run out: a deadline longer than the
-                // slowest pass of a loaded CI machine (API requests held for a minute) keeps a
-                // step from failing because the machine, not the node, was slow.
-                step_deadline: Duration::from_secs(300),
+                step_deadline: Duration::from_secs(60),
                 // Set from `etcd_snapshots` when the controller starts.
                 etcd_snapshot: false,
             },
