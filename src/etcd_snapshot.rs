@@ -482,9 +482,9 @@ fn compare_stored(location: &str, written: (u64, &str), read: (u64, &str)) -> Re
     ))
 }
 
-/// Opens the node's snapshot stream. A node that did not answer in time or could not be connected
-/// to never saw the request: that is a passing state (a loaded or restarting node), taken again on
-/// the next pass; any answer from the node is its word and fails the run.
+/// Opens the node's snapshot stream. A node that could not be connected to, or did not answer in
+/// time, gave no answer to act on: that is a passing state (a loaded or restarting node), taken
+/// again on the next pass; any answer from the node is its word and fails the run.
 async fn open(client: &TalosClient) -> Result<talos_api::SnapshotStream, TakeError> {
     client.etcd_snapshot().await.map_err(opening_failed)
 }
