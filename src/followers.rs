@@ -486,12 +486,16 @@ async fn follow_node(
 async fn follow_machine_status(
     node: &FollowedNode,
     started_in_flight: bool,
-    poke: &Notify,
+    poke: &Arc<Notify>,
     wake_up: &impl Fn(),
     answers_again: &impl Fn(),
 ) {
     use resources::machine_status;
     let fleet = &node.talos;
+    // A look that finds the node back before its watch is tells the follower through the poke.
+    let _followed = fleet
+        .followed_statuses()
+        .followed_by(node.address, poke.clone());
     // What the reconcile that started the follower saw.
     let mut last_ready = match fleet.kept_looks().node(&node.name) {
         Some(TalosState::Up { ready, .. }) => Some(ready),
@@ -508,6 +512,13 @@ async fn follow_machine_status(
             boots.push(boot_id);
         }
         if let Some(boot_id) = node.nodes.node(&node.name).and_then(|seen| seen.boot_id)
+            && !boots.contains(&boot_id)
+        {
+            boots.push(boot_id);
+        }
+        if let Some(boot_id) = fleet
+            .followed_statuses()
+            .take_boot_read_while_away(node.address)
             && !boots.contains(&boot_id)
         {
             boots.push(boot_id);
@@ -969,12 +980,75 @@ mod tests {
         follower.abort();
     }
 
+    /// A look that finds a followed node back from its reboot before its follower has watched it
+    /// again (its kubelet's Node has not said so yet) tells the follower, which opens the watch at
+    /// once, and takes the new boot's status from it: the boot id is read, the `MachineStatus` is
+    /// not, and the node is seen as it is (its new boot, running and ready).
+    #[tokio::test]
+    async fn a_look_at_a_node_back_before_its_watch_takes_the_status_from_the_watch_it_reopens() {
+        let (sim, node, calls) =
+            one_worker("follower-back", talos_sim::config::Timings::fast(), true).await;
+        let worker = worker(&node);
+        let TalosState::Up {
+            boot_id: before, ..
+        } = looked_at(&node).await
+        else {
+            panic!("the node is up");
+        };
+        let follower = {
+            let node = node.clone();
+            tokio::spawn(async move {
+                follow_machine_status(&node, true, &Arc::new(Notify::new()), &|| {}, &|| {}).await;
+            })
+        };
+        eventually("the watch opened", || {
+            node.talos.followed_statuses().follows(node.address)
+        })
+        .await;
+        node.talos
+            .client(node.address)
+            .expect("client")
+            .reboot(talos_api::RebootMode::Default)
+            .await
+            .expect("reboot");
+        sim.wait_for("w-1", Duration::from_secs(20), |node| node.down)
+            .await
+            .expect("the node goes down");
+        sim.wait_for("w-1", Duration::from_secs(20), |node| {
+            !node.down && node.ready
+        })
+        .await
+        .expect("the node is back and ready");
+        assert!(
+            node.talos.followed_statuses().awaited(node.address),
+            "the follower waits for the node's Node to say it is back"
+        );
+        let gets = count(&calls, "COSI Get", true);
+
+        let look = node.talos.observe_node(&worker).await;
+        let TalosState::Up { boot_id, ready, .. } = look else {
+            panic!("the node is back: {look:?}");
+        };
+        assert_ne!(boot_id, before, "a new boot");
+        assert!(ready, "running and ready, as its watch reports");
+        assert_eq!(
+            (
+                count(&calls, "COSI Get", true),
+                count(&calls, "COSI Watch", true)
+            ),
+            (gets, 2),
+            "the status came from the watch the follower opened again, not from a read"
+        );
+        follower.abort();
+        drop(sim);
+    }
+
     /// A follower of `node` (not in flight), once its watch has reported the node's status.
     async fn following(node: &FollowedNode) -> tokio::task::JoinHandle<()> {
         let follower = {
             let node = node.clone();
             tokio::spawn(async move {
-                follow_machine_status(&node, false, &Notify::new(), &|| {}, &|| {}).await;
+                follow_machine_status(&node, false, &Arc::new(Notify::new()), &|| {}, &|| {}).await;
             })
         };
         eventually("the watch reported", || {

@@ -608,14 +608,15 @@ impl TalosFleet {
         .await
     }
 
-    /// The node's machine status, asked unless a live watch follows the node (`None`: take it from
-    /// the watch once the boot id is read, [`TalosFleet::status_of_boot`]).
+    /// The node's machine status, asked unless a live watch follows the node or its follower waits
+    /// for it (`None`: take it from the watch once the boot id is read,
+    /// [`TalosFleet::status_of_boot`]).
     async fn status_unless_followed(
         &self,
         client: &TalosClient,
         address: IpAddr,
     ) -> Result<Option<MachineStatusSpec>, TalosError> {
-        if self.followed.follows(address) {
+        if self.followed.follows(address) || self.followed.awaited(address) {
             return Ok(None);
         }
         client.machine_status().await.map(Some)
@@ -623,7 +624,10 @@ impl TalosFleet {
 
     /// The node's machine status in boot `boot_id`: `asked` if it was
     /// ([`TalosFleet::status_unless_followed`]), else from its live watch if the watch speaks for
-    /// that boot, else asked now (the watch ended meanwhile, or may be older than the boot).
+    /// that boot; else, when the node's follower is waiting for it (the node is back before its
+    /// watch is), from the watch its follower opens on being told
+    /// ([`FollowedStatuses::await_watch`]); else asked now (the watch ended meanwhile, or may be
+    /// older than the boot).
     async fn status_of_boot(
         &self,
         client: &TalosClient,
@@ -634,10 +638,18 @@ impl TalosFleet {
         if let Some(asked) = asked {
             return Ok(asked);
         }
-        match self.followed.status(address, boot_id) {
-            Some(status) => Ok(status),
-            None => client.machine_status().await,
+        if let Some(status) = self.followed.status(address, boot_id) {
+            return Ok(status);
         }
+        if self.followed.awaited(address)
+            && let Some(status) = self
+                .followed
+                .await_watch(address, boot_id, crate::followed_statuses::AWAIT_WATCH)
+                .await
+        {
+            return Ok(status);
+        }
+        client.machine_status().await
     }
 
     /// `Version`'s answer as the node's running version and platform.
