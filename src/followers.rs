@@ -896,6 +896,24 @@ mod tests {
         state
     }
 
+    /// Reboots `w-1` and waits until the simulator has it back, running and ready.
+    async fn reboot_and_wait_until_back(sim: &talos_sim::Simulator, node: &FollowedNode) {
+        node.talos
+            .client(node.address)
+            .expect("client")
+            .reboot(talos_api::RebootMode::Default)
+            .await
+            .expect("reboot");
+        sim.wait_for("w-1", Duration::from_secs(20), |node| node.down)
+            .await
+            .expect("the node goes down");
+        sim.wait_for("w-1", Duration::from_secs(20), |node| {
+            !node.down && node.ready
+        })
+        .await
+        .expect("the node is back and ready");
+    }
+
     fn count(calls: &crate::talos_fleet::counted::Calls, method: &str, ok: bool) -> usize {
         calls
             .lock()
@@ -945,20 +963,7 @@ mod tests {
         // of a return the follower should act on once its node goes down.
         poke.notify_one();
 
-        node.talos
-            .client(node.address)
-            .expect("client")
-            .reboot(talos_api::RebootMode::Default)
-            .await
-            .expect("reboot");
-        sim.wait_for("w-1", Duration::from_secs(20), |node| node.down)
-            .await
-            .expect("the node goes down");
-        sim.wait_for("w-1", Duration::from_secs(20), |node| {
-            !node.down && node.ready
-        })
-        .await
-        .expect("the node is back and ready");
+        reboot_and_wait_until_back(&sim, &node).await;
         assert_eq!(
             (watches(true), watches(false)),
             (1, 0),
@@ -1005,20 +1010,7 @@ mod tests {
             node.talos.followed_statuses().follows(node.address)
         })
         .await;
-        node.talos
-            .client(node.address)
-            .expect("client")
-            .reboot(talos_api::RebootMode::Default)
-            .await
-            .expect("reboot");
-        sim.wait_for("w-1", Duration::from_secs(20), |node| node.down)
-            .await
-            .expect("the node goes down");
-        sim.wait_for("w-1", Duration::from_secs(20), |node| {
-            !node.down && node.ready
-        })
-        .await
-        .expect("the node is back and ready");
+        reboot_and_wait_until_back(&sim, &node).await;
         assert!(
             node.talos.followed_statuses().awaited(node.address),
             "the follower waits for the node's Node to say it is back"
