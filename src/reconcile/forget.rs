@@ -10,9 +10,12 @@
 //!   relisted store no longer holds the cluster, and every cluster remembered but not listed is
 //!   forgotten.
 //! - **A reconcile's end**: a reconcile already running when its cluster is deleted may remember it
-//!   again after the `Delete` event (a last look, metrics, followers). So every reconcile, when it ends,
-//!   forgets its cluster if the store no longer holds it (or holds a new one of the same name). The
-//!   controller never runs two reconciles of one name at once, so this never forgets a newer one's work.
+//!   again after the `Delete` event (a last look, metrics, followers, and a silence it wrote after the
+//!   `Delete` event's expiry of them). So every reconcile, when it ends, forgets its cluster if the
+//!   store no longer holds it (or holds a new one of the same name), by the object it reconciled: the
+//!   `Delete` event took that object from [`Known`] already, and the silences are found by its uid.
+//!   The controller never runs two reconciles of one name at once, so this never forgets a newer one's
+//!   work.
 //! - **A cluster re-created under the same name** is another object (another uid): the first reconcile
 //!   of the new one forgets what was remembered of the old one before it begins, so it starts clean.
 //!

@@ -233,6 +233,16 @@ fn cluster_key(cluster: &KubernetesCluster) -> (String, String) {
     (cluster.namespace().unwrap_or_default(), cluster.name_any())
 }
 
+/// The object `cluster` as the controller's memory of it is kept: its uid and Machine inventory key.
+fn remembered(cluster: &KubernetesCluster) -> Option<forget::Remembered> {
+    Some(forget::Remembered {
+        uid: cluster.uid()?,
+        cluster_id: cluster
+            .cluster_id()
+            .map_or_else(|| cluster.name_any(), str::to_string),
+    })
+}
+
 impl Context {
     /// `clusters` is the store the controller's watch of the clusters fills.
     pub fn new(
@@ -277,9 +287,11 @@ impl Context {
         }
     }
 
-    /// Forgets everything remembered of the cluster `name` (see [`forget`]).
-    fn forget(&self, name: &forget::ClusterName) {
-        let remembered = self.known.take(name);
+    /// Forgets everything remembered of the cluster `name` (see [`forget`]). `object` is the deleted
+    /// object when the caller knows it (a reconcile's end): the watch's `Delete` may have taken what
+    /// was remembered already, while the reconcile still worked and wrote (a silence) for it.
+    fn forget(&self, name: &forget::ClusterName, object: Option<forget::Remembered>) {
+        let remembered = self.known.take(name).or(object);
         self.forget_memory(name, remembered.as_ref());
         // A deleted cluster's run ended with it: its silences are expired (in the background).
         if let (Some(alertmanager), Some(remembered)) = (&self.settings.silences, &remembered) {
@@ -310,7 +322,7 @@ impl Context {
     /// forgotten, and so, after a relist, is every cluster remembered that the list no longer holds.
     fn watched(&self, event: &watcher::Event<KubernetesCluster>) {
         match event {
-            watcher::Event::Delete(cluster) => self.forget(&cluster_key(cluster)),
+            watcher::Event::Delete(cluster) => self.forget(&cluster_key(cluster), None),
             watcher::Event::InitDone => {
                 let listed = |(namespace, name): &forget::ClusterName| {
                     self.clusters
@@ -318,7 +330,7 @@ impl Context {
                         .and_then(|cluster| cluster.uid())
                 };
                 for name in self.known.gone(listed) {
-                    self.forget(&name);
+                    self.forget(&name, None);
                 }
             }
             _ => {}
@@ -328,30 +340,25 @@ impl Context {
     /// A reconcile of `cluster` begins: what is remembered under its name is its own from now on, and
     /// what was remembered of an older object of that name (deleted, then created again) is dropped.
     fn begin(&self, cluster: &KubernetesCluster) {
-        let Some(uid) = cluster.uid() else {
+        let Some(object) = remembered(cluster) else {
             return;
         };
         let name = cluster_key(cluster);
-        let object = forget::Remembered {
-            uid,
-            cluster_id: cluster
-                .cluster_id()
-                .map_or_else(|| name.1.clone(), str::to_string),
-        };
         if let Some(older) = self.known.begin(&name, object) {
             self.forget_memory(&name, Some(&older));
         }
     }
 
     /// A reconcile of `cluster` ended: if the cluster was deleted meanwhile (the store no longer holds
-    /// this object), what the reconcile remembered after the deletion was seen is dropped too.
+    /// this object), what the reconcile remembered after the deletion was seen is dropped too, and
+    /// the silences it may have written after the deletion's own expiry are expired.
     fn end(&self, cluster: &KubernetesCluster) {
         let now = self
             .clusters
             .get(&ObjectRef::from_obj(cluster))
             .and_then(|now| now.uid());
         if now.is_none() || now != cluster.uid() {
-            self.forget(&cluster_key(cluster));
+            self.forget(&cluster_key(cluster), remembered(cluster));
         }
     }
 
