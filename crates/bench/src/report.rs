@@ -105,6 +105,11 @@ pub struct SizeResult {
     pub kube_requests_by_request: Vec<CountRow>,
     /// Of the upgrade window's Kubernetes requests, the watches.
     pub kube_watches_upgrade: u64,
+    /// Watches the API server itself closed during the upgrade window because their reader did not
+    /// take the events in time (its `apiserver_terminated_watchers_total`, by resource): every client
+    /// of the API server counts, the controller's watches (through the proxy) nearly all of them.
+    /// A watch closed so is reopened by its client, and the reopen is one of the watches above.
+    pub apiserver_closed_watches_upgrade: BTreeMap<String, f64>,
     /// Idle Kubernetes requests per cluster per 5 minutes, watches left out (issue #27's idle goal).
     pub kube_idle_per_cluster_per_5min: f64,
     /// Idle watch requests (a watch the API server ended and the controller opened again) per cluster
@@ -255,6 +260,11 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             "Kubernetes API requests per node upgraded",
             format!("{:.1}", r.kube_requests_per_node),
         ),
+        untargeted(
+            "… watches the API server closed as unresponsive during the upgrade (its \
+             apiserver_terminated_watchers_total): Nodes / every resource",
+            closed_watches(&r.apiserver_closed_watches_upgrade),
+        ),
         untargeted("Talos API calls per node upgraded", format!("{:.1}", r.talos_calls_per_node)),
         untargeted(
             format!(
@@ -332,6 +342,13 @@ pub fn apiserver_over_floor(r: &SizeResult) -> Option<f64> {
     let floor = r.floor.as_ref()?;
     (floor.cpu.kube_apiserver > 0.0)
         .then(|| r.world_cpu_seconds_upgrade.kube_apiserver / floor.cpu.kube_apiserver)
+}
+
+/// `nodes / all` of the API server's closed watches.
+fn closed_watches(by_resource: &BTreeMap<String, f64>) -> String {
+    let nodes = by_resource.get("nodes").copied().unwrap_or(0.0);
+    let all: f64 = by_resource.values().sum();
+    format!("{nodes:.0} / {all:.0}")
 }
 
 /// A row the issue sets no target for.

@@ -130,6 +130,18 @@ pub fn target_patch() -> Patch<serde_json::Value> {
 
 impl World {
     /// CPU seconds used so far by the API server, etcd and this process.
+    /// The watches the API server has closed so far as unresponsive, by resource (its
+    /// [`TERMINATED_WATCHERS`]), read from its `/metrics` with the admin's client.
+    pub async fn apiserver_closed_watches(&self) -> anyhow::Result<BTreeMap<String, f64>> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let text = self
+            .admin
+            .request_text(request)
+            .await
+            .context("reading the API server's /metrics")?;
+        Ok(by_resource(&text, TERMINATED_WATCHERS))
+    }
+
     pub fn cpu(&self) -> anyhow::Result<WorldCpu> {
         let ids = self.control_plane.process_ids();
         Ok(WorldCpu {
@@ -540,6 +552,46 @@ impl ControllerProcess {
     }
 }
 
+/// The API server's metric family counting the watches it closed because their reader fell behind
+/// (the watch cache's `cacheWatcher` gives up on a watcher whose buffer stays full).
+const TERMINATED_WATCHERS: &str = "apiserver_terminated_watchers_total";
+
+/// The samples of `family` summed by their `resource` label.
+pub fn by_resource(text: &str, family: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(family) else {
+            continue;
+        };
+        let Some(labels) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) else {
+            continue;
+        };
+        let (labels, value) = labels;
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let resource = labels
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("resource="))
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap_or_default();
+        *out.entry(resource).or_default() += value;
+    }
+    out
+}
+
+/// `after - before`, key by key (keys only in `after` count whole).
+pub fn difference(
+    after: &BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(key, value)| (key.clone(), value - before.get(key).copied().unwrap_or(0.0)))
+        .filter(|(_, value)| *value > 0.0)
+        .collect()
+}
+
 pub fn sum_family(text: &str, family: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
@@ -721,4 +773,38 @@ pub fn append_timeline(world: &World, path: &Path) -> anyhow::Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_closed_watches_by_resource_and_takes_the_window() {
+        let before = by_resource(
+            "# HELP apiserver_terminated_watchers_total [ALPHA] Counter of watchers closed due to unresponsiveness broken by resource type.\n\
+             # TYPE apiserver_terminated_watchers_total counter\n\
+             apiserver_terminated_watchers_total{group=\"\",resource=\"nodes\"} 10\n\
+             apiserver_terminated_watchers_total{group=\"vitistack.io\",resource=\"kubernetesclusters\"} 1\n\
+             apiserver_terminated_watchers_totally_other{resource=\"nodes\"} 99\n",
+            TERMINATED_WATCHERS,
+        );
+        assert_eq!(before["nodes"], 10.0);
+        assert_eq!(before["kubernetesclusters"], 1.0);
+        assert_eq!(before.len(), 2);
+        let after = by_resource(
+            "apiserver_terminated_watchers_total{group=\"\",resource=\"nodes\"} 3200\n\
+             apiserver_terminated_watchers_total{group=\"vitistack.io\",resource=\"kubernetesclusters\"} 1\n\
+             apiserver_terminated_watchers_total{group=\"\",resource=\"pods\"} 37\n",
+            TERMINATED_WATCHERS,
+        );
+        let window = difference(&after, &before);
+        assert_eq!(window.get("nodes"), Some(&3190.0));
+        assert_eq!(window.get("pods"), Some(&37.0));
+        assert_eq!(
+            window.get("kubernetesclusters"),
+            None,
+            "no change, left out"
+        );
+    }
 }
