@@ -36,8 +36,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::node_view::NodeView;
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -622,7 +622,7 @@ async fn watch_workload_nodes(
     wakes: Arc<FollowerWakes>,
 ) {
     let _stops = StopsWatching(nodes.clone());
-    let api: Api<NodeView> = Api::all(workload);
+    let api: Api<Node> = Api::all(workload);
     let changes = kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(
         api,
         // A renewal is a request to the workload API server; see the constant for why longer.

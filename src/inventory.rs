@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 
-use crate::node_view::NodeView;
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::core::PartialObjectMeta;
@@ -239,7 +239,7 @@ pub async fn from_workload_nodes(
     workload: kube::Client,
     addresses: AddressNeed,
 ) -> Result<Vec<WorkloadNodeInfo>, InventoryError> {
-    let nodes: Api<NodeView> = Api::all(workload);
+    let nodes: Api<Node> = Api::all(workload);
     let listed = nodes
         .list(&ListParams::default())
         .await
@@ -258,7 +258,7 @@ pub async fn from_workload_nodes(
 
 /// What the controller needs of one workload Node; `None` when it has no IPv4 `InternalIP` (it cannot
 /// be reached or checked).
-pub fn workload_node(node: &NodeView) -> Option<WorkloadNodeInfo> {
+pub fn workload_node(node: &Node) -> Option<WorkloadNodeInfo> {
     let name = node.name_any();
     let role = if node.labels().contains_key(CONTROL_PLANE_NODE_LABEL) {
         NodeRole::ControlPlane
@@ -359,7 +359,7 @@ fn plural(what: &'static str) -> &'static str {
 }
 
 /// The Node's `Ready` condition is `True`.
-pub fn node_ready(node: &NodeView) -> bool {
+pub fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -381,7 +381,7 @@ pub struct SeenNode {
 }
 
 impl SeenNode {
-    pub fn of(node: &NodeView) -> SeenNode {
+    pub fn of(node: &Node) -> SeenNode {
         SeenNode {
             ready: node_ready(node),
             cordoned: node

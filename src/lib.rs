@@ -32,7 +32,6 @@ pub mod kind_io;
 pub mod kubernetes_upgrade;
 pub mod leader;
 pub mod metrics;
-pub mod node_view;
 pub mod plan_preview;
 pub mod progress_store;
 pub mod read_cache;

@@ -5,9 +5,8 @@
 
 use std::collections::HashMap;
 
-use crate::node_view::NodeView;
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
@@ -53,7 +52,7 @@ struct NodeFacts {
 }
 
 impl NodeFacts {
-    fn of(node: &NodeView) -> NodeFacts {
+    fn of(node: &Node) -> NodeFacts {
         NodeFacts {
             kubelet_version: node
                 .status
@@ -294,7 +293,7 @@ async fn observe_kube(
             pods: list_static_pods(client).await,
         };
     }
-    let nodes: Api<NodeView> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
     let params = ListParams::default();
     let (nodes, pods) = tokio::join!(nodes.list(&params), list_static_pods(client));
     let nodes = match nodes {
