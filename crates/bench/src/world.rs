@@ -129,7 +129,6 @@ pub fn target_patch() -> Patch<serde_json::Value> {
 }
 
 impl World {
-    /// CPU seconds used so far by the API server, etcd and this process.
     /// The watches the API server has closed so far as unresponsive, by resource (its
     /// [`TERMINATED_WATCHERS`]), read from its `/metrics` with the admin's client.
     pub async fn apiserver_closed_watches(&self) -> anyhow::Result<BTreeMap<String, f64>> {
@@ -142,6 +141,7 @@ impl World {
         Ok(by_resource(&text, TERMINATED_WATCHERS))
     }
 
+    /// CPU seconds used so far by the API server, etcd and this process.
     pub fn cpu(&self) -> anyhow::Result<WorldCpu> {
         let ids = self.control_plane.process_ids();
         Ok(WorldCpu {
@@ -563,10 +563,9 @@ pub fn by_resource(text: &str, family: &str) -> BTreeMap<String, f64> {
         let Some(rest) = line.strip_prefix(family) else {
             continue;
         };
-        let Some(labels) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) else {
+        let Some((labels, value)) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) else {
             continue;
         };
-        let (labels, value) = labels;
         let Ok(value) = value.trim().parse::<f64>() else {
             continue;
         };
