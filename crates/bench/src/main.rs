@@ -447,7 +447,7 @@ async fn measure(
     let kube_upgrade = world.proxy.counts();
     let talos_upgrade = controller.talos_calls().await?;
     let window_ended = SystemTime::now();
-    let closed_watches_upgrade = world::difference(
+    let closed_watches_upgrade = counts::minus(
         &world.apiserver_closed_watches().await?,
         &closed_watches_before,
     );

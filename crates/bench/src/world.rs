@@ -559,36 +559,11 @@ const TERMINATED_WATCHERS: &str = "apiserver_terminated_watchers_total";
 /// The samples of `family` summed by their `resource` label.
 pub fn by_resource(text: &str, family: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(family) else {
-            continue;
-        };
-        let Some((labels, value)) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let resource = labels
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("resource="))
-            .map(|v| v.trim_matches('"').to_string())
-            .unwrap_or_default();
+    for (labels, value) in crate::counts::samples(text, family) {
+        let resource = labels.get("resource").cloned().unwrap_or_default();
         *out.entry(resource).or_default() += value;
     }
     out
-}
-
-/// `after - before`, key by key (keys only in `after` count whole).
-pub fn difference(
-    after: &BTreeMap<String, f64>,
-    before: &BTreeMap<String, f64>,
-) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(key, value)| (key.clone(), value - before.get(key).copied().unwrap_or(0.0)))
-        .filter(|(_, value)| *value > 0.0)
-        .collect()
 }
 
 pub fn sum_family(text: &str, family: &str) -> f64 {
@@ -797,7 +772,7 @@ mod tests {
              apiserver_terminated_watchers_total{group=\"\",resource=\"pods\"} 37\n",
             TERMINATED_WATCHERS,
         );
-        let window = difference(&after, &before);
+        let window = crate::counts::minus(&after, &before);
         assert_eq!(window.get("nodes"), Some(&3190.0));
         assert_eq!(window.get("pods"), Some(&37.0));
         assert_eq!(
