@@ -519,7 +519,10 @@ impl ControllerProcess {
     /// Sum of every sample of a counter family in the controller's metrics.
     pub async fn counter_sum(&self, family: &str) -> anyhow::Result<f64> {
         let text = self.metrics().await?;
-        Ok(sum_family(&text, family))
+        Ok(crate::counts::samples(&text, family)
+            .iter()
+            .map(|(_, value)| value)
+            .sum())
     }
 
     /// The controller's Talos calls so far by method and code, from one scrape of its metrics.
@@ -564,17 +567,6 @@ pub fn by_resource(text: &str, family: &str) -> BTreeMap<String, f64> {
         *out.entry(resource).or_default() += value;
     }
     out
-}
-
-pub fn sum_family(text: &str, family: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// A plain HTTP/1.1 GET on loopback (the controller's metrics endpoint), with a timeout.
