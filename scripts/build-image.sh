@@ -34,6 +34,14 @@ fi
 # scripts or proc macros), and the explicit --target keeps these artefacts apart from the test build's,
 # so neither invalidates the other.
 target=$(rustc -vV | sed -n 's/^host: //p')
+# Run from `cargo test` (tests/e2e/image.rs), this script inherits the package variables cargo sets for a
+# test process (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...). ring's build script declares that it depends
+# on those names (`rerun-if-env-changed`), and cargo compares them against its own environment, so
+# their presence alone made ring, everything above it and the whole-program link build again inside
+# the tests after CI's image step had just built them. Dropped here, every caller builds the same thing.
+for name in $(compgen -e | grep -E '^(CARGO_(MANIFEST_[A-Z_]+|PKG_[A-Z_]+|CRATE_NAME|BIN_NAME|PRIMARY_PACKAGE)|OUT_DIR)$' || true); do
+  unset "$name"
+done
 log "cargo build --release --target $target (static)"
 export "CARGO_TARGET_$(echo "$target" | tr 'a-z-' 'A-Z_')_RUSTFLAGS=-C target-feature=+crt-static"
 cargo build --release --locked --target "$target" --bin talos-upgrade-controller >&2
