@@ -162,16 +162,17 @@ pub fn sum(values: impl IntoIterator<Item = f64>) -> f64 {
     values.into_iter().fold(0.0, |total, value| total + value)
 }
 
-/// `after - before`, key by key, keeping only keys that grew.
-pub fn minus<K: Ord + Clone>(
-    after: &BTreeMap<K, f64>,
-    before: &BTreeMap<K, f64>,
-) -> BTreeMap<K, f64> {
+/// `after - before`, key by key, keeping only keys that grew: counter samples (`f64`) and the
+/// proxy's request counts (`u64`, where a key that did not grow must not underflow) alike.
+pub fn minus<K: Ord + Clone, V: Copy + Default + PartialOrd + std::ops::Sub<Output = V>>(
+    after: &BTreeMap<K, V>,
+    before: &BTreeMap<K, V>,
+) -> BTreeMap<K, V> {
     after
         .iter()
-        .filter_map(|(key, value)| {
-            let grown = value - before.get(key).copied().unwrap_or(0.0);
-            (grown > 0.0).then(|| (key.clone(), grown))
+        .filter_map(|(key, &value)| {
+            let earlier = before.get(key).copied().unwrap_or_default();
+            (value > earlier).then(|| (key.clone(), value - earlier))
         })
         .collect()
 }

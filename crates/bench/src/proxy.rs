@@ -46,14 +46,7 @@ impl Counts {
 
     /// `self - earlier`, key by key.
     pub fn since(&self, earlier: &Counts) -> Counts {
-        let mut out = BTreeMap::new();
-        for (key, value) in &self.0 {
-            let before = earlier.0.get(key).copied().unwrap_or(0);
-            if *value > before {
-                out.insert(key.clone(), value - before);
-            }
-        }
-        Counts(out)
+        Counts(crate::counts::minus(&self.0, &earlier.0))
     }
 
     /// `verb resource` → count, for the JSON report.
