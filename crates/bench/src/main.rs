@@ -422,7 +422,7 @@ async fn measure(
     let kube_before = world.proxy.counts();
     let talos_before = controller.talos_calls().await?;
     let window_started = SystemTime::now();
-    let closed_watches_before = world.apiserver_closed_watches().await?;
+    let apiserver_before = world.apiserver_counts().await?;
     let (_, cpu_before) = controller.usage()?;
     let world_cpu_before = world.cpu()?;
     let upgrade_started = Instant::now();
@@ -447,10 +447,7 @@ async fn measure(
     let kube_upgrade = world.proxy.counts();
     let talos_upgrade = controller.talos_calls().await?;
     let window_ended = SystemTime::now();
-    let closed_watches_upgrade = counts::minus(
-        &world.apiserver_closed_watches().await?,
-        &closed_watches_before,
-    );
+    let apiserver_upgrade = world.apiserver_counts().await?.since(&apiserver_before);
     let (_, cpu_upgrade) = controller.usage()?;
     let world_cpu_upgrade = world.cpu()?.minus(world_cpu_before);
     eprintln!(
@@ -657,7 +654,8 @@ async fn measure(
             scale,
         ),
         kube_watches_upgrade,
-        apiserver_closed_watches_upgrade: closed_watches_upgrade,
+        apiserver_closed_watches_upgrade: apiserver_upgrade.closed_watches,
+        apiserver_lists_from_etcd_upgrade: apiserver_upgrade.lists_from_etcd,
         kube_idle_per_cluster_per_5min: scale.per_cluster_per_period(kube_idle_others as f64),
         kube_idle_watches_per_cluster_per_5min: scale
             .per_cluster_per_period(kube_idle_watches as f64),

@@ -110,6 +110,11 @@ pub struct SizeResult {
     /// of the API server counts, the controller's watches (through the proxy) nearly all of them.
     /// A watch closed so is reopened by its client, and the reopen is one of the watches above.
     pub apiserver_closed_watches_upgrade: BTreeMap<String, f64>,
+    /// Consistent lists the API server read from etcd during the upgrade window because its watch
+    /// cache had not caught up within 3 s (its `apiserver_watch_cache_consistent_read_total` with
+    /// `fallback="true"`, by resource). Such a list of a cluster's Nodes reads every Node the API
+    /// server holds, whatever its label selector.
+    pub apiserver_lists_from_etcd_upgrade: BTreeMap<String, f64>,
     /// Idle Kubernetes requests per cluster per 5 minutes, watches left out (issue #27's idle goal).
     pub kube_idle_per_cluster_per_5min: f64,
     /// Idle watch requests (a watch the API server ended and the controller opened again) per cluster
@@ -263,7 +268,13 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
         untargeted(
             "… watches the API server closed as unresponsive during the upgrade (its \
              apiserver_terminated_watchers_total): Nodes / every resource",
-            closed_watches(&r.apiserver_closed_watches_upgrade),
+            nodes_of_all(&r.apiserver_closed_watches_upgrade),
+        ),
+        untargeted(
+            "… consistent lists the API server read from etcd during the upgrade, its watch cache \
+             3 s behind (apiserver_watch_cache_consistent_read_total, fallback): Nodes / every \
+             resource",
+            nodes_of_all(&r.apiserver_lists_from_etcd_upgrade),
         ),
         untargeted("Talos API calls per node upgraded", format!("{:.1}", r.talos_calls_per_node)),
         untargeted(
@@ -344,10 +355,11 @@ pub fn apiserver_over_floor(r: &SizeResult) -> Option<f64> {
         .then(|| r.world_cpu_seconds_upgrade.kube_apiserver / floor.cpu.kube_apiserver)
 }
 
-/// `nodes / all` of the API server's closed watches.
-fn closed_watches(by_resource: &BTreeMap<String, f64>) -> String {
+/// `nodes / all` of one of the API server's counters by resource.
+fn nodes_of_all(by_resource: &BTreeMap<String, f64>) -> String {
     let nodes = by_resource.get("nodes").copied().unwrap_or(0.0);
-    let all: f64 = by_resource.values().sum();
+    // Folded from +0: an empty `sum()` of floats is -0, which prints as "-0".
+    let all = crate::counts::sum(by_resource.values().copied());
     format!("{nodes:.0} / {all:.0}")
 }
 

@@ -129,16 +129,16 @@ pub fn target_patch() -> Patch<serde_json::Value> {
 }
 
 impl World {
-    /// The watches the API server has closed so far as unresponsive, by resource (its
-    /// [`TERMINATED_WATCHERS`]), read from its `/metrics` with the admin's client.
-    pub async fn apiserver_closed_watches(&self) -> anyhow::Result<BTreeMap<String, f64>> {
+    /// What the API server has counted so far of its own trouble, read from its `/metrics` with the
+    /// admin's client (see [`ApiServerCounts`]).
+    pub async fn apiserver_counts(&self) -> anyhow::Result<ApiServerCounts> {
         let request = http::Request::get("/metrics").body(Vec::new())?;
         let text = self
             .admin
             .request_text(request)
             .await
             .context("reading the API server's /metrics")?;
-        Ok(by_resource(&text, TERMINATED_WATCHERS))
+        Ok(ApiServerCounts::of(&text))
     }
 
     /// CPU seconds used so far by the API server, etcd and this process.
@@ -559,10 +559,51 @@ impl ControllerProcess {
 /// (the watch cache's `cacheWatcher` gives up on a watcher whose buffer stays full).
 const TERMINATED_WATCHERS: &str = "apiserver_terminated_watchers_total";
 
-/// The samples of `family` summed by their `resource` label.
-pub fn by_resource(text: &str, family: &str) -> BTreeMap<String, f64> {
+/// The API server's metric family counting the consistent lists (no `resourceVersion`) its watch
+/// cache was asked for; `fallback="true"` marks those it could not serve because the cache did not
+/// catch up with etcd within 3 s, so etcd was read instead (k8s.io/apiserver v0.34
+/// `pkg/storage/cacher/delegator.go`, `GetList`).
+const CONSISTENT_READS: &str = "apiserver_watch_cache_consistent_read_total";
+
+/// The API server's own counters the benchmark reads before and after the upgrade, by resource.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ApiServerCounts {
+    /// Watches closed as unresponsive ([`TERMINATED_WATCHERS`]).
+    pub closed_watches: BTreeMap<String, f64>,
+    /// Consistent lists read from etcd because the watch cache was behind ([`CONSISTENT_READS`]).
+    pub lists_from_etcd: BTreeMap<String, f64>,
+}
+
+impl ApiServerCounts {
+    pub fn of(metrics: &str) -> ApiServerCounts {
+        ApiServerCounts {
+            closed_watches: by_resource(metrics, TERMINATED_WATCHERS, |_| true),
+            lists_from_etcd: by_resource(metrics, CONSISTENT_READS, |labels| {
+                labels.get("fallback").map(String::as_str) == Some("true")
+            }),
+        }
+    }
+
+    /// What was counted since `earlier`.
+    pub fn since(&self, earlier: &ApiServerCounts) -> ApiServerCounts {
+        ApiServerCounts {
+            closed_watches: crate::counts::minus(&self.closed_watches, &earlier.closed_watches),
+            lists_from_etcd: crate::counts::minus(&self.lists_from_etcd, &earlier.lists_from_etcd),
+        }
+    }
+}
+
+/// The samples of `family` whose labels `keep` accepts, summed by their `resource` label.
+fn by_resource(
+    text: &str,
+    family: &str,
+    keep: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for (labels, value) in crate::counts::samples(text, family) {
+        if !keep(&labels) {
+            continue;
+        }
         let resource = labels.get("resource").cloned().unwrap_or_default();
         *out.entry(resource).or_default() += value;
     }
@@ -754,6 +795,7 @@ mod tests {
              apiserver_terminated_watchers_total{group=\"vitistack.io\",resource=\"kubernetesclusters\"} 1\n\
              apiserver_terminated_watchers_totally_other{resource=\"nodes\"} 99\n",
             TERMINATED_WATCHERS,
+            |_| true,
         );
         assert_eq!(before["nodes"], 10.0);
         assert_eq!(before["kubernetesclusters"], 1.0);
@@ -763,6 +805,7 @@ mod tests {
              apiserver_terminated_watchers_total{group=\"vitistack.io\",resource=\"kubernetesclusters\"} 1\n\
              apiserver_terminated_watchers_total{group=\"\",resource=\"pods\"} 37\n",
             TERMINATED_WATCHERS,
+            |_| true,
         );
         let window = crate::counts::minus(&after, &before);
         assert_eq!(window.get("nodes"), Some(&3190.0));
@@ -772,5 +815,32 @@ mod tests {
             None,
             "no change, left out"
         );
+    }
+    #[test]
+    fn counts_only_the_consistent_lists_that_fell_back_to_etcd() {
+        let metrics = "# TYPE apiserver_watch_cache_consistent_read_total counter\n\
+             apiserver_watch_cache_consistent_read_total{fallback=\"false\",group=\"\",resource=\"nodes\",success=\"true\"} 40\n\
+             apiserver_watch_cache_consistent_read_total{fallback=\"true\",group=\"\",resource=\"nodes\",success=\"true\"} 7\n\
+             apiserver_watch_cache_consistent_read_total{fallback=\"true\",group=\"\",resource=\"nodes\",success=\"false\"} 2\n\
+             apiserver_watch_cache_consistent_read_total{fallback=\"true\",group=\"\",resource=\"pods\",success=\"true\"} 1\n\
+             apiserver_terminated_watchers_total{group=\"\",resource=\"nodes\"} 5\n";
+        let before = ApiServerCounts::of(metrics);
+        assert_eq!(
+            before.lists_from_etcd.get("nodes"),
+            Some(&9.0),
+            "both outcomes"
+        );
+        assert_eq!(before.lists_from_etcd.get("pods"), Some(&1.0));
+        assert_eq!(before.closed_watches.get("nodes"), Some(&5.0));
+        let after =
+            ApiServerCounts::of(&metrics.replace("success=\"true\"} 7", "success=\"true\"} 1007"));
+        let window = after.since(&before);
+        assert_eq!(window.lists_from_etcd.get("nodes"), Some(&1000.0));
+        assert_eq!(
+            window.lists_from_etcd.get("pods"),
+            None,
+            "no change, left out"
+        );
+        assert!(window.closed_watches.is_empty());
     }
 }
