@@ -609,6 +609,30 @@ impl Drop for StopsWatching {
     }
 }
 
+/// How the followers watch a cluster's Nodes.
+///
+/// The watch's list (at its start, and after its version expired) is served from the API server's
+/// watch cache (`resourceVersion=0`, `NotOlderThan`), as client-go's informers list. A consistent
+/// list (no version) waits up to 3 s for that cache to catch up with etcd and then reads etcd
+/// instead (k8s.io/apiserver v0.34 `pkg/storage/cacher`: `delegator.go` `GetList`, `watch_cache.go`
+/// `blockTimeout`), where a label selector filters nothing: every Node the API server holds is read
+/// and decoded to return this cluster's few. An API server too busy to keep its cache fresh thus
+/// got the most expensive lists exactly when it could least afford them (docs/performance.md, "At
+/// 5,000 nodes"). The list may be as old as the cache, and the watch's events bring it up to date;
+/// a node's readiness for the upgrade is Talos's own (its `nodeReady` condition), asked before any
+/// node starts.
+fn node_watch_config() -> watcher::Config {
+    let mut config = watcher::Config::default()
+        // A renewal is a request to the workload API server; see the constant for why longer.
+        .timeout(crate::read_cache::WATCH_TIMEOUT_SECS)
+        .any_semantic();
+    // Unpaged: kube leaves `resourceVersion=0` out of a list that has a limit (kube-core
+    // `ListParams::populate_qp`), which would make it a consistent list again. The watch cache
+    // ignores a limit at version 0 anyway.
+    config.page_size = None;
+    config
+}
+
 /// Watches every workload Node of a cluster until aborted (or [`FOLLOW_AT_MOST`]): keeps `nodes`
 /// current for the reconciles, and wakes the cluster when a followed node becomes Ready, or is
 /// uncordoned while Ready, compared with what was last seen of it (starting from what the reconcile
@@ -623,11 +647,8 @@ async fn watch_workload_nodes(
 ) {
     let _stops = StopsWatching(nodes.clone());
     let api: Api<Node> = Api::all(workload);
-    let changes = kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(
-        api,
-        // A renewal is a request to the workload API server; see the constant for why longer.
-        watcher::Config::default().timeout(crate::read_cache::WATCH_TIMEOUT_SECS),
-    ));
+    let changes =
+        kube::runtime::WatchStreamExt::default_backoff(watcher::watcher(api, node_watch_config()));
     let watching = async {
         let mut changes = std::pin::pin!(changes);
         while let Some(event) = changes.next().await {
@@ -719,6 +740,43 @@ fn worth_a_look(last: Option<(bool, bool)>, now: (bool, bool)) -> bool {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn the_node_watch_lists_from_the_api_servers_watch_cache() {
+        let config = node_watch_config();
+        assert_eq!(config.list_semantic, watcher::ListSemantic::Any);
+        assert_eq!(config.page_size, None, "a limit would drop the version");
+        // The list kube sends for that semantic without a page size carries the version, which
+        // makes the API server answer from its watch cache instead of etcd.
+        let params = kube::api::ListParams {
+            resource_version: Some("0".to_string()),
+            version_match: Some(kube::api::VersionMatch::NotOlderThan),
+            limit: config.page_size,
+            ..Default::default()
+        };
+        let uri = kube::core::Request::new("/api/v1/nodes")
+            .list(&params)
+            .expect("a list request")
+            .uri()
+            .to_string();
+        assert!(
+            uri.contains("resourceVersion=0") && uri.contains("resourceVersionMatch=NotOlderThan"),
+            "{uri}"
+        );
+        let paged = kube::api::ListParams {
+            limit: Some(500),
+            ..params
+        };
+        let uri = kube::core::Request::new("/api/v1/nodes")
+            .list(&paged)
+            .expect("a list request")
+            .uri()
+            .to_string();
+        assert!(
+            !uri.contains("resourceVersion="),
+            "kube drops the version from a paged list, so the page size must stay unset: {uri}"
+        );
+    }
 
     /// The next wake-up already sent, if any.
     fn sent(
