@@ -746,35 +746,33 @@ mod tests {
         let config = node_watch_config();
         assert_eq!(config.list_semantic, watcher::ListSemantic::Any);
         assert_eq!(config.page_size, None, "a limit would drop the version");
-        // The list kube sends for that semantic without a page size carries the version, which
-        // makes the API server answer from its watch cache instead of etcd.
-        let params = kube::api::ListParams {
-            resource_version: Some("0".to_string()),
-            version_match: Some(kube::api::VersionMatch::NotOlderThan),
-            limit: config.page_size,
-            ..Default::default()
+        // The query kube sends for a list from the cache with the watch's page size, and with
+        // kube's default one.
+        let query = |limit: Option<u32>| {
+            let params = kube::api::ListParams {
+                resource_version: Some("0".to_string()),
+                version_match: Some(kube::api::VersionMatch::NotOlderThan),
+                limit,
+                ..Default::default()
+            };
+            kube::core::Request::new("/api/v1/nodes")
+                .list(&params)
+                .expect("a list request")
+                .uri()
+                .to_string()
         };
-        let uri = kube::core::Request::new("/api/v1/nodes")
-            .list(&params)
-            .expect("a list request")
-            .uri()
-            .to_string();
+        // Unpaged, it carries the version, which makes the API server answer from its watch cache
+        // instead of etcd.
+        let unpaged = query(config.page_size);
         assert!(
-            uri.contains("resourceVersion=0") && uri.contains("resourceVersionMatch=NotOlderThan"),
-            "{uri}"
+            unpaged.contains("resourceVersion=0")
+                && unpaged.contains("resourceVersionMatch=NotOlderThan"),
+            "{unpaged}"
         );
-        let paged = kube::api::ListParams {
-            limit: Some(500),
-            ..params
-        };
-        let uri = kube::core::Request::new("/api/v1/nodes")
-            .list(&paged)
-            .expect("a list request")
-            .uri()
-            .to_string();
+        let paged = query(Some(500));
         assert!(
-            !uri.contains("resourceVersion="),
-            "kube drops the version from a paged list, so the page size must stay unset: {uri}"
+            !paged.contains("resourceVersion="),
+            "kube drops the version from a paged list, so the page size must stay unset: {paged}"
         );
     }
 
