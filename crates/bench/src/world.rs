@@ -519,10 +519,11 @@ impl ControllerProcess {
     /// Sum of every sample of a counter family in the controller's metrics.
     pub async fn counter_sum(&self, family: &str) -> anyhow::Result<f64> {
         let text = self.metrics().await?;
-        Ok(crate::counts::samples(&text, family)
-            .iter()
-            .map(|(_, value)| value)
-            .sum())
+        Ok(crate::counts::sum(
+            crate::counts::samples(&text, family)
+                .into_iter()
+                .map(|(_, value)| value),
+        ))
     }
 
     /// The controller's Talos calls so far by method and code, from one scrape of its metrics.
@@ -566,7 +567,7 @@ const TERMINATED_WATCHERS: &str = "apiserver_terminated_watchers_total";
 const CONSISTENT_READS: &str = "apiserver_watch_cache_consistent_read_total";
 
 /// The API server's own counters the benchmark reads before and after the upgrade, by resource.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug)]
 pub struct ApiServerCounts {
     /// Watches closed as unresponsive ([`TERMINATED_WATCHERS`]).
     pub closed_watches: BTreeMap<String, f64>,
@@ -816,6 +817,7 @@ mod tests {
             "no change, left out"
         );
     }
+
     #[test]
     fn counts_only_the_consistent_lists_that_fell_back_to_etcd() {
         let metrics = "# TYPE apiserver_watch_cache_consistent_read_total counter\n\
