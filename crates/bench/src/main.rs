@@ -23,7 +23,7 @@ use clap::Parser;
 use talos_sim::Timings;
 
 use crate::report::{SizeResult, Stats};
-use crate::world::{ControllerProcess, TALOS_FROM, TALOS_TO, World};
+use crate::world::{ControllerProcess, PeakResident, TALOS_FROM, TALOS_TO, World};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -398,6 +398,7 @@ async fn measure(
     controller: &mut ControllerProcess,
     args: &Args,
 ) -> anyhow::Result<SizeResult> {
+    let resident = PeakResident::follow(controller.pid);
     // The controller's first look at every cluster: it reports the version the nodes run.
     let started = Instant::now();
     wait_for(
@@ -461,6 +462,7 @@ async fn measure(
     let kube_idle = world.proxy.counts();
     let talos_idle = controller.talos_calls().await?;
     let (peak_rss, cpu_total) = controller.usage()?;
+    let peak_resident = resident.highest();
     let reconciles = controller
         .counter_sum("talos_upgrade_reconcile_duration_seconds_count")
         .await?;
@@ -662,6 +664,8 @@ async fn measure(
         talos_idle_per_cluster_per_5min: scale.per_cluster_per_period(talos_idle_others),
         talos_idle_streams_per_cluster_per_5min: scale.per_cluster_per_period(talos_idle_streams),
         peak_rss_mib: peak_rss as f64 / (1024.0 * 1024.0),
+        peak_rss_anon_mib: peak_resident.anon_kb as f64 / 1024.0,
+        peak_rss_file_mib: peak_resident.file_kb as f64 / 1024.0,
         cpu_seconds_total: cpu_total,
         cpu_seconds_upgrade,
         cpu_seconds_idle: cpu_total - cpu_upgrade,

@@ -125,6 +125,10 @@ pub struct SizeResult {
     /// Idle follower watches (`COSI Watch`) opened per cluster per 5 minutes.
     pub talos_idle_streams_per_cluster_per_5min: f64,
     pub peak_rss_mib: f64,
+    /// The anonymous and the file-backed part of the controller's resident memory at its highest
+    /// sample (`world::PeakResident`): its data, and the pages of its binary mapped in.
+    pub peak_rss_anon_mib: f64,
+    pub peak_rss_file_mib: f64,
     pub cpu_seconds_total: f64,
     pub cpu_seconds_upgrade: f64,
     pub cpu_seconds_idle: f64,
@@ -300,6 +304,11 @@ fn rows(r: &SizeResult) -> Vec<[String; 4]> {
             format!("{:.2}", r.talos_idle_streams_per_cluster_per_5min),
         ),
         untargeted("controller peak RSS (VmHWM), MiB", format!("{:.1}", r.peak_rss_mib)),
+        untargeted(
+            "… at its highest sample (every 0.25 s): anonymous (data) / file-backed (the binary's \
+             pages), MiB",
+            format!("{:.1} / {:.1}", r.peak_rss_anon_mib, r.peak_rss_file_mib),
+        ),
         untargeted(
             "controller CPU seconds: upgrade / idle / whole run",
             format!(

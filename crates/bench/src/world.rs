@@ -662,6 +662,79 @@ fn dechunk(body: &str) -> String {
     out
 }
 
+/// A process's resident memory at one moment (`/proc/<pid>/status`), in KiB: the whole (`VmRSS`)
+/// and its two parts, anonymous (`RssAnon`: the heap, the stacks) and file-backed (`RssFile`: the
+/// pages of the binary's code and read-only data that the kernel mapped in). `VmHWM` gives the
+/// highest whole only; the parts say how much of it the program's data is and how much its code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resident {
+    pub total_kb: u64,
+    pub anon_kb: u64,
+    pub file_kb: u64,
+}
+
+impl Resident {
+    /// Reads the three from the text of `/proc/<pid>/status`; `None` if one is missing (the
+    /// process has exited).
+    pub fn from_status(status: &str) -> Option<Resident> {
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        };
+        Some(Resident {
+            total_kb: field("VmRSS")?,
+            anon_kb: field("RssAnon")?,
+            file_kb: field("RssFile")?,
+        })
+    }
+}
+
+/// The controller's resident memory as sampled at its highest, every [`PeakResident::EVERY`] for as
+/// long as this lives. The kernel keeps the highest whole (`VmHWM`) but not its parts, so they are
+/// sampled; the sample can fall a little short of `VmHWM`, a peak between two samples.
+pub struct PeakResident {
+    highest: Arc<Mutex<Resident>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PeakResident {
+    pub const EVERY: Duration = Duration::from_millis(250);
+
+    pub fn follow(pid: u32) -> PeakResident {
+        let highest = Arc::new(Mutex::new(Resident::default()));
+        let kept = highest.clone();
+        let task = tokio::spawn(async move {
+            let mut every = tokio::time::interval(Self::EVERY);
+            loop {
+                every.tick().await;
+                let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+                    return;
+                };
+                if let Some(now) = Resident::from_status(&status) {
+                    let mut highest = kept.lock().unwrap_or_else(|e| e.into_inner());
+                    if now.total_kb > highest.total_kb {
+                        *highest = now;
+                    }
+                }
+            }
+        });
+        PeakResident { highest, task }
+    }
+
+    /// The highest sample so far.
+    pub fn highest(&self) -> Resident {
+        *self.highest.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for PeakResident {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
 pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -786,6 +859,23 @@ pub fn append_timeline(world: &World, path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_resident_memory_and_its_parts() {
+        // As Linux 6.x writes it (the lines around them left out).
+        let status = "Name:\ttalos-upgrade-c\nVmHWM:\t  104356 kB\nVmRSS:\t  97412 kB\n\
+                      RssAnon:\t   83624 kB\nRssFile:\t   13788 kB\nRssShmem:\t       0 kB\n";
+        assert_eq!(
+            Resident::from_status(status),
+            Some(Resident {
+                total_kb: 97412,
+                anon_kb: 83624,
+                file_kb: 13788,
+            })
+        );
+        // A process that has exited has no memory lines.
+        assert_eq!(Resident::from_status("Name:\tzombie\nState:\tZ\n"), None);
+    }
 
     #[test]
     fn reads_the_closed_watches_by_resource_and_takes_the_window() {
