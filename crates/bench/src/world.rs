@@ -536,12 +536,7 @@ impl ControllerProcess {
     /// (peak RSS in bytes, CPU seconds user+system) from /proc.
     pub fn usage(&self) -> anyhow::Result<(u64, f64)> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
-        let hwm_kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .context("VmHWM in /proc/<pid>/status")?;
+        let hwm_kb = status_kb(&status, "VmHWM").context("VmHWM in /proc/<pid>/status")?;
         Ok((hwm_kb * 1024, cpu_seconds(self.pid)?))
     }
 
@@ -677,18 +672,20 @@ impl Resident {
     /// Reads the three from the text of `/proc/<pid>/status`; `None` if one is missing (the
     /// process has exited).
     pub fn from_status(status: &str) -> Option<Resident> {
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .and_then(|value| value.split_whitespace().next()?.parse().ok())
-        };
         Some(Resident {
-            total_kb: field("VmRSS")?,
-            anon_kb: field("RssAnon")?,
-            file_kb: field("RssFile")?,
+            total_kb: status_kb(status, "VmRSS")?,
+            anon_kb: status_kb(status, "RssAnon")?,
+            file_kb: status_kb(status, "RssFile")?,
         })
     }
+}
+
+/// One `<name>:  <n> kB` line of the text of `/proc/<pid>/status`, in KiB.
+fn status_kb(status: &str, name: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
 }
 
 /// The controller's resident memory as sampled at its highest, every [`PeakResident::EVERY`] for as
