@@ -754,6 +754,16 @@ async fn reconcile_cluster(
     .chain(plan_concluded.waiting.then_some(ctx.settings.poll_interval))
     .min()
     .unwrap_or(ctx.settings.idle_interval);
+    // One line per reconcile that looked at the cluster, in kube's span that names what woke it
+    // (`object.reason`; the followers' wake-ups are logged by the followers as they are sent): what
+    // explains a reconcile that found nothing to do.
+    tracing::debug!(
+        talos = ?talos.conclusion.revisit,
+        kubernetes = ?kubernetes.conclusion.revisit,
+        talos_in_flight = talos.conclusion.report.in_flight.len(),
+        next_look_in = ?requeue,
+        "reconciled"
+    );
     Ok(Action::requeue(requeue))
 }
 
