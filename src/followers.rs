@@ -154,6 +154,20 @@ type FollowedNodes = Arc<Mutex<HashMap<String, Option<(bool, bool)>>>>;
 /// early, never one that matters missed.
 type NodePokes = Arc<Mutex<HashMap<String, Arc<Notify>>>>;
 
+/// What each followed node's `MachineStatus` watch last said while it is open: running and ready or
+/// not (no entry: the watch is not open, so nothing current is known).
+///
+/// A node in flight is done only when Talos says it is running and ready and its Node is `Ready`
+/// (`talos_upgrade_core::talos`, `check_in_flight`), and the two say so moments apart, in either
+/// order (Talos's own readiness can wait on the Node's, or the kubelet can report `Ready` before
+/// Talos's other conditions are met). Each follower therefore wakes the cluster only when the other
+/// does not say "not yet": the reconcile woken by the first of the two would find the node still
+/// waiting, and a second one would follow moments later. Each side records what it saw before it
+/// reads the other's (the Talos followers here, the Node watch into [`WatchedNodes`]), under locks,
+/// so when both come at once at least one of them sees the other's and wakes the cluster. A side
+/// that knows nothing (this watch not open, the Node watch not synced) never holds the other back.
+type TalosReadiness = Arc<Mutex<HashMap<String, bool>>>;
+
 /// The watch of one cluster's workload Nodes.
 struct NodeWatch {
     nodes: Arc<WatchedNodes>,
@@ -166,6 +180,7 @@ struct NodeWatch {
 struct ClusterFollowers {
     talos: HashMap<String, TalosFollower>,
     pokes: NodePokes,
+    talos_ready: TalosReadiness,
     nodes: Option<NodeWatch>,
 }
 
@@ -319,6 +334,7 @@ impl Wakeups {
             .talos
             .retain(|name, _| nodes.iter().any(|node| &node.name == name));
         lock(&current.pokes).retain(|name, _| nodes.iter().any(|node| &node.name == name));
+        lock(&current.talos_ready).retain(|name, _| nodes.iter().any(|node| &node.name == name));
         for node in &nodes {
             if let Some(follower) = current.talos.get(&node.name) {
                 if follower
@@ -339,6 +355,7 @@ impl Wakeups {
                 node.clone(),
                 flight.clone(),
                 (poke, current.pokes.clone()),
+                current.talos_ready.clone(),
                 self.wakes.clone(),
             ));
             current.talos.insert(
@@ -378,6 +395,7 @@ impl Wakeups {
                     first.nodes.clone(),
                     followed.clone(),
                     current.pokes.clone(),
+                    current.talos_ready.clone(),
                     cluster.clone(),
                     self.wakes.clone(),
                 ));
@@ -435,13 +453,28 @@ async fn follow_node(
     node: FollowedNode,
     flight: Arc<Flight>,
     (poke, pokes): (Arc<Notify>, NodePokes),
+    talos_ready: TalosReadiness,
     wakes: Arc<FollowerWakes>,
 ) {
     let wake_up = || {
         flight.came_back(|| {
+            // Its Node says "not yet": the Node's watch wakes the cluster when it is Ready (see
+            // `TalosReadiness`).
+            if node.nodes.node(&node.name).is_some_and(|seen| !seen.ready) {
+                tracing::debug!(node = %node.address, "node running and ready, its Node not Ready yet: its Node will wake the cluster");
+                return;
+            }
             tracing::debug!(node = %node.address, "node running and ready: waking its cluster");
             wakes.wake(&cluster, &node.name)
         })
+    };
+    // What the watch says while it is open, recorded before the Node is read (see `TalosReadiness`).
+    let says = |ready: Option<bool>| {
+        let mut said = lock(&talos_ready);
+        match ready {
+            Some(ready) => said.insert(node.name.clone(), ready),
+            None => said.remove(&node.name),
+        };
     };
     // This node answers again after it was away: when it is the control plane that relays, the
     // other nodes' watches, which broke with it and could not be opened through it meanwhile, can be
@@ -459,11 +492,13 @@ async fn follow_node(
             &node,
             flight.in_flight.load(Ordering::SeqCst),
             &poke,
-            &wake_up,
+            (&wake_up, &says),
             &answers_again,
         ),
     )
     .await;
+    // Ended (given up): it speaks for the node no longer.
+    says(None);
 }
 
 /// Watches the node's `MachineStatus`, keeping what it reports in the fleet's
@@ -487,7 +522,7 @@ async fn follow_machine_status(
     node: &FollowedNode,
     started_in_flight: bool,
     poke: &Arc<Notify>,
-    wake_up: &impl Fn(),
+    (wake_up, says): (&impl Fn(), &impl Fn(Option<bool>)),
     answers_again: &impl Fn(),
 ) {
     use resources::machine_status;
@@ -558,6 +593,7 @@ async fn follow_machine_status(
                     };
                     let status = resource.spec;
                     let ready = machine_status::is_running_and_ready(&status);
+                    says(Some(ready));
                     if ready && (last_ready != Some(true) || (first && first_ready_is_news)) {
                         wake_up();
                     }
@@ -566,6 +602,7 @@ async fn follow_machine_status(
                     followed.saw(Some(status));
                     first = false;
                 }
+                says(None);
                 let relay_going_down = fleet.relay().is_some_and(|relay| {
                     relay != node.address && fleet.followed_statuses().going_down(relay)
                 });
@@ -642,6 +679,7 @@ async fn watch_workload_nodes(
     nodes: Arc<WatchedNodes>,
     followed: FollowedNodes,
     pokes: NodePokes,
+    talos_ready: TalosReadiness,
     cluster: ObjectRef<KubernetesCluster>,
     wakes: Arc<FollowerWakes>,
 ) {
@@ -692,14 +730,21 @@ async fn watch_workload_nodes(
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             if let Some(last) = followed.get_mut(&name) {
-                if worth_a_look(*last, state) {
-                    tracing::debug!(
+                match node_news(*last, state, lock(&talos_ready).get(&name).copied()) {
+                    NodeNews::Wake => {
+                        tracing::debug!(
+                            node = name,
+                            ?last,
+                            ?state,
+                            "workload node ready: waking its cluster"
+                        );
+                        wakes.wake(&cluster, &name);
+                    }
+                    NodeNews::TalosNotYet => tracing::debug!(
                         node = name,
-                        ?last,
-                        ?state,
-                        "workload node ready: waking its cluster"
-                    );
-                    wakes.wake(&cluster, &name);
+                        "workload node ready, Talos not yet: its Talos follower will wake the cluster"
+                    ),
+                    NodeNews::Nothing => {}
                 }
                 *last = Some(state);
             }
@@ -721,6 +766,29 @@ fn may_be_back(previous: Option<&SeenNode>, now: &SeenNode) -> bool {
             (now.ready && !previous.ready)
                 || (now.boot_id.is_some() && now.boot_id != previous.boot_id)
         }
+    }
+}
+
+/// What the Node watch does with a change of a node in flight's Node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeNews {
+    /// It may move the upgrade on: wake the cluster.
+    Wake,
+    /// It would, but the node's Talos watch says Talos is not running and ready yet: the reconcile
+    /// would find the node still waiting, and that follower wakes the cluster when it is (see
+    /// [`TalosReadiness`]).
+    TalosNotYet,
+    /// It cannot move the upgrade on ([`worth_a_look`]).
+    Nothing,
+}
+
+/// [`NodeNews`] for a Node going from `last` to `now` (each (Ready, cordoned)), with what the node's
+/// open Talos watch last said (`None`: none is open).
+fn node_news(last: Option<(bool, bool)>, now: (bool, bool), talos_says: Option<bool>) -> NodeNews {
+    match (worth_a_look(last, now), talos_says) {
+        (false, _) => NodeNews::Nothing,
+        (true, Some(false)) => NodeNews::TalosNotYet,
+        (true, Some(true) | None) => NodeNews::Wake,
     }
 }
 
@@ -1007,7 +1075,7 @@ mod tests {
                 let wake_up = || {
                     woken.fetch_add(1, Ordering::SeqCst);
                 };
-                follow_machine_status(&node, false, &poke, &wake_up, &|| {}).await;
+                follow_machine_status(&node, false, &poke, (&wake_up, &|_| {}), &|| {}).await;
             })
         };
         eventually("the watch opened", || {
@@ -1059,7 +1127,14 @@ mod tests {
         let follower = {
             let node = node.clone();
             tokio::spawn(async move {
-                follow_machine_status(&node, true, &Arc::new(Notify::new()), &|| {}, &|| {}).await;
+                follow_machine_status(
+                    &node,
+                    true,
+                    &Arc::new(Notify::new()),
+                    (&|| {}, &|_| {}),
+                    &|| {},
+                )
+                .await;
             })
         };
         eventually("the watch opened", || {
@@ -1096,7 +1171,14 @@ mod tests {
         let follower = {
             let node = node.clone();
             tokio::spawn(async move {
-                follow_machine_status(&node, false, &Arc::new(Notify::new()), &|| {}, &|| {}).await;
+                follow_machine_status(
+                    &node,
+                    false,
+                    &Arc::new(Notify::new()),
+                    (&|| {}, &|_| {}),
+                    &|| {},
+                )
+                .await;
             })
         };
         eventually("the watch reported", || {
@@ -1245,5 +1327,119 @@ mod tests {
         for (last, now, wake) in cases {
             assert_eq!(worth_a_look(last, now), wake, "{last:?} -> {now:?}");
         }
+    }
+
+    #[test]
+    fn a_node_turning_ready_leaves_the_wake_up_to_talos_only_when_its_open_watch_says_not_yet() {
+        // (last (Ready, cordoned), now, what the node's open Talos watch last said, news)
+        let cases = [
+            // Back and Ready, Talos running and ready too, or no Talos watch open: wake.
+            (
+                Some((false, false)),
+                (true, false),
+                Some(true),
+                NodeNews::Wake,
+            ),
+            (Some((false, false)), (true, false), None, NodeNews::Wake),
+            // Talos not yet: its follower wakes the cluster when it is.
+            (
+                Some((false, false)),
+                (true, false),
+                Some(false),
+                NodeNews::TalosNotYet,
+            ),
+            (
+                Some((true, true)),
+                (true, false),
+                Some(false),
+                NodeNews::TalosNotYet,
+            ),
+            // Nothing to look at, whatever Talos says.
+            (
+                Some((true, false)),
+                (false, false),
+                Some(true),
+                NodeNews::Nothing,
+            ),
+            (Some((true, false)), (true, false), None, NodeNews::Nothing),
+        ];
+        for (last, now, talos_says, news) in cases {
+            assert_eq!(
+                node_news(last, now, talos_says),
+                news,
+                "{last:?} -> {now:?}, Talos {talos_says:?}"
+            );
+        }
+    }
+
+    /// The Talos half of "both say it is back": a follower whose node is in flight and running and
+    /// ready says so for the Node watch to read, and wakes the cluster only when the node's Node
+    /// (as the cluster's Node watch last saw it) is not NotReady: otherwise the Node's turning
+    /// Ready wakes it, and a reconcile now would find the node still waiting.
+    #[tokio::test]
+    async fn a_node_ready_in_talos_wakes_its_cluster_only_when_its_node_is_not_not_ready() {
+        let (sim, node, _calls) =
+            one_worker("follower-both", talos_sim::config::Timings::fast(), true).await;
+        looked_at(&node).await;
+        let node_seen = |ready: bool| {
+            node.nodes.record(NodeChange::Relist);
+            node.nodes.record(NodeChange::Present {
+                name: node.name.clone(),
+                seen: SeenNode {
+                    ready,
+                    cordoned: false,
+                    boot_id: None,
+                    info: None,
+                },
+            });
+            node.nodes.record(NodeChange::Listed);
+        };
+        let wakeups = Wakeups::default();
+        let mut triggers = Box::pin(wakeups.triggers());
+        let cluster = ObjectRef::new("c1").within("ns");
+        // Started for a node in flight, its first status (running and ready) is news (see
+        // `follow_machine_status`).
+        let follow = |talos_ready: &TalosReadiness| {
+            let flight = Arc::new(Flight::default());
+            flight.put_in_flight(true, Instant::now());
+            tokio::spawn(follow_node(
+                cluster.clone(),
+                node.clone(),
+                flight,
+                (Arc::new(Notify::new()), NodePokes::default()),
+                talos_ready.clone(),
+                wakeups.wakes.clone(),
+            ))
+        };
+        let says = |talos_ready: &TalosReadiness| lock(talos_ready).get(&node.name).copied();
+
+        // Its Node is NotReady: said, not woken.
+        node_seen(false);
+        let talos_ready = TalosReadiness::default();
+        let follower = follow(&talos_ready);
+        eventually("the watch said ready", || says(&talos_ready) == Some(true)).await;
+        // (The test's runtime has one thread, and the follower says it and decides without a pause
+        // between: had it woken the cluster, the wake-up would be sent by now.)
+        assert_eq!(sent(&mut triggers), None, "its Node wakes the cluster");
+        follower.abort();
+
+        // Its Node is Ready, or the Node watch knows nothing (not synced): woken.
+        for ready in [Some(true), None] {
+            match ready {
+                Some(ready) => node_seen(ready),
+                None => node.nodes.record(NodeChange::Stopped),
+            }
+            let talos_ready = TalosReadiness::default();
+            let follower = follow(&talos_ready);
+            eventually("the watch said ready", || says(&talos_ready) == Some(true)).await;
+            let woken = tokio::time::timeout(Duration::from_secs(20), triggers.next()).await;
+            assert_eq!(
+                woken.ok().flatten(),
+                Some(cluster.clone()),
+                "woken ({ready:?})"
+            );
+            follower.abort();
+        }
+        drop(sim);
     }
 }
