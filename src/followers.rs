@@ -17,7 +17,8 @@
 //! tell it ([`crate::followed_statuses`]) instead of one `MachineStatus` read per node and look.
 //!
 //! Only changes that can move the upgrade on wake it, and only those after the reconcile that started
-//! the follower looked at the node: every wake-up costs a reconcile, and a reconcile that finds
+//! the follower looked at the node; a node's return wakes it once, when the second of the two streams
+//! says so ([`TalosReadiness`]): every wake-up costs a reconcile, and a reconcile that finds
 //! nothing to do still reads the cluster's state from the API server. A wake-up that comes while the
 //! cluster's reconcile runs waits for its end, and goes out only if that reconcile still follows the
 //! node ([`FollowerWakes`]): one that saw the node done needs no second look.
