@@ -1125,19 +1125,7 @@ mod tests {
         else {
             panic!("the node is up");
         };
-        let follower = {
-            let node = node.clone();
-            tokio::spawn(async move {
-                follow_machine_status(
-                    &node,
-                    true,
-                    &Arc::new(Notify::new()),
-                    (&|| {}, &|_| {}),
-                    &|| {},
-                )
-                .await;
-            })
-        };
+        let follower = quiet_follower(&node, true);
         eventually("the watch opened", || {
             node.talos.followed_statuses().follows(node.address)
         })
@@ -1167,21 +1155,25 @@ mod tests {
         drop(sim);
     }
 
+    /// A follower of `node` whose wake-ups and readiness go nowhere, started for a node in flight or
+    /// not.
+    fn quiet_follower(node: &FollowedNode, in_flight: bool) -> tokio::task::JoinHandle<()> {
+        let node = node.clone();
+        tokio::spawn(async move {
+            follow_machine_status(
+                &node,
+                in_flight,
+                &Arc::new(Notify::new()),
+                (&|| {}, &|_| {}),
+                &|| {},
+            )
+            .await;
+        })
+    }
+
     /// A follower of `node` (not in flight), once its watch has reported the node's status.
     async fn following(node: &FollowedNode) -> tokio::task::JoinHandle<()> {
-        let follower = {
-            let node = node.clone();
-            tokio::spawn(async move {
-                follow_machine_status(
-                    &node,
-                    false,
-                    &Arc::new(Notify::new()),
-                    (&|| {}, &|_| {}),
-                    &|| {},
-                )
-                .await;
-            })
-        };
+        let follower = quiet_follower(node, false);
         eventually("the watch reported", || {
             node.talos.followed_statuses().follows(node.address)
         })
