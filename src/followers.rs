@@ -18,7 +18,7 @@
 //!
 //! Only changes that can move the upgrade on wake it, and only those after the reconcile that started
 //! the follower looked at the node; a node's return wakes it once, when the second of the two streams
-//! says so ([`TalosReadiness`]): every wake-up costs a reconcile, and a reconcile that finds
+//! says so ([`NodeSignals::talos_ready`]): every wake-up costs a reconcile, and a reconcile that finds
 //! nothing to do still reads the cluster's state from the API server. A wake-up that comes while the
 //! cluster's reconcile runs waits for its end, and goes out only if that reconcile still follows the
 //! node ([`FollowerWakes`]): one that saw the node done needs no second look.
@@ -59,7 +59,7 @@ const RECONNECT_MIN: Duration = Duration::from_millis(200);
 /// Pause after an attempt that failed: the node is away (rebooting; it takes a minute or more to
 /// come back), and every attempt meanwhile is a Talos call that fails. The node's Node tells when
 /// it is back (its kubelet writes it, with the new boot id, as soon as it runs again, before Talos
-/// reports the node ready), and that cuts the pause short ([`NodePokes`]); the pause is only the
+/// reports the node ready), and that cuts the pause short ([`NodeSignals::poke`]); the pause is only the
 /// safety net, half the reconcile's own while every node in flight is followed
 /// (`FOLLOWED_POLL_INTERVAL`, which relies on it). A reconnection replays every event since the node
 /// booted, so a node that became ready meanwhile is not missed.
@@ -147,27 +147,87 @@ impl Drop for Follower {
 /// (`None`: no Node seen yet).
 type FollowedNodes = Arc<Mutex<HashMap<String, Option<(bool, bool)>>>>;
 
-/// Each followed node's Talos follower, told by the cluster's Node watch that the node's Node says it
-/// may be back ([`may_be_back`]): while the node is away, its follower does not ask Talos again until
-/// then (or [`RECONNECT_AWAY`]). A poke that comes while the follower is not waiting is kept for its
-/// next wait (`Notify::notify_one`), unless it came while the stream was open and the stream then
-/// ended with the node going down (it was not news of the node's return): at worst one attempt too
-/// early, never one that matters missed.
-type NodePokes = Arc<Mutex<HashMap<String, Arc<Notify>>>>;
+/// What a followed node's two followers (its Talos follower and the cluster's Node watch) tell
+/// each other.
+struct NodeSignals {
+    /// From the Node watch to the Talos follower: the node's Node says it may be back
+    /// ([`may_be_back`]). While the node is away, its follower does not ask Talos again until then
+    /// (or [`RECONNECT_AWAY`]). A poke that comes while the follower is not waiting is kept for its
+    /// next wait (`Notify::notify_one`), unless it came while the stream was open and the stream
+    /// then ended with the node going down (it was not news of the node's return): at worst one
+    /// attempt too early, never one that matters missed.
+    poke: Arc<Notify>,
+    /// From the Talos follower to the Node watch: what the node's `MachineStatus` watch last said
+    /// while it is open, running and ready or not (`None`: the watch is not open, so nothing current
+    /// is known).
+    ///
+    /// A node in flight is done only when Talos says it is running and ready and its Node is
+    /// `Ready` (`talos_upgrade_core::talos`, `check_in_flight`), and the two say so moments apart,
+    /// in either order (Talos's own readiness can wait on the Node's, or the kubelet can report
+    /// `Ready` before Talos's other conditions are met). Each follower therefore wakes the cluster
+    /// only when the other does not say "not yet": the reconcile woken by the first of the two would
+    /// find the node still waiting, and a second one would follow moments later. Each side records
+    /// what it saw before it reads the other's (the Talos follower here, the Node watch into
+    /// [`WatchedNodes`]), under locks, so when both come at once at least one of them sees the
+    /// other's and wakes the cluster. A side that knows nothing (this watch not open, the Node watch
+    /// not synced) never holds the other back.
+    talos_ready: Option<bool>,
+}
 
-/// What each followed node's `MachineStatus` watch last said while it is open: running and ready or
-/// not (no entry: the watch is not open, so nothing current is known).
-///
-/// A node in flight is done only when Talos says it is running and ready and its Node is `Ready`
-/// (`talos_upgrade_core::talos`, `check_in_flight`), and the two say so moments apart, in either
-/// order (Talos's own readiness can wait on the Node's, or the kubelet can report `Ready` before
-/// Talos's other conditions are met). Each follower therefore wakes the cluster only when the other
-/// does not say "not yet": the reconcile woken by the first of the two would find the node still
-/// waiting, and a second one would follow moments later. Each side records what it saw before it
-/// reads the other's (the Talos followers here, the Node watch into [`WatchedNodes`]), under locks,
-/// so when both come at once at least one of them sees the other's and wakes the cluster. A side
-/// that knows nothing (this watch not open, the Node watch not synced) never holds the other back.
-type TalosReadiness = Arc<Mutex<HashMap<String, bool>>>;
+/// The [`NodeSignals`] of one cluster's followed nodes, by node name. A node's entry is made when
+/// it is first followed and dropped with its follower ([`Wakeups::follow`]), so a follower that
+/// was let go and has not stopped yet writes into nothing.
+#[derive(Clone, Default)]
+struct SignalBoard(Arc<Mutex<HashMap<String, NodeSignals>>>);
+
+impl SignalBoard {
+    /// Starts signalling for `name`: the poke its Talos follower waits on.
+    fn add(&self, name: &str) -> Arc<Notify> {
+        let poke = Arc::new(Notify::new());
+        let signals = NodeSignals {
+            poke: poke.clone(),
+            talos_ready: None,
+        };
+        lock(&self.0).insert(name.to_string(), signals);
+        poke
+    }
+
+    /// Keeps only the nodes `followed` says.
+    fn retain(&self, followed: impl Fn(&str) -> bool) {
+        lock(&self.0).retain(|name, _| followed(name));
+    }
+
+    /// The Node watch: `name`'s Node says it may be back.
+    fn poke(&self, name: &str) {
+        if let Some(signals) = lock(&self.0).get(name) {
+            signals.poke.notify_one();
+        }
+    }
+
+    /// `name` answers Talos again after it was away: every other node's follower may try again
+    /// (see `follow_node`).
+    fn poke_all_but(&self, name: &str) {
+        for (other, signals) in lock(&self.0).iter() {
+            if other != name {
+                signals.poke.notify_one();
+            }
+        }
+    }
+
+    /// `name`'s Talos follower: what its open watch says now (`None`: it is not open).
+    fn talos_says(&self, name: &str, ready: Option<bool>) {
+        if let Some(signals) = lock(&self.0).get_mut(name) {
+            signals.talos_ready = ready;
+        }
+    }
+
+    /// What `name`'s open Talos watch last said.
+    fn talos_said(&self, name: &str) -> Option<bool> {
+        lock(&self.0)
+            .get(name)
+            .and_then(|signals| signals.talos_ready)
+    }
+}
 
 /// The watch of one cluster's workload Nodes.
 struct NodeWatch {
@@ -180,8 +240,7 @@ struct NodeWatch {
 #[derive(Default)]
 struct ClusterFollowers {
     talos: HashMap<String, TalosFollower>,
-    pokes: NodePokes,
-    talos_ready: TalosReadiness,
+    signals: SignalBoard,
     nodes: Option<NodeWatch>,
 }
 
@@ -334,8 +393,9 @@ impl Wakeups {
         current
             .talos
             .retain(|name, _| nodes.iter().any(|node| &node.name == name));
-        lock(&current.pokes).retain(|name, _| nodes.iter().any(|node| &node.name == name));
-        lock(&current.talos_ready).retain(|name, _| nodes.iter().any(|node| &node.name == name));
+        current
+            .signals
+            .retain(|name| nodes.iter().any(|node| node.name == name));
         for node in &nodes {
             if let Some(follower) = current.talos.get(&node.name) {
                 if follower
@@ -347,16 +407,15 @@ impl Wakeups {
                 }
                 continue;
             }
-            let poke = Arc::new(Notify::new());
-            lock(&current.pokes).insert(node.name.clone(), poke.clone());
+            let poke = current.signals.add(&node.name);
             let flight = Arc::new(Flight::default());
             flight.put_in_flight(node.in_flight, node.observed_at);
             let task = tokio::spawn(follow_node(
                 cluster.clone(),
                 node.clone(),
                 flight.clone(),
-                (poke, current.pokes.clone()),
-                current.talos_ready.clone(),
+                poke,
+                current.signals.clone(),
                 self.wakes.clone(),
             ));
             current.talos.insert(
@@ -395,8 +454,7 @@ impl Wakeups {
                     first.workload.clone(),
                     first.nodes.clone(),
                     followed.clone(),
-                    current.pokes.clone(),
-                    current.talos_ready.clone(),
+                    current.signals.clone(),
                     cluster.clone(),
                     self.wakes.clone(),
                 ));
@@ -453,14 +511,14 @@ async fn follow_node(
     cluster: ObjectRef<KubernetesCluster>,
     node: FollowedNode,
     flight: Arc<Flight>,
-    (poke, pokes): (Arc<Notify>, NodePokes),
-    talos_ready: TalosReadiness,
+    poke: Arc<Notify>,
+    signals: SignalBoard,
     wakes: Arc<FollowerWakes>,
 ) {
     let wake_up = || {
         flight.came_back(|| {
             // Its Node says "not yet": the Node's watch wakes the cluster when it is Ready (see
-            // `TalosReadiness`).
+            // `NodeSignals::talos_ready`).
             if node.nodes.node(&node.name).is_some_and(|seen| !seen.ready) {
                 tracing::debug!(node = %node.address, "node running and ready, its Node not Ready yet: its Node will wake the cluster");
                 return;
@@ -469,24 +527,13 @@ async fn follow_node(
             wakes.wake(&cluster, &node.name)
         })
     };
-    // What the watch says while it is open, recorded before the Node is read (see `TalosReadiness`).
-    let says = |ready: Option<bool>| {
-        let mut said = lock(&talos_ready);
-        match ready {
-            Some(ready) => said.insert(node.name.clone(), ready),
-            None => said.remove(&node.name),
-        };
-    };
+    // What the watch says while it is open, recorded before the Node is read (see
+    // `NodeSignals::talos_ready`).
+    let says = |ready: Option<bool>| signals.talos_says(&node.name, ready);
     // This node answers again after it was away: when it is the control plane that relays, the
     // other nodes' watches, which broke with it and could not be opened through it meanwhile, can be
     // now, and their own Nodes will not say so.
-    let answers_again = || {
-        for (name, poke) in lock(&pokes).iter() {
-            if name != &node.name {
-                poke.notify_one();
-            }
-        }
-    };
+    let answers_again = || signals.poke_all_but(&node.name);
     let _ = tokio::time::timeout(
         FOLLOW_AT_MOST,
         follow_machine_status(
@@ -514,7 +561,7 @@ async fn follow_node(
 ///
 /// A watch that breaks is opened again after [`RECONNECT_MIN`] (the relay rebooted under a node that
 /// is up); while that fails (the node, or the relay, is away) the next attempt waits until the node's
-/// Node says it may be back ([`NodePokes`]), or another node of the cluster answers again after it
+/// Node says it may be back ([`NodeSignals::poke`]), or another node of the cluster answers again after it
 /// was away (`answers_again`: the relay may be back), at most [`RECONNECT_AWAY`]. A watch whose last
 /// status took the node down (upgrading, rebooting, shutting down, resetting) broke because the node
 /// went away: it waits at once, without the quick attempt that would only fail. So does one whose
@@ -679,8 +726,7 @@ async fn watch_workload_nodes(
     workload: kube::Client,
     nodes: Arc<WatchedNodes>,
     followed: FollowedNodes,
-    pokes: NodePokes,
-    talos_ready: TalosReadiness,
+    signals: SignalBoard,
     cluster: ObjectRef<KubernetesCluster>,
     wakes: Arc<FollowerWakes>,
 ) {
@@ -724,14 +770,14 @@ async fn watch_workload_nodes(
                 name: name.clone(),
                 seen,
             });
-            if back && let Some(poke) = lock(&pokes).get(&name) {
-                poke.notify_one();
+            if back {
+                signals.poke(&name);
             }
             let mut followed = followed
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             if let Some(last) = followed.get_mut(&name) {
-                match node_news(*last, state, lock(&talos_ready).get(&name).copied()) {
+                match node_news(*last, state, signals.talos_said(&name)) {
                     NodeNews::Wake => {
                         tracing::debug!(
                             node = name,
@@ -777,7 +823,7 @@ enum NodeNews {
     Wake,
     /// It would, but the node's Talos watch says Talos is not running and ready yet: the reconcile
     /// would find the node still waiting, and that follower wakes the cluster when it is (see
-    /// [`TalosReadiness`]).
+    /// [`NodeSignals::talos_ready`]).
     TalosNotYet,
     /// It cannot move the upgrade on ([`worth_a_look`]).
     Nothing,
@@ -1392,25 +1438,25 @@ mod tests {
         let cluster = ObjectRef::new("c1").within("ns");
         // Started for a node in flight, its first status (running and ready) is news (see
         // `follow_machine_status`).
-        let follow = |talos_ready: &TalosReadiness| {
+        let follow = |signals: &SignalBoard| {
             let flight = Arc::new(Flight::default());
             flight.put_in_flight(true, Instant::now());
             tokio::spawn(follow_node(
                 cluster.clone(),
                 node.clone(),
                 flight,
-                (Arc::new(Notify::new()), NodePokes::default()),
-                talos_ready.clone(),
+                signals.add(&node.name),
+                signals.clone(),
                 wakeups.wakes.clone(),
             ))
         };
-        let says = |talos_ready: &TalosReadiness| lock(talos_ready).get(&node.name).copied();
+        let says = |signals: &SignalBoard| signals.talos_said(&node.name);
 
         // Its Node is NotReady: said, not woken.
         node_seen(false);
-        let talos_ready = TalosReadiness::default();
-        let follower = follow(&talos_ready);
-        eventually("the watch said ready", || says(&talos_ready) == Some(true)).await;
+        let signals = SignalBoard::default();
+        let follower = follow(&signals);
+        eventually("the watch said ready", || says(&signals) == Some(true)).await;
         // (The test's runtime has one thread, and the follower says it and decides without a pause
         // between: had it woken the cluster, the wake-up would be sent by now.)
         assert_eq!(sent(&mut triggers), None, "its Node wakes the cluster");
@@ -1422,9 +1468,9 @@ mod tests {
                 Some(ready) => node_seen(ready),
                 None => node.nodes.record(NodeChange::Stopped),
             }
-            let talos_ready = TalosReadiness::default();
-            let follower = follow(&talos_ready);
-            eventually("the watch said ready", || says(&talos_ready) == Some(true)).await;
+            let signals = SignalBoard::default();
+            let follower = follow(&signals);
+            eventually("the watch said ready", || says(&signals) == Some(true)).await;
             let woken = tokio::time::timeout(Duration::from_secs(20), triggers.next()).await;
             assert_eq!(
                 woken.ok().flatten(),
