@@ -396,14 +396,16 @@ impl Wakeups {
         current
             .signals
             .retain(|name| nodes.iter().any(|node| node.name == name));
+        // Nodes whose Talos said they were back before this reconcile marked them in flight (see
+        // [`Flight`]): they wake the cluster once the Node watch has them, below.
+        let mut back_early = Vec::new();
         for node in &nodes {
             if let Some(follower) = current.talos.get(&node.name) {
                 if follower
                     .flight
                     .put_in_flight(node.in_flight, node.observed_at)
                 {
-                    tracing::debug!(node = %node.address, "node back before it was marked in flight: waking its cluster");
-                    self.wakes.wake(cluster, &node.name);
+                    back_early.push(node);
                 }
                 continue;
             }
@@ -485,6 +487,17 @@ impl Wakeups {
                     self.wakes.wake(cluster, &node.name);
                 }
                 followed.insert(node.name.clone(), state.or(node.seen));
+            }
+            // As the Talos follower decides (see `NodeSignals::talos_ready`): not while its Node
+            // says "not yet". The node is in `followed` now, and this is read under its lock, so
+            // a Node turning Ready after this read finds it there and wakes the cluster.
+            for node in back_early {
+                if watch.nodes.node(&node.name).is_some_and(|seen| !seen.ready) {
+                    tracing::debug!(node = %node.address, "node back before it was marked in flight, its Node not Ready yet: its Node will wake the cluster");
+                } else {
+                    tracing::debug!(node = %node.address, "node back before it was marked in flight: waking its cluster");
+                    self.wakes.wake(cluster, &node.name);
+                }
             }
         }
         current.nodes = Some(watch);
@@ -1478,6 +1491,66 @@ mod tests {
                 "woken ({ready:?})"
             );
             follower.abort();
+        }
+        drop(sim);
+    }
+
+    /// The same rule for a node whose Talos said it was back before the reconcile that sent its
+    /// upgrade marked it in flight (a fast node): that reconcile's marking wakes the cluster, unless
+    /// the node's Node (as the cluster's Node watch last saw it) is NotReady; its turning Ready does
+    /// then (`node_news`).
+    #[tokio::test]
+    async fn a_node_back_before_it_is_marked_in_flight_wakes_its_cluster_only_when_its_node_is_not_not_ready()
+     {
+        let (sim, node, _calls) =
+            one_worker("follower-early", talos_sim::config::Timings::fast(), false).await;
+        let wakeups = Wakeups::default();
+        let mut triggers = Box::pin(wakeups.triggers());
+        let cluster = ObjectRef::new("c1").within("ns");
+        for (node_ready, woken) in [(Some(false), false), (Some(true), true), (None, true)] {
+            // Followed and not in flight; its Talos came back after the reconcile's look.
+            followed(&wakeups, &cluster, &[(&node.name, false)]);
+            let looked_at = Instant::now()
+                .checked_sub(Duration::from_millis(10))
+                .expect("an instant");
+            let flight = wakeups.followed.lock().expect("followed")[&cluster].talos[&node.name]
+                .flight
+                .clone();
+            flight.came_back(|| panic!("not in flight: nothing to wake"));
+            match node_ready {
+                Some(ready) => {
+                    node.nodes.record(NodeChange::Relist);
+                    node.nodes.record(NodeChange::Present {
+                        name: node.name.clone(),
+                        seen: SeenNode {
+                            ready,
+                            cordoned: false,
+                            boot_id: None,
+                            info: None,
+                        },
+                    });
+                    node.nodes.record(NodeChange::Listed);
+                }
+                None => node.nodes.record(NodeChange::Stopped),
+            }
+            // The reconcile that looked before the return marks it in flight (it saw the Node
+            // Ready before the reboot).
+            wakeups.follow(
+                &cluster,
+                vec![FollowedNode {
+                    in_flight: true,
+                    observed_at: looked_at,
+                    seen: Some((true, false)),
+                    ..node.clone()
+                }],
+            );
+            assert_eq!(
+                sent(&mut triggers),
+                woken.then(|| cluster.clone()),
+                "its Node Ready: {node_ready:?}"
+            );
+            assert_eq!(sent(&mut triggers), None, "once");
+            wakeups.follow(&cluster, Vec::new());
         }
         drop(sim);
     }
