@@ -1424,6 +1424,26 @@ mod tests {
         }
     }
 
+    /// Sets what the cluster's Node watch says of `node`'s Node: Ready or NotReady (a synced view
+    /// holding it), or nothing (`None`: the watch stopped).
+    fn node_watch_says(node: &FollowedNode, ready: Option<bool>) {
+        let Some(ready) = ready else {
+            node.nodes.record(NodeChange::Stopped);
+            return;
+        };
+        node.nodes.record(NodeChange::Relist);
+        node.nodes.record(NodeChange::Present {
+            name: node.name.clone(),
+            seen: SeenNode {
+                ready,
+                cordoned: false,
+                boot_id: None,
+                info: None,
+            },
+        });
+        node.nodes.record(NodeChange::Listed);
+    }
+
     /// The Talos half of "both say it is back": a follower whose node is in flight and running and
     /// ready says so for the Node watch to read, and wakes the cluster only when the node's Node
     /// (as the cluster's Node watch last saw it) is not NotReady: otherwise the Node's turning
@@ -1433,19 +1453,6 @@ mod tests {
         let (sim, node, _calls) =
             one_worker("follower-both", talos_sim::config::Timings::fast(), true).await;
         looked_at(&node).await;
-        let node_seen = |ready: bool| {
-            node.nodes.record(NodeChange::Relist);
-            node.nodes.record(NodeChange::Present {
-                name: node.name.clone(),
-                seen: SeenNode {
-                    ready,
-                    cordoned: false,
-                    boot_id: None,
-                    info: None,
-                },
-            });
-            node.nodes.record(NodeChange::Listed);
-        };
         let wakeups = Wakeups::default();
         let mut triggers = Box::pin(wakeups.triggers());
         let cluster = ObjectRef::new("c1").within("ns");
@@ -1466,7 +1473,7 @@ mod tests {
         let says = |signals: &SignalBoard| signals.talos_said(&node.name);
 
         // Its Node is NotReady: said, not woken.
-        node_seen(false);
+        node_watch_says(&node, Some(false));
         let signals = SignalBoard::default();
         let follower = follow(&signals);
         eventually("the watch said ready", || says(&signals) == Some(true)).await;
@@ -1477,10 +1484,7 @@ mod tests {
 
         // Its Node is Ready, or the Node watch knows nothing (not synced): woken.
         for ready in [Some(true), None] {
-            match ready {
-                Some(ready) => node_seen(ready),
-                None => node.nodes.record(NodeChange::Stopped),
-            }
+            node_watch_says(&node, ready);
             let signals = SignalBoard::default();
             let follower = follow(&signals);
             eventually("the watch said ready", || says(&signals) == Some(true)).await;
@@ -1517,22 +1521,7 @@ mod tests {
                 .flight
                 .clone();
             flight.came_back(|| panic!("not in flight: nothing to wake"));
-            match node_ready {
-                Some(ready) => {
-                    node.nodes.record(NodeChange::Relist);
-                    node.nodes.record(NodeChange::Present {
-                        name: node.name.clone(),
-                        seen: SeenNode {
-                            ready,
-                            cordoned: false,
-                            boot_id: None,
-                            info: None,
-                        },
-                    });
-                    node.nodes.record(NodeChange::Listed);
-                }
-                None => node.nodes.record(NodeChange::Stopped),
-            }
+            node_watch_says(&node, node_ready);
             // The reconcile that looked before the return marks it in flight (it saw the Node
             // Ready before the reboot).
             wakeups.follow(
