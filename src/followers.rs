@@ -59,10 +59,10 @@ const RECONNECT_MIN: Duration = Duration::from_millis(200);
 /// Pause after an attempt that failed: the node is away (rebooting; it takes a minute or more to
 /// come back), and every attempt meanwhile is a Talos call that fails. The node's Node tells when
 /// it is back (its kubelet writes it, with the new boot id, as soon as it runs again, before Talos
-/// reports the node ready), and that cuts the pause short ([`NodeSignals::poke`]); the pause is only the
-/// safety net, half the reconcile's own while every node in flight is followed
-/// (`FOLLOWED_POLL_INTERVAL`, which relies on it). A reconnection replays every event since the node
-/// booted, so a node that became ready meanwhile is not missed.
+/// reports the node ready), and that cuts the pause short ([`NodeSignals::poke`]); the pause is
+/// only the safety net, half the reconcile's own while every node in flight is followed
+/// (`FOLLOWED_POLL_INTERVAL`, which relies on it). A reconnection replays every event since the
+/// node booted, so a node that became ready meanwhile is not missed.
 const RECONNECT_AWAY: Duration = Duration::from_secs(60);
 /// A follower gives up after this long even if no reconcile told it to stop (the controller lost its
 /// leadership; a deleted cluster's followers are stopped when the controller forgets it): the poll
@@ -492,7 +492,7 @@ impl Wakeups {
             // says "not yet". The node is in `followed` now, and this is read under its lock, so
             // a Node turning Ready after this read finds it there and wakes the cluster.
             for node in back_early {
-                if watch.nodes.node(&node.name).is_some_and(|seen| !seen.ready) {
+                if node_says_not_yet(&watch.nodes, &node.name) {
                     tracing::debug!(node = %node.address, "node back before it was marked in flight, its Node not Ready yet: its Node will wake the cluster");
                 } else {
                     tracing::debug!(node = %node.address, "node back before it was marked in flight: waking its cluster");
@@ -502,6 +502,13 @@ impl Wakeups {
         }
         current.nodes = Some(watch);
     }
+}
+
+/// Whether the cluster's Node watch says `name`'s Node is not Ready yet: then the Node's turning
+/// Ready wakes the cluster, and a wake-up for Talos's readiness alone would find the node still
+/// waiting (see [`NodeSignals::talos_ready`]). A watch that knows nothing says nothing.
+fn node_says_not_yet(nodes: &WatchedNodes, name: &str) -> bool {
+    nodes.node(name).is_some_and(|seen| !seen.ready)
 }
 
 /// Wakes one cluster's reconcile (see [`Wakeups::waker`]).
@@ -532,7 +539,7 @@ async fn follow_node(
         flight.came_back(|| {
             // Its Node says "not yet": the Node's watch wakes the cluster when it is Ready (see
             // `NodeSignals::talos_ready`).
-            if node.nodes.node(&node.name).is_some_and(|seen| !seen.ready) {
+            if node_says_not_yet(&node.nodes, &node.name) {
                 tracing::debug!(node = %node.address, "node running and ready, its Node not Ready yet: its Node will wake the cluster");
                 return;
             }
@@ -574,11 +581,11 @@ async fn follow_node(
 ///
 /// A watch that breaks is opened again after [`RECONNECT_MIN`] (the relay rebooted under a node that
 /// is up); while that fails (the node, or the relay, is away) the next attempt waits until the node's
-/// Node says it may be back ([`NodeSignals::poke`]), or another node of the cluster answers again after it
-/// was away (`answers_again`: the relay may be back), at most [`RECONNECT_AWAY`]. A watch whose last
-/// status took the node down (upgrading, rebooting, shutting down, resetting) broke because the node
-/// went away: it waits at once, without the quick attempt that would only fail. So does one whose
-/// relay's watch last said that of the relay.
+/// Node says it may be back ([`NodeSignals::poke`]), or another node of the cluster answers again
+/// after it was away (`answers_again`: the relay may be back), at most [`RECONNECT_AWAY`]. A watch
+/// whose last status took the node down (upgrading, rebooting, shutting down, resetting) broke
+/// because the node went away: it waits at once, without the quick attempt that would only fail.
+/// So does one whose relay's watch last said that of the relay.
 async fn follow_machine_status(
     node: &FollowedNode,
     started_in_flight: bool,
