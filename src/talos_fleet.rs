@@ -71,16 +71,22 @@ pub const DIRECT_KEPT_IDLE: Duration = Duration::from_secs(30);
 /// it again.
 pub const RELAY_KEPT_IDLE: Duration = Duration::from_secs(150);
 
-/// How often the fleet looks for connections to close while it holds any.
-const CLOSE_UNUSED_EVERY: Duration = Duration::from_secs(15);
-
-/// How long connections are kept unused, and how often that is looked at: the constants above,
-/// shorter in tests.
+/// How long connections are kept unused: the constants above, shorter in tests.
 #[derive(Clone, Copy)]
 struct KeptIdle {
     direct: Duration,
     relay: Duration,
-    look_every: Duration,
+}
+
+impl KeptIdle {
+    /// How long the connection to `address` is kept unused while `relay` relays.
+    fn of(self, address: IpAddr, relay: Option<IpAddr>) -> Duration {
+        if Some(address) == relay {
+            self.relay
+        } else {
+            self.direct
+        }
+    }
 }
 
 impl Default for KeptIdle {
@@ -88,7 +94,6 @@ impl Default for KeptIdle {
         KeptIdle {
             direct: DIRECT_KEPT_IDLE,
             relay: RELAY_KEPT_IDLE,
-            look_every: CLOSE_UNUSED_EVERY,
         }
     }
 }
@@ -119,19 +124,18 @@ impl Connections {
     /// still holds a clone of its client (a run in flight keeps what it uses).
     fn drop_unused(&mut self, keep: Option<IpAddr>, now: Instant) {
         let relay = self.relay;
-        let KeptIdle {
-            direct,
-            relay: relay_kept,
-            ..
-        } = self.kept_idle;
+        let kept_idle = self.kept_idle;
         self.direct.retain(|kept, (_, used)| {
-            let kept_idle = if Some(*kept) == relay {
-                relay_kept
-            } else {
-                direct
-            };
-            Some(*kept) == keep || now.duration_since(*used) < kept_idle
+            Some(*kept) == keep || now.duration_since(*used) < kept_idle.of(*kept, relay)
         });
+    }
+
+    /// When the first of the kept connections will have been unused for its time, if any is kept.
+    fn first_unused_at(&self) -> Option<Instant> {
+        self.direct
+            .iter()
+            .map(|(kept, (_, used))| *used + self.kept_idle.of(*kept, self.relay))
+            .min()
     }
 
     /// The first control plane, starting after `after` (inventory order, wrapping around), that has
@@ -321,10 +325,7 @@ impl TalosFleet {
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             connections.closing_unused = true;
-            runtime.spawn(close_unused(
-                Arc::downgrade(&self.connections),
-                connections.kept_idle.look_every,
-            ));
+            runtime.spawn(close_unused(Arc::downgrade(&self.connections)));
         }
         Ok(client)
     }
@@ -893,11 +894,20 @@ fn node_state(answered: Result<Answered, TalosError>) -> TalosState {
     }
 }
 
-/// Lets go of a fleet's unused connections every [`CLOSE_UNUSED_EVERY`] while it holds any; ends when
-/// it holds none (the next connection made starts it again) or the fleet is dropped.
-async fn close_unused(connections: Weak<Mutex<Connections>>, every: Duration) {
+/// Lets go of a fleet's unused connections while it holds any; ends when it holds none (the next
+/// connection made starts it again) or the fleet is dropped.
+///
+/// It sleeps until the first kept connection will have been unused for its time, not on a fixed
+/// period: a wake-up costs the process far more CPU than the look itself after a long sleep (see
+/// docs/performance.md, "CPU"), and a cluster in flight uses its relay throughout, so a period of a
+/// few seconds would wake 200 fleets some 13 times a second for nothing. A connection used meanwhile
+/// only moves the next look later.
+async fn close_unused(connections: Weak<Mutex<Connections>>) {
+    let mut first_unused_at = None;
     loop {
-        tokio::time::sleep(every).await;
+        if let Some(at) = first_unused_at {
+            tokio::time::sleep_until(at).await;
+        }
         let Some(connections) = connections.upgrade() else {
             return;
         };
@@ -905,9 +915,12 @@ async fn close_unused(connections: Weak<Mutex<Connections>>, every: Duration) {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         connections.drop_unused(None, Instant::now());
-        if connections.direct.is_empty() {
-            connections.closing_unused = false;
-            return;
+        match connections.first_unused_at() {
+            Some(at) => first_unused_at = Some(at),
+            None => {
+                connections.closing_unused = false;
+                return;
+            }
         }
     }
 }
@@ -1519,7 +1532,6 @@ mod tests {
         let fleet = TalosFleet::new(credentials, options).with_kept_idle(KeptIdle {
             direct: Duration::from_millis(200),
             relay: Duration::from_millis(400),
-            look_every: Duration::from_millis(50),
         });
         fleet.relay_through([IpAddr::V4(cp)]);
         let version = |client: TalosClient| async move { client.version().await };
