@@ -901,7 +901,9 @@ fn node_state(answered: Result<Answered, TalosError>) -> TalosState {
 /// period: a wake-up costs the process far more CPU than the look itself after a long sleep (see
 /// docs/performance.md, "CPU"), and a cluster in flight uses its relay throughout, so a period of a
 /// few seconds would wake 200 fleets some 13 times a second for nothing. A connection used meanwhile
-/// only moves the next look later.
+/// only moves the next look later. One made meanwhile, or a relay moved, is not waited for: every
+/// call lets go of the unused connections first, and with no call the planned look comes at most
+/// [`RELAY_KEPT_IDLE`] after the one before.
 async fn close_unused(connections: Weak<Mutex<Connections>>) {
     let mut first_unused_at = None;
     loop {
