@@ -1,13 +1,16 @@
 //! The README's first command: a real Kubernetes control plane on loopback, a simulated five-node Talos
 //! cluster (3 control planes, 2 workers, Talos 1.11.6, Kubernetes 1.34.1) registered in it, the
 //! `KubernetesCluster` `my-cluster` with its credentials Secret, and the controller with its metrics
-//! endpoint. It prints how to use them and stays up until Ctrl-C, then cleans up.
+//! endpoint. It prints how to use them (kubectl, and the real talosctl with a talosconfig it writes)
+//! and stays up until Ctrl-C, then cleans up.
 //!
 //! The cluster is built as the tests build theirs (the `test-world` crate), from the examples the user
 //! guide shows: examples/sim-cluster.yaml (fixed addresses, seconds-long steps a person can watch),
 //! examples/kubernetescluster.yaml and examples/release-catalog.yaml. No Machines: the controller finds
 //! the nodes through the workload cluster's Nodes, as it does for a cluster without vitistack Machines.
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +21,14 @@ use talos_sim::{SimConfig, Simulator, control};
 use talos_upgrade_controller::admin::{self, HealthState};
 use talos_upgrade_controller::metrics::Metrics;
 use talos_upgrade_controller::reconcile::{self, Settings};
+use talos_upgrade_core::lifecycle::Limits;
 use testenv::ControlPlane;
 use tokio_util::sync::CancellationToken;
 
 const CLUSTER: &str = "my-cluster";
 const NAMESPACE: &str = "default";
+/// The demo controller's `--node-deadline`.
+const DEMO_NODE_DEADLINE: Duration = Duration::from_secs(120);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -86,9 +92,15 @@ async fn main() -> anyhow::Result<()> {
     });
     // The releases of the user guide's example, so `talos-available` and `kubernetes-available` read
     // like the guide (the built-in catalog knows newer releases).
+    // A node deadline of minutes rather than the default 15: a node broken with `never-returns`
+    // fails its run while one still watches (the demo's nodes are back within seconds).
     let settings = Settings {
         poll_interval: Duration::from_millis(500),
         catalog: test_world::guide_catalog(),
+        limits: Limits {
+            node_deadline: DEMO_NODE_DEADLINE,
+            ..Limits::default()
+        },
         ..Settings::default()
     };
     // The controller's clients as the binary makes them (`api_client`: HTTP/2, the intake connection
@@ -106,6 +118,12 @@ async fn main() -> anyhow::Result<()> {
         "demo".into(),
         stop.clone().cancelled_owned(),
     ));
+
+    // A talosconfig for the real talosctl: an `os:admin` client of the cluster's Talos CA, as the
+    // credentials Secret holds one, beside the control plane's files (removed with them).
+    let talosconfig_path = control_plane.dir().join("talosconfig");
+    write_private(&talosconfig_path, &simulator.talosconfig("os:admin"))
+        .with_context(|| format!("writing {}", talosconfig_path.display()))?;
 
     let kubeconfig_path = control_plane.admin_kubeconfig().display().to_string();
     let bin_dir = control_plane.binaries().dir.display().to_string();
@@ -137,9 +155,20 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("  kubectl describe kubernetescluster my-cluster");
     println!();
+    println!(
+        "The nodes with the real talosctl (from the repository; the script builds talosctl v1.14.1 once):"
+    );
+    println!("  export TALOSCONFIG={}", talosconfig_path.display());
+    println!("  talosctl=$(bash scripts/build-talosctl.sh | tail -n 1)");
+    println!("  $talosctl -n 127.0.0.11,127.0.0.14 version");
+    println!();
     println!("Metrics:        {metrics_url}");
     println!(
         "Break a node:   curl -X POST {control_url}/nodes/cp-2/faults/never-returns   (see docs/simulator.md)"
+    );
+    println!(
+        "                before an upgrade: cp-2 does not come back from its reboot, and the run fails {} min after its upgrade call (the demo's node deadline)",
+        DEMO_NODE_DEADLINE.as_secs() / 60
     );
     println!("Logs:           {}", control_plane.dir().display());
     println!("Press Ctrl-C to stop and clean up.");
@@ -153,6 +182,16 @@ async fn main() -> anyhow::Result<()> {
     simulator.shutdown();
     drop(control_plane);
     Ok(())
+}
+
+/// Writes `contents` to a new file only its owner can read: a talosconfig holds a private key.
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(contents.as_bytes())
 }
 
 async fn bind_first(addresses: &[&str]) -> anyhow::Result<tokio::net::TcpListener> {
