@@ -9,15 +9,13 @@
 //! examples/kubernetescluster.yaml and examples/release-catalog.yaml. No Machines: the controller finds
 //! the nodes through the workload cluster's Nodes, as it does for a cluster without vitistack Machines.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use talos_sim::workload::WorkloadMirror;
-use talos_sim::{SimConfig, Simulator, control};
+use talos_sim::{ClientRole, SimConfig, Simulator, control};
 use talos_upgrade_controller::admin::{self, HealthState};
 use talos_upgrade_controller::metrics::Metrics;
 use talos_upgrade_controller::reconcile::{self, Settings};
@@ -91,9 +89,9 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     // The releases of the user guide's example, so `talos-available` and `kubernetes-available` read
-    // like the guide (the built-in catalog knows newer releases).
-    // A node deadline of minutes rather than the default 15: a node broken with `never-returns`
-    // fails its run while one still watches (the demo's nodes are back within seconds).
+    // like the guide (the built-in catalog knows newer releases). A node deadline of minutes rather
+    // than the default 15: a node broken with `never-returns` fails its run while one still watches
+    // (the demo's nodes are back within seconds).
     let settings = Settings {
         poll_interval: Duration::from_millis(500),
         catalog: test_world::guide_catalog(),
@@ -122,7 +120,8 @@ async fn main() -> anyhow::Result<()> {
     // A talosconfig for the real talosctl: an `os:admin` client of the cluster's Talos CA, as the
     // credentials Secret holds one, beside the control plane's files (removed with them).
     let talosconfig_path = control_plane.dir().join("talosconfig");
-    write_private(&talosconfig_path, &simulator.talosconfig("os:admin"))
+    simulator
+        .write_talosconfig(&talosconfig_path, ClientRole::Admin)
         .with_context(|| format!("writing {}", talosconfig_path.display()))?;
 
     let kubeconfig_path = control_plane.admin_kubeconfig().display().to_string();
@@ -182,16 +181,6 @@ async fn main() -> anyhow::Result<()> {
     simulator.shutdown();
     drop(control_plane);
     Ok(())
-}
-
-/// Writes `contents` to a new file only its owner can read: a talosconfig holds a private key.
-fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?
-        .write_all(contents.as_bytes())
 }
 
 async fn bind_first(addresses: &[&str]) -> anyhow::Result<tokio::net::TcpListener> {

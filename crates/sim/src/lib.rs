@@ -327,6 +327,25 @@ impl Simulator {
             .expect("minting a client certificate from the simulator's CA")
     }
 
+    /// Writes a talosconfig for `role` ([`Simulator::talosconfig`]) to `path`, replacing what is
+    /// there, readable by its owner only: it holds the client's private key. For a talosctl (the
+    /// `talos-sim` binary's state directory, the demo, the talosctl tests).
+    pub fn write_talosconfig(
+        &self,
+        path: &std::path::Path,
+        role: impl Into<ClientRole>,
+    ) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?
+            .write_all(self.talosconfig(role).as_bytes())
+    }
+
     /// [`Simulator::talosconfig`] without the panic on an (unexpected) certificate error.
     pub fn try_talosconfig(&self, role: impl Into<ClientRole>) -> Result<String, SimError> {
         let identity = self

@@ -47,7 +47,9 @@ async fn run_simulator(args: TalosSimArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("creating {}", args.state_dir.display()))?;
     let talosconfig = args.state_dir.join("talosconfig");
-    write_private(&talosconfig, &simulator.talosconfig(ClientRole::Admin))?;
+    simulator
+        .write_talosconfig(&talosconfig, ClientRole::Admin)
+        .with_context(|| format!("writing {}", talosconfig.display()))?;
 
     if let Some(kubeconfig) = &args.kubeconfig {
         let client = workload_client(kubeconfig).await?;
@@ -105,19 +107,4 @@ async fn workload_client(path: &Path) -> anyhow::Result<kube::Client> {
         .await
         .with_context(|| format!("loading {}", path.display()))?;
     Ok(kube::Client::try_from(config)?)
-}
-
-/// Writes a credentials file readable by its owner only.
-fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    file.write_all(contents.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
 }

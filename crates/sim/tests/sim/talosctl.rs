@@ -131,7 +131,8 @@ fn talosctl_for(sim: Simulator, talosctl: Talosctl, name: &str, role: &str) -> C
         "tuc-talosctl-{name}-{}.talosconfig",
         std::process::id()
     )));
-    std::fs::write(&talosconfig.0, sim.talosconfig(role)).expect("write the talosconfig");
+    sim.write_talosconfig(&talosconfig.0, role)
+        .expect("write the talosconfig");
     Cluster {
         sim,
         talosconfig,
