@@ -328,22 +328,25 @@ impl Simulator {
     }
 
     /// Writes a talosconfig for `role` ([`Simulator::talosconfig`]) to `path`, replacing what is
-    /// there, readable by its owner only: it holds the client's private key. For a talosctl (the
-    /// `talos-sim` binary's state directory, the demo, the talosctl tests).
+    /// there, readable by its owner only (a file that was there is made so before it is written):
+    /// it holds the client's private key. For a talosctl (the `talos-sim` binary's state directory,
+    /// the demo, the talosctl tests).
     pub fn write_talosconfig(
         &self,
         path: &std::path::Path,
         role: impl Into<ClientRole>,
     ) -> std::io::Result<()> {
         use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
-            .open(path)?
-            .write_all(self.talosconfig(role).as_bytes())
+            .open(path)?;
+        // `mode` applies to a file it creates only.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.write_all(self.talosconfig(role).as_bytes())
     }
 
     /// [`Simulator::talosconfig`] without the panic on an (unexpected) certificate error.

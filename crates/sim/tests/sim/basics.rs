@@ -101,6 +101,38 @@ async fn talosconfig_looks_like_talosctls() {
     assert!(key.starts_with("-----BEGIN ED25519 PRIVATE KEY-----"));
 }
 
+/// A talosconfig written to a file holds the role's client and is readable by its owner only, also
+/// when it replaces a file others could read.
+#[tokio::test]
+async fn a_written_talosconfig_is_the_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let sim = five_nodes().await;
+    let path =
+        std::env::temp_dir().join(format!("tuc-sim-basics-{}.talosconfig", std::process::id()));
+    std::fs::write(&path, "an older file, readable by all\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    sim.write_talosconfig(&path, ClientRole::Reader).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    let written = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+
+    assert_eq!(mode, 0o600, "{mode:o}");
+    let (ca, _crt, _key) = talosconfig_pems(&written);
+    assert_eq!(ca, sim.ca_pem());
+    // The reader's client, as the role asked: the node lets it read and refuses a mutation.
+    let channel = connect(&endpoint(&sim, "cp-1"), tls_from_talosconfig(&written))
+        .await
+        .expect("the written talosconfig connects");
+    let mut client = MachineServiceClient::new(channel);
+    client.version(()).await.expect("readers may call Version");
+    let refused = client
+        .reboot(machine::RebootRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+}
+
 #[tokio::test]
 async fn reader_is_refused_mutations_but_may_read() {
     let sim = five_nodes().await;
